@@ -1,0 +1,65 @@
+/* comm.h: what core/comm/ files share: the communicator and work structs,
+ * and the transport table (MPI for CPU tensors, NCCL for CUDA tensors). */
+#ifndef LOOM_COMM_H
+#define LOOM_COMM_H
+#include "../internal.h"
+#include <mpi.h>
+
+struct lm_comm {
+  MPI_Comm mpi;
+  int rank, size;
+  int *world_ranks;     /* world rank of each member, for messages */
+  int64_t calls;        /* collectives issued on it, for debug fingerprints */
+  int owned;            /* freed with MPI_Comm_free by lm_comm_free */
+  void *nccl;           /* ncclComm_t, made on the first CUDA collective */
+};
+
+/* One collective in flight. collectives.c fills the buffers and counts;
+ * a transport moves the bytes; collectives.c finishes (avg, casts, unpack). */
+struct lm_work {
+  lm_comm *comm;
+  const struct lm_transport *tr;
+  int blocking;         /* a synchronous call: the transport may block */
+  int kind;             /* enum lm_coll_kind */
+  int op;               /* enum lm_reduce_op, for reductions */
+  int dtype;            /* dtype of send/recv buffers */
+  int root;             /* broadcast */
+  lm_tensor *send;      /* contiguous send buffer (may alias recv) */
+  lm_tensor *recv;      /* contiguous receive buffer */
+  lm_tensor *out;       /* the result handed to the caller */
+  int *scounts, *sdispls, *rcounts, *rdispls; /* per rank, in elements */
+  int uneven;           /* use the v-variants */
+  int in_place;         /* send == recv */
+  int started, done, failed;
+  MPI_Request req;      /* the MPI transport's request */
+  void *event;          /* the NCCL transport's cuda event */
+  /* after the transport completes: recv -> out */
+  int (*finish)(lm_work *w);
+  int fdim;             /* dim the blocks are concatenated on, for unpack */
+  int64_t *fsizes;      /* block size of each rank along fdim */
+};
+
+typedef struct lm_transport {
+  const char *name;
+  int halves_native;    /* reduces bf16/f16 itself (else staged in f32) */
+  int (*start)(lm_work *w);
+  int (*wait)(lm_work *w);
+  int (*test)(lm_work *w);   /* 1 when complete, 0 pending, -1 error */
+  void (*release)(lm_work *w);
+} lm_transport;
+
+extern const lm_transport lm_mpi_transport;
+#ifdef LOOM_HAVE_NCCL
+extern const lm_transport lm_nccl_transport;
+#endif
+
+/* mpi.c helpers for the rest of core/comm/ */
+int lm_dist_ensure(const char *who);  /* lm_dist_init, error naming who */
+int lm_comm_allgather_i64(lm_comm *c, const int64_t *mine, int n, int64_t *all);
+int lm_comm_bcast_bytes(lm_comm *c, void *buf, int n, int root);
+int lm_debug_collectives(void);
+
+/* debug.c: fingerprints exchanged before each collective in debug mode */
+int lm_check_fingerprint(lm_comm *c, int kind, int op, const lm_tensor *t,
+                         int64_t a1, int64_t a2, int64_t wild_dim, int64_t wild_size);
+#endif

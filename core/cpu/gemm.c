@@ -1,0 +1,37 @@
+/* gemm.c: batched matrix multiply through OpenBLAS. Operands whose strides
+ * are a transpose go to BLAS as transposed, without a copy. */
+#include "../internal.h"
+#include <cblas.h>
+
+/* How BLAS can read a (rows, cols) matrix with strides (rs, cs). */
+static int blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs,
+                       enum CBLAS_TRANSPOSE *tr, int64_t *ld) {
+  if (cs == 1 && (rs >= cols || rows == 1)) { *tr = CblasNoTrans; *ld = rows == 1 ? cols : rs; }
+  else if (rs == 1 && (cs >= rows || cols == 1)) { *tr = CblasTrans; *ld = cols == 1 ? rows : cs; }
+  else return -1;
+  if (*ld < 1) *ld = 1;
+  return 0;
+}
+
+int lm_cpu_gemm(lm_tensor *c, const lm_tensor *a, const lm_tensor *b, double alpha, double beta) {
+  int64_t B = c->shape[0], M = c->shape[1], N = c->shape[2], K = a->shape[2];
+  enum CBLAS_TRANSPOSE ta, tb;
+  int64_t lda, ldb;
+  if (blas_layout(M, K, a->stride[1], a->stride[2], &ta, &lda) < 0 ||
+      blas_layout(K, N, b->stride[1], b->stride[2], &tb, &ldb) < 0 || c->stride[2] != 1)
+    return lm_error("gemm: operands need unit stride in one of their last two dims");
+  int64_t ldc = c->stride[1] > N ? c->stride[1] : (N ? N : 1);
+  int es = lm_dtype_size(c->dtype_);
+  char *pa = lm_ptr(a), *pb = lm_ptr(b), *pc = lm_ptr(c);
+  if (M == 0 || N == 0) return 0;
+  for (int64_t i = 0; i < B; i++) {
+    void *A = pa + i * a->stride[0] * es, *Bm = pb + i * b->stride[0] * es,
+         *C = pc + i * c->stride[0] * es;
+    if (c->dtype_ == LM_F64)
+      cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, Bm, ldb, beta, C, ldc);
+    else
+      cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, (float)alpha, A, lda, Bm, ldb, (float)beta,
+                  C, ldc);
+  }
+  return 0;
+}

@@ -1,0 +1,22 @@
+/* kernels.h: the CPU kernels that fill the backend table (backend.c). */
+#ifndef LOOM_CPU_KERNELS_H
+#define LOOM_CPU_KERNELS_H
+#include "../internal.h"
+
+int lm_cpu_copy(lm_tensor *dst, const lm_tensor *src);                 /* copy.c */
+int lm_cpu_fill(lm_tensor *t, double v);                               /* copy.c */
+int lm_cpu_unary(int kind, lm_tensor *out, const lm_tensor *x, const double *p); /* pointwise.c */
+int lm_cpu_binary(int kind, lm_tensor *out, const lm_tensor *a, const lm_tensor *b);
+int lm_cpu_where(lm_tensor *out, const lm_tensor *c, const lm_tensor *a, const lm_tensor *b);
+int lm_cpu_reduce(int kind, lm_tensor *out, const lm_tensor *x, int64_t outer, int64_t n,
+                  int64_t inner);                                      /* reduce.c */
+int lm_cpu_gemm(lm_tensor *c, const lm_tensor *a, const lm_tensor *b, double alpha,
+                double beta);                                          /* gemm.c */
+int lm_cpu_random(lm_tensor *t, int kind, double a, double b, uint64_t seed, uint64_t offset,
+                  const int64_t *gshape, const int64_t *start);        /* random.c */
+int lm_cpu_softmax(lm_tensor *out, const lm_tensor *x, int log);       /* nn.c */
+int lm_cpu_norm(lm_tensor *out, lm_tensor *mean, lm_tensor *rstd, const lm_tensor *x,
+                const lm_tensor *w, const lm_tensor *b, double eps, int rms);
+int lm_cpu_embedding(lm_tensor *out, const lm_tensor *w, const lm_tensor *idx);
+int lm_cpu_index_add(lm_tensor *out, const lm_tensor *idx, const lm_tensor *src);
+#endif

@@ -1,0 +1,153 @@
+/* pointwise.c: unary, binary and where kernels on strided operands, for the
+ * compute dtypes f32, f64 and i64 (bool for the logical kinds). */
+#include "iter.h"
+#include <tgmath.h>
+
+typedef struct { int kind, dtype; const double *p; } pw;
+
+/* One row: a tight loop when every operand is dense, else strided. */
+#define ROW1(T, OT, EXPR)                                                      \
+  do {                                                                         \
+    if (s[0] == sizeof(OT) && s[1] == sizeof(T)) {                             \
+      OT *o = (OT *)p[0]; const T *X = (const T *)p[1];                        \
+      for (int64_t i = 0; i < n; i++) { T x = X[i]; o[i] = (OT)(EXPR); }       \
+    } else                                                                     \
+      for (int64_t i = 0; i < n; i++) {                                        \
+        T x = *(const T *)(p[1] + i * s[1]);                                   \
+        *(OT *)(p[0] + i * s[0]) = (OT)(EXPR);                                 \
+      }                                                                        \
+  } while (0)
+
+#define ROW2(T, OT, EXPR)                                                      \
+  do {                                                                         \
+    if (s[0] == sizeof(OT) && s[1] == sizeof(T) && s[2] == sizeof(T)) {        \
+      OT *o = (OT *)p[0]; const T *X = (const T *)p[1], *Y = (const T *)p[2];  \
+      for (int64_t i = 0; i < n; i++) { T x = X[i], y = Y[i]; o[i] = (OT)(EXPR); } \
+    } else                                                                     \
+      for (int64_t i = 0; i < n; i++) {                                        \
+        T x = *(const T *)(p[1] + i * s[1]), y = *(const T *)(p[2] + i * s[2]); \
+        *(OT *)(p[0] + i * s[0]) = (OT)(EXPR);                                 \
+      }                                                                        \
+  } while (0)
+
+#define FLOAT_UNARY(T)                                                         \
+  static void unary_##T(int64_t n, char **p, const int64_t *s, void *ctx) {    \
+    const pw *c = ctx;                                                         \
+    const T k0 = c->p ? (T)c->p[0] : 0, k1 = c->p ? (T)c->p[1] : 0;            \
+    const T r2 = (T)0.70710678118654752440, kt = (T)0.79788456080286535588;    \
+    switch (c->kind) {                                                         \
+    case LM_NEG: ROW1(T, T, -x); break;                                        \
+    case LM_ABS: ROW1(T, T, fabs(x)); break;                                   \
+    case LM_SQRT: ROW1(T, T, sqrt(x)); break;                                  \
+    case LM_RSQRT: ROW1(T, T, 1 / sqrt(x)); break;                             \
+    case LM_EXP: ROW1(T, T, exp(x)); break;                                    \
+    case LM_LOG: ROW1(T, T, log(x)); break;                                    \
+    case LM_TANH: ROW1(T, T, tanh(x)); break;                                  \
+    case LM_SIGMOID: ROW1(T, T, 1 / (1 + exp(-x))); break;                     \
+    case LM_RELU: ROW1(T, T, x > 0 ? x : 0); break;                            \
+    case LM_GELU: ROW1(T, T, x * (T)0.5 * (1 + erf(x * r2))); break;           \
+    case LM_GELU_TANH:                                                         \
+      ROW1(T, T, (T)0.5 * x * (1 + tanh(kt * (x + (T)0.044715 * x * x * x)))); break; \
+    case LM_SILU: ROW1(T, T, x / (1 + exp(-x))); break;                        \
+    case LM_SIN: ROW1(T, T, sin(x)); break;                                    \
+    case LM_COS: ROW1(T, T, cos(x)); break;                                    \
+    case LM_POW_SCALAR: ROW1(T, T, k0 == 2 ? x * x : pow(x, k0)); break;       \
+    case LM_CLAMP: ROW1(T, T, x < k0 ? k0 : x > k1 ? k1 : x); break;           \
+    case LM_SIGN: ROW1(T, T, (x > 0) - (x < 0)); break;                        \
+    case LM_GELU_D:                                                            \
+      ROW1(T, T, (T)0.5 * (1 + erf(x * r2)) + x * exp(-x * x / 2) * r2 * (T)0.56418958354775628695); \
+      break;                                                                   \
+    case LM_GELU_TANH_D: ROW1(T, T, gelu_tanh_d(x)); break;                    \
+    case LM_SILU_D: ROW1(T, T, (1 + x * (1 - 1 / (1 + exp(-x)))) / (1 + exp(-x))); break; \
+    }                                                                          \
+  }
+typedef double f64;
+typedef float f32;
+static inline double gelu_tanh_d(double x) {
+  const double k = 0.79788456080286535588, c = 0.044715;
+  double t = tanh(k * (x + c * x * x * x));
+  return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * c * x * x);
+}
+FLOAT_UNARY(f32)
+FLOAT_UNARY(f64)
+
+static void unary_int(int64_t n, char **p, const int64_t *s, void *ctx) {
+  const pw *c = ctx;
+  const int64_t k0 = c->p ? (int64_t)c->p[0] : 0, k1 = c->p ? (int64_t)c->p[1] : 0;
+  switch (c->kind) {
+  case LM_NEG: ROW1(int64_t, int64_t, -x); break;
+  case LM_ABS: ROW1(int64_t, int64_t, x < 0 ? -x : x); break;
+  case LM_RELU: ROW1(int64_t, int64_t, x > 0 ? x : 0); break;
+  case LM_CLAMP: ROW1(int64_t, int64_t, x < k0 ? k0 : x > k1 ? k1 : x); break;
+  case LM_SIGN: ROW1(int64_t, int64_t, (x > 0) - (x < 0)); break;
+  case LM_NOT: ROW1(uint8_t, uint8_t, !x); break;
+  }
+}
+
+#define BINARY(T, NAME, DIVEXPR)                                               \
+  static void NAME(int64_t n, char **p, const int64_t *s, void *ctx) {         \
+    switch (((const pw *)ctx)->kind) {                                         \
+    case LM_ADD: ROW2(T, T, x + y); break;                                     \
+    case LM_SUB: ROW2(T, T, x - y); break;                                     \
+    case LM_MUL: ROW2(T, T, x * y); break;                                     \
+    case LM_DIV: ROW2(T, T, DIVEXPR); break;                                   \
+    case LM_POW: ROW2(T, T, pow(x, y)); break;                                 \
+    case LM_MAXIMUM: ROW2(T, T, (x != x || x > y) ? x : y); break;             \
+    case LM_MINIMUM: ROW2(T, T, (x != x || x < y) ? x : y); break;             \
+    case LM_EQ: ROW2(T, uint8_t, x == y); break;                               \
+    case LM_NE: ROW2(T, uint8_t, x != y); break;                               \
+    case LM_LT: ROW2(T, uint8_t, x < y); break;                                \
+    case LM_LE: ROW2(T, uint8_t, x <= y); break;                               \
+    case LM_GT: ROW2(T, uint8_t, x > y); break;                                \
+    case LM_GE: ROW2(T, uint8_t, x >= y); break;                               \
+    case LM_AND: ROW2(T, uint8_t, x && y); break;                              \
+    case LM_OR: ROW2(T, uint8_t, x || y); break;                               \
+    }                                                                          \
+  }
+BINARY(f32, binary_f32, x / y)
+BINARY(f64, binary_f64, x / y)
+BINARY(int64_t, binary_i64, y ? x / y : 0)
+BINARY(uint8_t, binary_bool, y ? x / y : 0)
+
+static lm_row_fn pick(int dtype, lm_row_fn f32, lm_row_fn f64, lm_row_fn i64, lm_row_fn b) {
+  switch (dtype) {
+  case LM_F32: return f32;
+  case LM_F64: return f64;
+  case LM_I64: return i64;
+  case LM_BOOL: return b;
+  default: return NULL;
+  }
+}
+
+int lm_cpu_unary(int kind, lm_tensor *out, const lm_tensor *x, const double *p) {
+  pw c = {kind, x->dtype_, p};
+  lm_row_fn fn = pick(x->dtype_, unary_f32, unary_f64, unary_int, unary_int);
+  if (!fn) return lm_error("unary kernel: no kernel for dtype %s", lm_dtype_name(x->dtype_));
+  const lm_tensor *t[2] = {out, x};
+  lm_foreach(2, t, fn, &c);
+  return 0;
+}
+
+int lm_cpu_binary(int kind, lm_tensor *out, const lm_tensor *a, const lm_tensor *b) {
+  pw c = {kind, a->dtype_, NULL};
+  lm_row_fn fn = pick(a->dtype_, binary_f32, binary_f64, binary_i64, binary_bool);
+  if (!fn) return lm_error("binary kernel: no kernel for dtype %s", lm_dtype_name(a->dtype_));
+  const lm_tensor *t[3] = {out, a, b};
+  lm_foreach(3, t, fn, &c);
+  return 0;
+}
+
+static void where_row(int64_t n, char **p, const int64_t *s, void *ctx) {
+  int es = *(const int *)ctx;
+  for (int64_t i = 0; i < n; i++) {
+    const char *src = *(const uint8_t *)(p[1] + i * s[1]) ? p[2] + i * s[2] : p[3] + i * s[3];
+    for (int k = 0; k < es; k++) p[0][i * s[0] + k] = src[k];
+  }
+}
+
+int lm_cpu_where(lm_tensor *out, const lm_tensor *c, const lm_tensor *a, const lm_tensor *b) {
+  int es = lm_dtype_size(out->dtype_);
+  const lm_tensor *t[4] = {out, c, a, b};
+  lm_foreach(4, t, where_row, &es);
+  return 0;
+}

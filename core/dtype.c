@@ -1,0 +1,90 @@
+/* dtype.c: dtype and device names, sizes, promotion, and the bf16/f16
+ * conversions every backend shares. */
+#include "internal.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *names[LM_NDTYPES] = {"f32", "f64", "bf16", "f16", "i32", "i64", "bool"};
+static const int sizes[LM_NDTYPES] = {4, 8, 2, 2, 4, 8, 1};
+
+int lm_dtype_from_name(const char *name) {
+  if (!name) return lm_error("dtype: expected a name like \"f32\", got nil");
+  for (int d = 0; d < LM_NDTYPES; d++)
+    if (!strcmp(name, names[d])) return d;
+  return lm_error("dtype: expected one of f32, f64, bf16, f16, i32, i64, bool, got \"%s\"", name);
+}
+const char *lm_dtype_name(int d) { return d >= 0 && d < LM_NDTYPES ? names[d] : "?"; }
+int lm_dtype_size(int d) { return d >= 0 && d < LM_NDTYPES ? sizes[d] : 0; }
+
+int lm_device_from_name(const char *name) {
+  if (!name) return lm_error("device: expected \"cpu\", \"cuda\" or \"cuda:N\", got nil");
+  if (!strcmp(name, "cpu")) return LM_CPU;
+  if (!strcmp(name, "cuda")) return LM_CUDA0;
+  if (!strncmp(name, "cuda:", 5)) {
+    char *end;
+    long k = strtol(name + 5, &end, 10);
+    if (*end == 0 && end != name + 5 && k >= 0 && k < 100) return LM_CUDA0 + (int)k;
+  }
+  return lm_error("device: expected \"cpu\", \"cuda\" or \"cuda:N\", got \"%s\"", name);
+}
+
+int lm_device_name(int device, char *buf, int len) {
+  if (device == LM_CPU) return snprintf(buf, len, "cpu");
+  return snprintf(buf, len, "cuda:%d", device - LM_CUDA0);
+}
+
+int lm_compute_dtype(int d) {
+  if (d == LM_F64) return LM_F64;
+  if (lm_is_float(d)) return LM_F32;
+  return LM_I64;
+}
+
+/* Floats beat ints, wider beats narrower; bf16 with f16 gives f32. */
+int lm_promote(int a, int b) {
+  if (a == b) return a;
+  static const int rank[LM_NDTYPES] = {[LM_BOOL] = 0, [LM_I32] = 1, [LM_I64] = 2,
+                                       [LM_BF16] = 3, [LM_F16] = 3, [LM_F32] = 4, [LM_F64] = 5};
+  if (rank[a] == rank[b]) return LM_F32; /* bf16 vs f16 */
+  return rank[a] > rank[b] ? a : b;
+}
+
+float lm_bf16_to_f32(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+uint16_t lm_f32_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffff) > 0x7f800000) return (uint16_t)((u >> 16) | 0x40); /* NaN */
+  u += 0x7fff + ((u >> 16) & 1); /* round to nearest even */
+  return (uint16_t)(u >> 16);
+}
+float lm_f16_to_f32(uint16_t h) { _Float16 x; memcpy(&x, &h, 2); return (float)x; }
+uint16_t lm_f32_to_f16(float f) { _Float16 x = (_Float16)f; uint16_t h; memcpy(&h, &x, 2); return h; }
+
+double lm_load(const void *p, int d) {
+  switch (d) {
+  case LM_F32: return *(const float *)p;
+  case LM_F64: return *(const double *)p;
+  case LM_BF16: return lm_bf16_to_f32(*(const uint16_t *)p);
+  case LM_F16: return lm_f16_to_f32(*(const uint16_t *)p);
+  case LM_I32: return *(const int32_t *)p;
+  case LM_I64: return (double)*(const int64_t *)p;
+  default: return *(const uint8_t *)p;
+  }
+}
+
+void lm_store(void *p, int d, double v) {
+  switch (d) {
+  case LM_F32: *(float *)p = (float)v; break;
+  case LM_F64: *(double *)p = v; break;
+  case LM_BF16: *(uint16_t *)p = lm_f32_to_bf16((float)v); break;
+  case LM_F16: *(uint16_t *)p = lm_f32_to_f16((float)v); break;
+  case LM_I32: *(int32_t *)p = (int32_t)v; break;
+  case LM_I64: *(int64_t *)p = (int64_t)v; break;
+  default: *(uint8_t *)p = v != 0; break;
+  }
+}

@@ -1,0 +1,167 @@
+/* loom.h: the one public C API of libloom (tensors, ops, RNG, runtime).
+ * LuaJIT reads this file with ffi.cdef after dropping lines that start with
+ * '#', so declarations use no macros, no varargs, and plain types only. */
+#ifndef LOOM_H
+#define LOOM_H
+#include <stddef.h>
+#include <stdint.h>
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Element types. Values are stable: the Lua layer and files store them. */
+enum lm_dtype { LM_F32 = 0, LM_F64 = 1, LM_BF16 = 2, LM_F16 = 3,
+                LM_I32 = 4, LM_I64 = 5, LM_BOOL = 6, LM_NDTYPES = 7 };
+
+/* Devices are small integers: 0 is the CPU, 1 + k is cuda:k. */
+enum lm_device { LM_CPU = 0, LM_CUDA0 = 1 };
+
+typedef struct lm_storage lm_storage; /* refcounted buffer, private */
+typedef struct lm_node lm_node;       /* autograd node, private */
+
+/* A tensor is a strided view of a storage. Fields are read-only outside the
+ * core; sizes and strides are in elements, dims 0-based (Lua adds 1). */
+typedef struct lm_tensor {
+  int32_t refcount;
+  int8_t ndim;
+  int8_t dtype_;         /* enum lm_dtype */
+  int8_t device_;        /* enum lm_device */
+  uint8_t needs_grad;
+  uint8_t output_nr;     /* which output of grad_fn this tensor is */
+  uint8_t retains_grad;  /* a non-leaf that keeps .grad (retain_grad) */
+  int64_t shape[8];      /* at most 8 dims */
+  int64_t stride[8];
+  int64_t offset;        /* first element, in elements of the storage */
+  int64_t numel_;
+  lm_storage *storage;
+  struct lm_tensor *grad; /* accumulated gradient of a leaf, or NULL */
+  lm_node *grad_fn;       /* node that produced it, or NULL for leaves */
+  void *dist;             /* DTensor spec, NULL for a plain tensor */
+} lm_tensor;
+
+/* Arguments of an op besides its tensors: integers then reals. */
+typedef struct lm_attrs {
+  int64_t i[12];
+  double f[4];
+  int32_t ni, nf;
+} lm_attrs;
+
+/* Errors: a failing call returns NULL or -1 and leaves a message here. */
+const char *lm_last_error(void);
+void lm_clear_error(void);
+
+/* dtypes and devices by name ("f32", "cpu", "cuda:1"); -1 when unknown */
+int lm_dtype_from_name(const char *name);
+const char *lm_dtype_name(int dtype);
+int lm_dtype_size(int dtype);
+int lm_device_from_name(const char *name);
+int lm_device_name(int device, char *buf, int len);
+int lm_device_available(int device);
+
+/* Lifetime: every returned tensor holds one reference for the caller. */
+lm_tensor *lm_empty(int ndim, const int64_t *shape, int dtype, int device);
+lm_tensor *lm_arange(double start, double end, double step, int dtype, int device);
+void lm_retain(lm_tensor *t);
+void lm_release(lm_tensor *t);
+void *lm_data(const lm_tensor *t);   /* address of the first element (CPU) */
+int lm_is_contiguous(const lm_tensor *t);
+int lm_fill_(lm_tensor *t, double value);
+int lm_copy_(lm_tensor *dst, const lm_tensor *src); /* same shape, any dtypes */
+int64_t lm_allocated_bytes(void);    /* bytes held by live storages */
+int64_t lm_storage_count(void);      /* live storages, for leak checks */
+
+/* Ops: looked up once by name, then called by id. */
+int lm_op_find(const char *name);    /* -1 when unknown */
+int lm_op_count(void);
+const char *lm_op_name(int op);
+int lm_op_call(int op, int nin, lm_tensor *const *in, const lm_attrs *attrs,
+               int maxout, lm_tensor **out); /* number of outputs or -1 */
+
+/* Counter-based RNG (Philox4x32-10). Element i of a random tensor draws
+ * counter offset + g(i), where g is its linear index in the global tensor
+ * (global_shape/local_start describe the shard; NULL: t is the whole). */
+enum lm_random_kind { LM_UNIFORM = 0, LM_NORMAL = 1, LM_RANDINT = 2 };
+void lm_manual_seed(uint64_t seed);
+void lm_rng_get_state(uint64_t *seed, uint64_t *offset);
+void lm_rng_set_state(uint64_t seed, uint64_t offset);
+int lm_random_(lm_tensor *t, int kind, double a, double b,
+               const int64_t *global_shape, const int64_t *local_start);
+void lm_philox4x32(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
+
+/* Autograd: a tape of nodes recorded by ops while grad mode is on. */
+int lm_set_requires_grad(lm_tensor *t, int flag);  /* leaves only */
+int lm_is_grad_enabled(void);
+int lm_set_grad_enabled(int flag);                 /* returns the old mode */
+int lm_backward(lm_tensor *root, lm_tensor *grad); /* grad NULL: ones (scalar) */
+lm_tensor *lm_grad(lm_tensor *t);                  /* new ref or NULL */
+int lm_set_grad(lm_tensor *t, lm_tensor *grad);    /* grad may be NULL */
+int lm_retain_grad(lm_tensor *t);
+lm_tensor *lm_detach(lm_tensor *t);                /* alias without history */
+/* Called once per leaf whose gradient is complete during lm_backward. */
+typedef void (*lm_grad_ready_fn)(lm_tensor *leaf);
+void lm_set_grad_ready_callback(lm_grad_ready_fn fn);
+
+/* Runtime: worker threads for loom's kernels and OpenBLAS alike. */
+int lm_num_threads(void);
+void lm_set_num_threads(int n);
+
+/* ---- distributed (core/comm/) ---- */
+/* Ranks are 0-based. The first distributed call initialises MPI (a world of
+ * one without a launcher); MPI is finalised at exit. */
+typedef struct lm_comm lm_comm;   /* a communicator: the world or a split of it */
+typedef struct lm_work lm_work;   /* a collective in flight */
+enum lm_reduce_op { LM_RED_SUM = 0, LM_RED_AVG = 1, LM_RED_MAX = 2, LM_RED_MIN = 3 };
+enum lm_coll_kind { LM_COLL_ALL_REDUCE = 0, LM_COLL_ALL_GATHER = 1,
+                    LM_COLL_REDUCE_SCATTER = 2, LM_COLL_ALL_TO_ALL = 3,
+                    LM_COLL_BROADCAST = 4, LM_COLL_BARRIER = 5, LM_NCOLL = 6 };
+int lm_dist_init(void);               /* idempotent */
+int lm_dist_is_initialized(void);
+int lm_dist_rank(void);
+int lm_dist_world_size(void);
+int lm_dist_local_size(void);         /* ranks on this node */
+int lm_dist_finalize(void);           /* also run at exit */
+void lm_abort(int code);              /* MPI_Abort of the whole job */
+void lm_dist_set_debug(int on);       /* LOOM_DEBUG_COLLECTIVES=1 at start */
+int lm_dist_debug(void);
+/* torch.chunk sizes: chunk i of n split in k is min(ceil(n/k), n - i*ceil(n/k)), >= 0 */
+int64_t lm_chunk_size(int64_t n, int k, int i);
+int64_t lm_chunk_offset(int64_t n, int k, int i);
+
+/* Communicators. Both makers are collective over the parent (or the world). */
+lm_comm *lm_comm_world(void);
+lm_comm *lm_comm_split(lm_comm *parent, int color, int key);
+lm_comm *lm_comm_from_ranks(int n, const int32_t *world_ranks); /* members only */
+void lm_comm_free(lm_comm *c);        /* the world comm is not freed */
+int lm_comm_rank(const lm_comm *c);
+int lm_comm_size(const lm_comm *c);
+int lm_comm_world_rank(const lm_comm *c, int rank);
+
+/* Collectives return new contiguous tensors; inputs are only read. Dims are
+ * 0-based (negative from the end). full < 0: every rank holds the same size
+ * on that dim; full >= 0: rank i holds lm_chunk_size(full, size, i) rows. */
+lm_tensor *lm_all_reduce(lm_comm *c, lm_tensor *t, int op);
+lm_tensor *lm_all_gather(lm_comm *c, lm_tensor *t, int dim, int64_t full);
+lm_tensor *lm_reduce_scatter(lm_comm *c, lm_tensor *t, int op, int dim);
+lm_tensor *lm_all_to_all(lm_comm *c, lm_tensor *t, int split_dim, int cat_dim, int64_t full);
+lm_tensor *lm_broadcast(lm_comm *c, lm_tensor *t, int root);
+int lm_barrier(lm_comm *c);
+/* Async forms: wait, then take the result (a new reference; NULL for a barrier). */
+lm_work *lm_all_reduce_async(lm_comm *c, lm_tensor *t, int op);
+lm_work *lm_all_gather_async(lm_comm *c, lm_tensor *t, int dim, int64_t full);
+lm_work *lm_reduce_scatter_async(lm_comm *c, lm_tensor *t, int op, int dim);
+lm_work *lm_all_to_all_async(lm_comm *c, lm_tensor *t, int split_dim, int cat_dim, int64_t full);
+lm_work *lm_broadcast_async(lm_comm *c, lm_tensor *t, int root);
+lm_work *lm_barrier_async(lm_comm *c);
+int lm_work_wait(lm_work *w);
+int lm_work_test(lm_work *w);         /* 1 done, 0 pending, -1 error */
+lm_tensor *lm_work_result(lm_work *w);
+void lm_work_free(lm_work *w);        /* waits first if still pending */
+
+/* Collectives issued so far, by enum lm_coll_kind: counts and bytes of the
+ * local input tensors (arrays of LM_NCOLL). */
+void lm_comm_stats(int64_t *counts, int64_t *bytes);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,125 @@
+/* ops_linalg.c: matmul with torch.matmul's rules (1-D operands, batch
+ * broadcasting), through the backend's batched GEMM. Transposed views go
+ * to BLAS as they are; only layouts BLAS cannot read are copied. */
+#include "cpu/iter.h"
+#include <string.h>
+
+/* A (batch, rows, cols) strided view of x, whose leading dims are merged;
+ * x must already have shape (batch..., rows, cols). Copies when the batch
+ * dims do not merge or neither matrix dim has unit stride. */
+static lm_tensor *as_3d(lm_tensor *x) {
+  int nd = x->ndim, nb = nd - 2;
+  int64_t B = 1, bs = 0;
+  bool merge = true;
+  for (int d = nb - 1; d >= 0; d--) {
+    if (x->shape[d] == 1) continue;
+    if (B == 1) bs = x->stride[d];
+    else if (x->stride[d] != bs * B) merge = false;
+    B *= x->shape[d];
+  }
+  int64_t rs = x->stride[nd - 2], cs = x->stride[nd - 1];
+  bool blas_ok = cs == 1 || rs == 1 || x->shape[nd - 1] == 1 || x->shape[nd - 2] == 1;
+  if (merge && blas_ok) {
+    int64_t shape[3] = {B, x->shape[nd - 2], x->shape[nd - 1]}, stride[3] = {bs, rs, cs};
+    if (shape[2] == 1) stride[2] = 1;
+    else if (shape[1] == 1) stride[1] = cs == 1 ? shape[2] : 1;
+    return lm_view_of(x, 3, shape, stride, x->offset);
+  }
+  lm_tensor *c = lm_contiguous(x);
+  if (!c) return NULL;
+  int64_t shape[3] = {B, x->shape[nd - 2], x->shape[nd - 1]};
+  lm_tensor *v = lm_view_of(c, 3, shape, NULL, c->offset);
+  lm_release(c);
+  return v;
+}
+
+static int fw_matmul(lm_tensor *const *in, int nin, const lm_attrs *at, lm_tensor **out) {
+  (void)nin, (void)at;
+  lm_tensor *a = in[0], *b = in[1];
+  if (a->ndim == 0 || b->ndim == 0)
+    return lm_error("matmul: expected tensors with at least 1 dim, got argument #%d with 0",
+                    a->ndim == 0 ? 1 : 2);
+  if (!lm_is_float(a->dtype_) || !lm_is_float(b->dtype_))
+    return lm_error("matmul: expected floating point tensors, got %s and %s",
+                    lm_dtype_name(a->dtype_), lm_dtype_name(b->dtype_));
+  int64_t M = a->ndim == 1 ? 1 : a->shape[a->ndim - 2], K = a->shape[a->ndim - 1];
+  int64_t Kb = b->ndim == 1 ? b->shape[0] : b->shape[b->ndim - 2];
+  int64_t N = b->ndim == 1 ? 1 : b->shape[b->ndim - 1];
+  if (K != Kb)
+    return lm_error("matmul: argument #1 has %lld columns but argument #2 has %lld rows "
+                    "(shapes must be (..., m, k) and (..., k, n))", (long long)K, (long long)Kb);
+  /* batch shape: broadcast of the leading dims */
+  int na = a->ndim > 2 ? a->ndim - 2 : 0, nb = b->ndim > 2 ? b->ndim - 2 : 0;
+  int nbatch = na > nb ? na : nb;
+  int64_t shape[LM_MAX_DIMS];
+  for (int d = 0; d < nbatch; d++) {
+    int da = d - (nbatch - na), db = d - (nbatch - nb);
+    int64_t sa = da >= 0 ? a->shape[da] : 1, sb = db >= 0 ? b->shape[db] : 1;
+    if (sa != sb && sa != 1 && sb != 1)
+      return lm_error("matmul: batch dims cannot broadcast: %lld against %lld in batch dim %d",
+                      (long long)sa, (long long)sb, d + 1);
+    shape[d] = sa > sb ? sa : sb;
+  }
+  int cd = lm_compute_dtype(lm_promote(a->dtype_, b->dtype_));
+  int64_t sa[LM_MAX_DIMS], sb[LM_MAX_DIMS];
+  memcpy(sa, shape, sizeof sa), memcpy(sb, shape, sizeof sb);
+  sa[nbatch] = M, sa[nbatch + 1] = K, sb[nbatch] = K, sb[nbatch + 1] = N;
+  lm_scope s = {0};
+  lm_tensor *ca = lm_s(&s, lm_cast(a, cd)), *cb = lm_s(&s, lm_cast(b, cd)), *c = NULL;
+  int64_t shp[LM_MAX_DIMS];
+  if (ca && a->ndim == 1) { /* (k) -> (1, k) */
+    int64_t one[2] = {1, K}, st[2] = {K * ca->stride[0], ca->stride[0]};
+    ca = lm_s(&s, lm_view_of(ca, 2, one, st, ca->offset));
+  }
+  if (cb && b->ndim == 1) { /* (k) -> (k, 1) */
+    int64_t one[2] = {K, 1}, st[2] = {cb->stride[0], 1};
+    cb = lm_s(&s, lm_view_of(cb, 2, one, st, cb->offset));
+  }
+  lm_tensor *ea = ca ? lm_s(&s, lm_broadcast_to("matmul", "argument #1", ca, nbatch + 2, sa)) : NULL;
+  lm_tensor *eb = cb ? lm_s(&s, lm_broadcast_to("matmul", "argument #2", cb, nbatch + 2, sb)) : NULL;
+  lm_tensor *a3 = ea ? lm_s(&s, as_3d(ea)) : NULL, *b3 = eb ? lm_s(&s, as_3d(eb)) : NULL;
+  int64_t B = a3 ? a3->shape[0] : 0, cshape[3] = {B, M, N};
+  if (a3 && b3) c = lm_s(&s, lm_empty_as(a, 3, cshape, cd));
+  int rc = c ? lm_backend_of(a->device_)->gemm(c, a3, b3, 1, 0) : -1;
+  /* the result's shape: batch, then m unless a was 1-D, then n unless b was */
+  int nd = nbatch;
+  memcpy(shp, shape, nbatch * sizeof *shp);
+  if (a->ndim > 1) shp[nd++] = M;
+  if (b->ndim > 1) shp[nd++] = N;
+  lm_tensor *r = NULL;
+  if (rc == 0) {
+    lm_tensor *v = lm_view_of(c, nd, shp, NULL, 0);
+    r = v ? lm_cast(v, lm_promote(a->dtype_, b->dtype_)) : NULL;
+    lm_release(v);
+  }
+  lm_scope_end(&s);
+  return (*out = r) ? 0 : -1;
+}
+
+/* dA = g @ B^T, dB = A^T @ g, with 1-D operands lifted to matrices so the
+ * same two products serve every case. */
+static int bw_matmul(const lm_node *n, lm_tensor *const *gout, lm_tensor **gin) {
+  lm_tensor *a = n->in[0], *b = n->in[1], *g = gout[0];
+  lm_scope s = {0};
+  lm_attrs last = {.i = {-1}, .ni = 1}, before_last = {.i = {-2}, .ni = 1};
+  lm_attrs tr = {.i = {-1, -2}, .ni = 2};
+  lm_tensor *a2 = a->ndim == 1 ? lm_sop(&s, "unsqueeze", 1, &a, &(lm_attrs){.i = {0}, .ni = 1}) : a;
+  lm_tensor *b2 = b->ndim == 1 ? lm_sop(&s, "unsqueeze", 1, &b, &last) : b;
+  lm_tensor *g2 = g;
+  if (a->ndim == 1) g2 = lm_sop(&s, "unsqueeze", 1, &g2, b->ndim == 1 ? &(lm_attrs){.i = {0}, .ni = 1} : &before_last);
+  if (b->ndim == 1) g2 = lm_sop(&s, "unsqueeze", 1, &g2, &last);
+  int rc = 0;
+  if (a->needs_grad) {
+    lm_tensor *da = lm_s2(&s, "matmul", g2, lm_sop(&s, "transpose", 1, &b2, &tr));
+    if (!(gin[0] = lm_grad_like(da, a))) rc = -1;
+  }
+  if (b->needs_grad) {
+    lm_tensor *db = lm_s2(&s, "matmul", lm_sop(&s, "transpose", 1, &a2, &tr), g2);
+    if (b->ndim == 1 && db) db = lm_sop(&s, "squeeze", 1, &db, &last);
+    if (!(gin[1] = lm_grad_like(db, b))) rc = -1;
+  }
+  lm_scope_end(&s);
+  return rc;
+}
+
+const lm_op_def lm_ops_linalg[] = {{"matmul", 2, 1, fw_matmul, bw_matmul, NULL}, {0}};

@@ -1,0 +1,193 @@
+/* tensor.c: storages, tensor lifetime and layout helpers. */
+#include "internal.h"
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static _Atomic int64_t live_bytes, live_storages;
+
+int64_t lm_allocated_bytes(void) { return live_bytes; }
+int64_t lm_storage_count(void) { return live_storages; }
+
+int64_t lm_shape_numel(int ndim, const int64_t *shape) {
+  int64_t n = 1;
+  for (int d = 0; d < ndim; d++) n *= shape[d];
+  return n;
+}
+
+void lm_contiguous_strides(int ndim, const int64_t *shape, int64_t *stride) {
+  int64_t s = 1;
+  for (int d = ndim - 1; d >= 0; d--) {
+    stride[d] = s;
+    s *= shape[d] > 1 ? shape[d] : 1;
+  }
+}
+
+int lm_check_shape(const char *op, const char *arg, int ndim, const int64_t *shape) {
+  if (ndim < 0 || ndim > LM_MAX_DIMS)
+    return lm_error("%s: %s expected 0 to %d dims, got %d", op, arg, LM_MAX_DIMS, ndim);
+  double n = 1;
+  for (int d = 0; d < ndim; d++) {
+    if (shape[d] < 0)
+      return lm_error("%s: %s expected sizes >= 0, got %lld in dim %d", op, arg,
+                      (long long)shape[d], d + 1);
+    n *= (double)shape[d];
+  }
+  if (n > (double)(1LL << 40))
+    return lm_error("%s: %s has %.0f elements, more than loom allows (2^40)", op, arg, n);
+  return 0;
+}
+
+int lm_wrap_dim(const char *op, const char *arg, int64_t dim, int ndim) {
+  int64_t n = ndim > 0 ? ndim : 1;
+  if (dim < -n || dim >= n)
+    return lm_error("%s: %s expected a dim in [%lld, %lld], got %lld", op, arg,
+                    (long long)-n, (long long)n, (long long)(dim >= 0 ? dim + 1 : dim));
+  return (int)(dim < 0 ? dim + n : dim);
+}
+
+const lm_backend *lm_backend_of(int device) {
+  if (device == LM_CPU) return &lm_cpu_backend;
+  char name[32];
+  lm_device_name(device, name, sizeof name);
+  lm_error("device %s: this build of loom has no kernels for it", name);
+  return NULL;
+}
+
+int lm_device_available(int device) { return device == LM_CPU; }
+
+static lm_tensor *new_tensor(int ndim, const int64_t *shape, const int64_t *stride,
+                             int dtype, int device) {
+  lm_tensor *t = calloc(1, sizeof *t);
+  if (!t) { lm_error("out of memory"); return NULL; }
+  t->refcount = 1;
+  t->ndim = (int8_t)ndim;
+  t->dtype_ = (int8_t)dtype;
+  t->device_ = (int8_t)device;
+  memcpy(t->shape, shape, ndim * sizeof *shape);
+  if (stride) memcpy(t->stride, stride, ndim * sizeof *stride);
+  else lm_contiguous_strides(ndim, shape, t->stride);
+  t->numel_ = lm_shape_numel(ndim, shape);
+  return t;
+}
+
+lm_tensor *lm_empty(int ndim, const int64_t *shape, int dtype, int device) {
+  if (ndim > 0 && !shape) { lm_error("empty: shape is NULL"); return NULL; }
+  if (lm_check_shape("empty", "size", ndim, shape) < 0) return NULL;
+  if (dtype < 0 || dtype >= LM_NDTYPES) {
+    lm_error("empty: unknown dtype %d", dtype);
+    return NULL;
+  }
+  const lm_backend *be = lm_backend_of(device);
+  if (!be) return NULL;
+  lm_tensor *t = new_tensor(ndim, shape, NULL, dtype, device);
+  lm_storage *s = calloc(1, sizeof *s);
+  size_t nbytes = (size_t)t->numel_ * lm_dtype_size(dtype);
+  void *data = be->alloc(nbytes ? nbytes : 1);
+  if (!s || !data) {
+    free(s); free(t);
+    lm_error("empty: out of memory allocating %zu bytes", nbytes);
+    return NULL;
+  }
+  *s = (lm_storage){.refcount = 1, .device = (int8_t)device, .nbytes = nbytes, .data = data};
+  t->storage = s;
+  live_bytes += (int64_t)nbytes;
+  live_storages++;
+  return t;
+}
+
+lm_tensor *lm_view_of(const lm_tensor *t, int ndim, const int64_t *shape,
+                      const int64_t *stride, int64_t offset) {
+  lm_tensor *v = new_tensor(ndim, shape, stride, t->dtype_, t->device_);
+  if (!v) return NULL;
+  v->storage = t->storage;
+  __atomic_add_fetch(&t->storage->refcount, 1, __ATOMIC_RELAXED);
+  v->offset = offset;
+  return v;
+}
+
+lm_tensor *lm_empty_as(const lm_tensor *t, int ndim, const int64_t *shape, int dtype) {
+  return lm_empty(ndim, shape, dtype, t->device_);
+}
+lm_tensor *lm_empty_like(const lm_tensor *t) {
+  return lm_empty(t->ndim, t->shape, t->dtype_, t->device_);
+}
+
+void lm_retain(lm_tensor *t) {
+  if (t) __atomic_add_fetch(&t->refcount, 1, __ATOMIC_RELAXED);
+}
+
+static void release_storage(lm_storage *s) {
+  if (__atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) > 0) return;
+  lm_backend_of(s->device)->free(s->data);
+  live_bytes -= (int64_t)s->nbytes;
+  live_storages--;
+  free(s);
+}
+
+void lm_release(lm_tensor *t) {
+  if (!t || __atomic_sub_fetch(&t->refcount, 1, __ATOMIC_ACQ_REL) > 0) return;
+  if (t->storage) release_storage(t->storage);
+  lm_release(t->grad);
+  lm_forget_retained(t);
+  lm_node_release(t->grad_fn);
+  free(t);
+}
+
+void *lm_data(const lm_tensor *t) { return t && t->storage ? lm_ptr(t) : NULL; }
+
+int lm_is_contiguous(const lm_tensor *t) {
+  int64_t s = 1;
+  for (int d = t->ndim - 1; d >= 0; d--) {
+    if (t->shape[d] != 1 && t->stride[d] != s) return 0;
+    s *= t->shape[d];
+  }
+  return 1;
+}
+
+int lm_fill_(lm_tensor *t, double v) {
+  if (!t) return lm_error("fill: tensor is NULL");
+  return lm_backend_of(t->device_)->fill(t, v);
+}
+
+int lm_copy_(lm_tensor *dst, const lm_tensor *src) {
+  if (!dst || !src) return lm_error("copy: tensor is NULL");
+  if (dst->ndim != src->ndim || memcmp(dst->shape, src->shape, dst->ndim * 8))
+    return lm_error("copy: source and destination shapes differ");
+  if (dst->device_ != src->device_)
+    return lm_error("copy: source and destination are on different devices");
+  return lm_backend_of(dst->device_)->copy(dst, src);
+}
+
+lm_tensor *lm_contiguous(lm_tensor *t) {
+  if (lm_is_contiguous(t)) { lm_retain(t); return t; }
+  lm_tensor *c = lm_empty_like(t);
+  if (c && lm_copy_(c, t) < 0) { lm_release(c); return NULL; }
+  return c;
+}
+
+lm_tensor *lm_cast(lm_tensor *t, int dtype) {
+  if (t->dtype_ == dtype) { lm_retain(t); return t; }
+  lm_tensor *c = lm_empty_as(t, t->ndim, t->shape, dtype);
+  if (c && lm_copy_(c, t) < 0) { lm_release(c); return NULL; }
+  return c;
+}
+
+lm_tensor *lm_arange(double start, double end, double step, int dtype, int device) {
+  if (step == 0 || (end - start) / step < 0) {
+    lm_error("arange: expected step with the sign of end - start, got start %g end %g step %g",
+             start, end, step);
+    return NULL;
+  }
+  int64_t n = (int64_t)((end - start) / step);
+  if (start + n * step != end && (end - start - n * step) / step > 0) n++;
+  lm_tensor *t = lm_empty(1, &n, LM_F64, LM_CPU);
+  if (!t) return NULL;
+  double *p = lm_data(t);
+  for (int64_t i = 0; i < n; i++) p[i] = start + i * step;
+  lm_tensor *r = lm_empty(1, &n, dtype, device);
+  if (r && lm_copy_(r, t) < 0) { lm_release(r); r = NULL; }
+  lm_release(t);
+  return r;
+}

@@ -1,0 +1,210 @@
+/* common.cuh: what the CUDA kernels share: error helpers, dtype loads and
+ * stores matching core/dtype.c bit for bit, and a strided walk over up to
+ * four operands (the device twin of core/cpu/iter.c). */
+#ifndef LOOM_CUDA_COMMON_CUH
+#define LOOM_CUDA_COMMON_CUH
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+#include <string.h>
+#include "cuda_backend.h"
+
+/* Every kernel runs on the legacy default stream of the current device. */
+#define LM_STREAM ((cudaStream_t)0)
+#define LM_THREADS 256
+
+/* ---- errors ---- */
+/* Leaves "cuda: what: reason", clears CUDA's last error, returns -1. */
+int lm_cuda_fail(const char *what, cudaError_t e);
+/* Checks that the last launch went out; -1 with an error naming kernel. */
+int lm_cuda_launched(const char *kernel);
+/* Makes t's device current (kernels run where their output lives). */
+int lm_cuda_use(const lm_tensor *t);
+#define LM_CUDA_TRY(call)                                                      \
+  do {                                                                         \
+    cudaError_t e_ = (call);                                                   \
+    if (e_ != cudaSuccess) return lm_cuda_fail(#call, e_);                     \
+  } while (0)
+
+/* Blocks for a grid-stride loop over n items. */
+static inline unsigned lm_blocks(int64_t n, int threads = LM_THREADS) {
+  int64_t b = (n + threads - 1) / threads;
+  return (unsigned)(b < 1 ? 1 : b > (1 << 19) ? (1 << 19) : b);
+}
+
+/* ---- dtypes (the same bits as core/dtype.c's lm_load / lm_store) ---- */
+__host__ __device__ inline float lm_dev_bf16_to_f32(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+__host__ __device__ inline uint16_t lm_dev_f32_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* NaN */
+  u += 0x7fffu + ((u >> 16) & 1); /* round to nearest even */
+  return (uint16_t)(u >> 16);
+}
+__host__ __device__ inline float lm_dev_f16_to_f32(uint16_t h) {
+  return __half2float(__ushort_as_half(h));
+}
+__host__ __device__ inline uint16_t lm_dev_f32_to_f16(float f) {
+  return __half_as_ushort(__float2half_rn(f));
+}
+
+__host__ __device__ inline int lm_dtype_size_dev(int d) {
+  return d == LM_F64 || d == LM_I64 ? 8 : d == LM_F32 || d == LM_I32 ? 4 : d == LM_BOOL ? 1 : 2;
+}
+
+/* One element as double (what lm_load does). */
+__device__ inline double lm_dev_load(const char *p, int d) {
+  switch (d) {
+  case LM_F32: return *(const float *)p;
+  case LM_F64: return *(const double *)p;
+  case LM_BF16: return lm_dev_bf16_to_f32(*(const uint16_t *)p);
+  case LM_F16: return lm_dev_f16_to_f32(*(const uint16_t *)p);
+  case LM_I32: return *(const int32_t *)p;
+  case LM_I64: return (double)*(const int64_t *)p;
+  default: return *(const uint8_t *)p;
+  }
+}
+/* One element from double (what lm_store does). */
+__device__ inline void lm_dev_store(char *p, int d, double v) {
+  switch (d) {
+  case LM_F32: *(float *)p = (float)v; break;
+  case LM_F64: *(double *)p = v; break;
+  case LM_BF16: *(uint16_t *)p = lm_dev_f32_to_bf16((float)v); break;
+  case LM_F16: *(uint16_t *)p = lm_dev_f32_to_f16((float)v); break;
+  case LM_I32: *(int32_t *)p = (int32_t)v; break;
+  case LM_I64: *(int64_t *)p = (int64_t)v; break;
+  default: *(uint8_t *)p = v != 0; break;
+  }
+}
+/* The float-only family (f32, bf16, f16, bool): going through float gives
+ * the same bits as going through double, at a fraction of the cost. */
+__device__ inline float lm_dev_loadf(const char *p, int d) {
+  switch (d) {
+  case LM_F32: return *(const float *)p;
+  case LM_BF16: return lm_dev_bf16_to_f32(*(const uint16_t *)p);
+  case LM_F16: return lm_dev_f16_to_f32(*(const uint16_t *)p);
+  default: return *(const uint8_t *)p;
+  }
+}
+__device__ inline void lm_dev_storef(char *p, int d, float v) {
+  switch (d) {
+  case LM_F32: *(float *)p = v; break;
+  case LM_BF16: *(uint16_t *)p = lm_dev_f32_to_bf16(v); break;
+  case LM_F16: *(uint16_t *)p = lm_dev_f32_to_f16(v); break;
+  default: *(uint8_t *)p = v != 0; break;
+  }
+}
+/* Stores a T into an element of dtype d: directly when d is T's own dtype,
+ * else through double as lm_store does. */
+template <typename T> struct lm_dtype_of;
+template <> struct lm_dtype_of<float> { static const int value = LM_F32; };
+template <> struct lm_dtype_of<double> { static const int value = LM_F64; };
+template <> struct lm_dtype_of<int64_t> { static const int value = LM_I64; };
+template <typename T> __device__ inline void lm_dev_store_as(char *p, int d, T v) {
+  if (d == lm_dtype_of<T>::value) *(T *)p = v;
+  else lm_dev_store(p, d, (double)v);
+}
+template <typename T> __device__ inline T lm_dev_load_as(const char *p, int d) {
+  if (d == lm_dtype_of<T>::value) return *(const T *)p;
+  return (T)lm_dev_load(p, d);
+}
+
+/* ---- strided walk ---- */
+#define LM_MAXARG 4
+/* Dims coalesced as in core/cpu/iter.c; strides in bytes. Passed by value. */
+struct lm_walk {
+  int nd;
+  int64_t shape[LM_MAX_DIMS];
+  int64_t stride[LM_MAXARG][LM_MAX_DIMS];
+  char *base[LM_MAXARG];
+};
+void lm_walk_init(lm_walk *w, int narg, const lm_tensor *const *t);
+
+/* Addresses of element i of every operand. Loops are unrolled so the
+ * walk stays in the kernel's parameter space. */
+template <int N, typename I>
+__device__ inline void lm_walk_at(const lm_walk &w, I i, char **p) {
+#pragma unroll
+  for (int k = 0; k < N; k++) p[k] = w.base[k];
+#pragma unroll
+  for (int d = LM_MAX_DIMS - 1; d > 0; d--) {
+    if (d < w.nd) {
+      I n = (I)w.shape[d], q = i / n, r = i - q * n;
+      i = q;
+#pragma unroll
+      for (int k = 0; k < N; k++) p[k] += (int64_t)r * w.stride[k][d];
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < N; k++) p[k] += (int64_t)i * w.stride[k][0];
+}
+
+template <int N, typename I, typename F>
+__global__ void lm_pointwise_kernel(lm_walk w, I n, F f) {
+  for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (I)gridDim.x * blockDim.x) {
+    char *p[N];
+    lm_walk_at<N, I>(w, i, p);
+    f(p);
+  }
+}
+
+/* Runs f(p) for every element of t[0]'s shape; p[k] points into t[k]. */
+template <int N, typename F>
+int lm_launch(const lm_tensor *const *t, F f, const char *name) {
+  int64_t n = t[0]->numel_;
+  if (n == 0) return 0;
+  if (lm_cuda_use(t[0]) < 0) return -1;
+  lm_walk w;
+  lm_walk_init(&w, N, t);
+  if (n < INT32_MAX)
+    lm_pointwise_kernel<N, uint32_t, F><<<lm_blocks(n), LM_THREADS, 0, LM_STREAM>>>(w, (uint32_t)n, f);
+  else
+    lm_pointwise_kernel<N, int64_t, F><<<lm_blocks(n), LM_THREADS, 0, LM_STREAM>>>(w, n, f);
+  return lm_cuda_launched(name);
+}
+
+/* ---- reductions inside a block ---- */
+template <typename T> __device__ inline T lm_warp_sum(T v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+template <typename T> __device__ inline T lm_warp_max(T v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    T u = __shfl_xor_sync(0xffffffffu, v, o);
+    v = (u != u || u > v) ? u : v;
+  }
+  return v;
+}
+/* Sum (max when is_max) over a 1-D block whose size is a multiple of 32;
+ * every thread gets the result. smem holds 32 T's. */
+template <typename T> __device__ inline T lm_block_reduce(T v, bool is_max, T *smem) {
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = is_max ? lm_warp_max(v) : lm_warp_sum(v);
+  __syncthreads(); /* smem may still be read from a previous call */
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    T u = lane < nw ? smem[lane] : smem[0];
+    if (!is_max && lane >= nw) u = 0;
+    u = is_max ? lm_warp_max(u) : lm_warp_sum(u);
+    if (lane == 0) smem[0] = u;
+  }
+  __syncthreads();
+  return smem[0];
+}
+
+/* Threads for a row kernel over n elements: 32..1024, a multiple of 32. */
+static inline int lm_row_threads(int64_t n) {
+  int t = 32;
+  while (t < 1024 && t < n) t *= 2;
+  return t;
+}
+
+#endif

@@ -1,0 +1,57 @@
+-- lib.lua: loads libloom and declares its API to the FFI from core/loom.h,
+-- the one C header (read here, never copied by hand).
+local ffi = require "ffi"
+
+local here = debug.getinfo(1, "S").source:match("^@(.*)lib%.lua$") or "./"
+local root = here .. "../../"   -- lua/loom/ -> the checkout's root
+
+local function readable(path)
+  local f = io.open(path, "rb")
+  if f then f:close() return true end
+end
+
+-- The header sits next to this file once installed, in core/ in a checkout.
+local function header_text()
+  for _, p in ipairs { here .. "loom.h", root .. "core/loom.h" } do
+    if readable(p) then
+      local f = io.open(p, "rb")
+      local s = f:read("*a")
+      f:close()
+      return s, p
+    end
+  end
+  error("loom: cannot find loom.h next to " .. here .. " or in " .. root .. "core/")
+end
+
+-- ffi.cdef takes no preprocessor lines: drop them, and the C++ guards.
+local function cdef_of(text)
+  local out, skip = {}, false
+  for line in (text .. "\n"):gmatch("(.-)\n") do
+    if line:match("^#ifdef __cplusplus") then skip = true
+    elseif skip and line:match("^#endif") then skip = false
+    elseif not skip and not line:match("^%s*#") then out[#out + 1] = line end
+  end
+  return table.concat(out, "\n")
+end
+
+local function library_path()
+  local env = os.getenv("LOOM_LIBRARY")
+  if env then return env end
+  for _, p in ipairs { root .. "build/libloom.so" } do
+    if readable(p) then return p end
+  end
+  local found = package.searchpath("libloom", package.cpath)
+  if found then return found end
+  error("loom: cannot find libloom.so: build it (cmake -S . -B build && cmake --build build) "
+        .. "or install the rock (luarocks make), or set LOOM_LIBRARY")
+end
+
+ffi.cdef [[ int setenv(const char *name, const char *value, int overwrite); ]]
+-- OpenMP workers that spin starve the other thread on small machines;
+-- this must be set before libgomp loads (it loads with libloom).
+ffi.C.setenv("OMP_WAIT_POLICY", "PASSIVE", 0)
+
+ffi.cdef(cdef_of((header_text())))
+local C = ffi.load(library_path(), true)
+
+return { C = C, root = root }

@@ -1,0 +1,143 @@
+-- tensor_ops.lua: the math methods of Tensor and its Lua operators, each a
+-- thin call of one registry op.
+local T = require "loom.tensor"
+local Tensor, op, op1, cdim = T.Tensor, T.op, T.op1, T.cdim
+local as_tensor, check_tensor = T.as_tensor, T.check_tensor
+
+local M = {}
+
+-- binary ops take tensors or Lua numbers on either side
+local function binary(name)
+  return function(a, b)
+    if type(a) == "number" then a = as_tensor(a, check_tensor(b, name, "argument #2"), name, "argument #1")
+    else b = as_tensor(b, check_tensor(a, name, "argument #1"), name, "argument #2") end
+    return op(name, { a, b })
+  end
+end
+
+for _, name in ipairs { "add", "sub", "mul", "div", "pow", "maximum", "minimum",
+                        "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or" } do
+  Tensor[name] = binary(name)
+  M[name] = Tensor[name]
+end
+
+for _, name in ipairs { "neg", "abs", "sqrt", "rsqrt", "exp", "log", "tanh", "sigmoid", "relu",
+                        "silu", "sin", "cos", "sign", "logical_not" } do
+  Tensor[name] = function(x) return op1(name, check_tensor(x, name, "self")) end
+  M[name] = Tensor[name]
+end
+
+-- x:pow(p) with a number uses the scalar kernel (x*x for p == 2)
+function Tensor.pow(x, p)
+  if type(p) == "number" and T.is_tensor(x) then return op1("pow_scalar", x, nil, { p }) end
+  return binary("pow")(x, p)
+end
+M.pow = Tensor.pow
+
+function Tensor.gelu(x, opts)
+  local approx = opts and opts.approximate or "none"
+  if approx ~= "none" and approx ~= "tanh" then
+    T.argerror("gelu", "approximate", "\"none\" or \"tanh\"", T.describe(approx))
+  end
+  return op1(approx == "tanh" and "gelu_tanh" or "gelu", x)
+end
+
+-- clamp(min, max): nil leaves a side open
+function Tensor.clamp(x, lo, hi)
+  for name, v in pairs { min = lo, max = hi } do
+    if v ~= nil and type(v) ~= "number" then T.argerror("clamp", name, "a number or nil", T.describe(v)) end
+  end
+  return op1("clamp", x, nil, { lo or 0 / 0, hi or 0 / 0 })
+end
+
+function M.where(cond, a, b)
+  check_tensor(cond, "where", "condition")
+  local like = T.is_tensor(a) and a or T.is_tensor(b) and b or cond:to("f32")
+  return op("where", { cond, as_tensor(a, like, "where", "argument #2"), as_tensor(b, like, "where", "argument #3") })
+end
+Tensor.where = function(x, cond, other) return M.where(cond, x, other) end
+
+function Tensor.masked_fill(x, mask, value)
+  check_tensor(mask, "masked_fill", "mask")
+  if type(value) ~= "number" then T.argerror("masked_fill", "value", "a number", T.describe(value)) end
+  return M.where(mask, value, x)
+end
+
+function Tensor.matmul(a, b) return op("matmul", { a, b }) end
+Tensor.mm, Tensor.bmm = Tensor.matmul, Tensor.matmul
+M.matmul = Tensor.matmul
+
+---------------------------------------------------------------------------
+-- reductions: x:sum() over everything, x:sum(dim, keepdim)
+
+local function reduce_attrs(name, d, keepdim)
+  if d == nil then return nil end
+  return { cdim(d, name), keepdim and 1 or 0 }
+end
+
+function Tensor.sum(x, d, keepdim) return op1("sum", x, reduce_attrs("sum", d, keepdim)) end
+function Tensor.mean(x, d, keepdim) return op1("mean", x, reduce_attrs("mean", d, keepdim)) end
+
+-- max/min: over everything, the value; over a dim, values and 1-based indices
+local function minmax(name)
+  return function(x, d, keepdim)
+    if type(d) ~= "number" and d ~= nil then return binary(name == "max" and "maximum" or "minimum")(x, d) end
+    local v, i = op(name, { x }, reduce_attrs(name, d, keepdim))
+    if d == nil then return v end
+    return v, i + 1
+  end
+end
+Tensor.max, Tensor.min = minmax("max"), minmax("min")
+
+function Tensor.argmax(x, d, keepdim) return op1("argmax", x, reduce_attrs("argmax", d, keepdim)) + 1 end
+function Tensor.argmin(x, d, keepdim) return op1("argmin", x, reduce_attrs("argmin", d, keepdim)) + 1 end
+
+---------------------------------------------------------------------------
+-- joining and splitting
+
+function M.cat(list, d)
+  if type(list) ~= "table" or T.is_tensor(list) then T.argerror("cat", "tensors", "a table of tensors", T.describe(list)) end
+  if #list == 0 then T.argerror("cat", "tensors", "at least one tensor", "an empty table") end
+  return op("cat", { unpack(list) }, { cdim(d or 1, "cat") })
+end
+
+-- split(size, dim): pieces of `size` along dim, the last may be smaller
+function Tensor.split(x, size, d)
+  d = d or 1
+  local n = x:size(d)
+  if type(size) ~= "number" or size < 1 or size ~= math.floor(size) then
+    T.argerror("split", "split_size", "a positive integer", T.describe(size))
+  end
+  local parts = {}
+  for start = 1, math.max(n, 1), size do
+    if n == 0 then break end
+    parts[#parts + 1] = x:narrow(d, start, math.min(size, n - start + 1))
+  end
+  return parts
+end
+
+-- chunk(n, dim): torch.chunk: ceil-sized pieces, possibly fewer than n
+function Tensor.chunk(x, chunks, d)
+  if type(chunks) ~= "number" or chunks < 1 or chunks ~= math.floor(chunks) then
+    T.argerror("chunk", "chunks", "a positive integer", T.describe(chunks))
+  end
+  return x:split(math.max(1, math.ceil(x:size(d or 1) / chunks)), d)
+end
+
+function Tensor.softmax(x, d) return op1("softmax", x, { cdim(d, "softmax") }) end
+function Tensor.log_softmax(x, d) return op1("log_softmax", x, { cdim(d, "log_softmax") }) end
+function Tensor.triu(x, k) return op1("triu", x, { k or 0 }) end
+function Tensor.tril(x, k) return op1("tril", x, { k or 0 }) end
+
+---------------------------------------------------------------------------
+-- operators
+
+local mt = T.metatable
+mt.__add = binary("add")
+mt.__sub = binary("sub")
+mt.__mul = binary("mul")
+mt.__div = binary("div")
+mt.__pow = function(a, b) return Tensor.pow(a, b) end
+mt.__unm = function(a) return op1("neg", a) end
+
+return M

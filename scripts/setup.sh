@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# setup.sh: installs what loom needs on Debian 12 (only what is missing) and
+# builds libloom into build/. Idempotent; run as root (or with sudo).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+pkgs=(build-essential cmake pkg-config luajit libluajit-5.1-dev lua-busted luarocks
+      libopenblas-dev libopenmpi-dev openmpi-bin gnuplot-nox valgrind)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j"$(nproc)" 2>&1 | grep -E "warning|error|Error" || true
+test -f build/libloom.so || { echo "setup: the build failed"; exit 1; }
+echo "setup: build/libloom.so is ready"

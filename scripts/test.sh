@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# test.sh: sets up (scripts/setup.sh), then runs every test: the C tests
+# (ctest), the single-process busted specs, and the multi-rank specs on 2
+# and 4 ranks. Ends with one "N passed, N failed" line; exits non-zero on
+# any failure.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh || exit 1
+
+passed=0; failed=0
+log=$(mktemp)
+
+# busted summary: "N successes / N failures / N errors / N pending : T seconds"
+count_busted() {
+  local line s f e
+  line=$(grep -aE '[0-9]+ success(es)? / [0-9]+ failures? / [0-9]+ errors?' "$log" | tail -1)
+  if [ -z "$line" ]; then failed=$((failed + 1)); echo "  (no busted summary: counted as a failure)"; return; fi
+  s=$(grep -oE '[0-9]+ success' <<<"$line" | grep -oE '[0-9]+')
+  f=$(grep -oE '[0-9]+ failure' <<<"$line" | grep -oE '[0-9]+')
+  e=$(grep -oE '[0-9]+ error' <<<"$line" | grep -oE '[0-9]+')
+  passed=$((passed + s)); failed=$((failed + f + e))
+}
+
+suite() { # name, command...
+  local name=$1; shift
+  echo "== $name"
+  "$@" >"$log" 2>&1
+  local rc=$?
+  tail -n 40 "$log" | grep -avE '^\s*$' | tail -n 25
+  echo "   (exit $rc)"
+  return $rc
+}
+
+# C tests
+if suite "C tests (ctest)" ctest --test-dir build --output-on-failure --timeout 120; then :; fi
+c_pass=$(grep -oE '[0-9]+% tests passed, [0-9]+ tests failed out of [0-9]+' "$log" | tail -1)
+if [ -n "$c_pass" ]; then
+  total=$(grep -oE 'out of [0-9]+' <<<"$c_pass" | grep -oE '[0-9]+')
+  cf=$(grep -oE '[0-9]+ tests failed' <<<"$c_pass" | grep -oE '[0-9]+')
+  passed=$((passed + total - cf)); failed=$((failed + cf))
+else
+  failed=$((failed + 1))
+fi
+
+export OMP_WAIT_POLICY=PASSIVE
+single=$(ls spec/*_spec.lua 2>/dev/null)
+suite "specs, 1 process" timeout 1200 luajit scripts/run_specs.lua -o plainTerminal $single
+count_busted
+
+if [ -d spec/dist ] && [ -x scripts/loomrun ]; then
+  for n in 2 4; do
+    suite "specs, $n ranks" timeout 1200 scripts/loomrun -n "$n" --quiet-others \
+      scripts/run_specs.lua -o plainTerminal spec/dist
+    rc=$?
+    count_busted
+    [ $rc -ne 0 ] && ! grep -qE '[1-9][0-9]* (failure|error)' <(grep -aE 'success' "$log" | tail -1) \
+      && failed=$((failed + 1))
+  done
+fi
+
+rm -f "$log"
+echo "loom tests: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]

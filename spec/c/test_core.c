@@ -1,0 +1,97 @@
+/* test_core.c: C tests of the core: Philox known answers, layout math,
+ * refcounting and errors. Prints "N passed, N failed" and exits non-zero
+ * on any failure. */
+#include "internal.h"
+#include <stdio.h>
+#include <string.h>
+
+static int passed, failed;
+#define CHECK(cond)                                                            \
+  do {                                                                         \
+    if (cond) passed++;                                                        \
+    else { failed++; fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond); } \
+  } while (0)
+
+/* Random123's published known-answer vectors (kat_vectors). */
+static void test_philox(void) {
+  static const uint32_t ctr[3][4] = {{0, 0, 0, 0},
+                                     {0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff},
+                                     {0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}};
+  static const uint32_t key[3][2] = {{0, 0}, {0xffffffff, 0xffffffff}, {0xa4093822, 0x299f31d0}};
+  static const uint32_t want[3][4] = {{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8},
+                                      {0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd},
+                                      {0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}};
+  for (int k = 0; k < 3; k++) {
+    uint32_t out[4];
+    lm_philox4x32(ctr[k], key[k], out);
+    CHECK(memcmp(out, want[k], sizeof out) == 0);
+  }
+}
+
+/* A shard drawn with its global offset equals the slice of the full draw. */
+static void test_random_shards(void) {
+  int64_t full_shape[2] = {6, 5}, part_shape[2] = {2, 5}, start[2] = {2, 0};
+  lm_manual_seed(42);
+  lm_tensor *full = lm_empty(2, full_shape, LM_F32, LM_CPU);
+  CHECK(lm_random_(full, LM_NORMAL, 0, 1, NULL, NULL) == 0);
+  lm_manual_seed(42);
+  lm_tensor *part = lm_empty(2, part_shape, LM_F32, LM_CPU);
+  CHECK(lm_random_(part, LM_NORMAL, 0, 1, full_shape, start) == 0);
+  uint64_t seed, offset;
+  lm_rng_get_state(&seed, &offset);
+  CHECK(offset == 30); /* advanced by the global numel */
+  const float *f = lm_data(full), *p = lm_data(part);
+  CHECK(memcmp(f + 10, p, 10 * sizeof *f) == 0);
+  lm_release(full), lm_release(part);
+}
+
+static void test_layout(void) {
+  int64_t shape[3] = {2, 3, 4}, stride[3];
+  lm_contiguous_strides(3, shape, stride);
+  CHECK(stride[0] == 12 && stride[1] == 4 && stride[2] == 1);
+  CHECK(lm_shape_numel(3, shape) == 24);
+  CHECK(lm_wrap_dim("t", "dim", -1, 3) == 2);
+  CHECK(lm_wrap_dim("t", "dim", 3, 3) < 0);
+  CHECK(strstr(lm_last_error(), "dim") != NULL);
+  lm_tensor *t = lm_empty(3, shape, LM_F32, LM_CPU);
+  lm_attrs a = {.i = {0, 2}, .ni = 2};
+  lm_tensor *tr = lm_call("transpose", 1, &t, &a);
+  CHECK(tr && tr->shape[0] == 4 && tr->stride[0] == 1 && tr->stride[2] == 12);
+  CHECK(tr && !lm_is_contiguous(tr) && lm_is_contiguous(t));
+  lm_release(tr), lm_release(t);
+}
+
+static void test_refcount(void) {
+  int64_t before = lm_storage_count(), n = 8;
+  lm_tensor *t = lm_empty(1, &n, LM_F64, LM_CPU);
+  CHECK(lm_storage_count() == before + 1);
+  CHECK(lm_allocated_bytes() >= 64);
+  lm_attrs a = {.i = {0, 2, 4}, .ni = 3};
+  lm_tensor *v = lm_call("narrow", 1, &t, &a); /* a view keeps the storage */
+  lm_release(t);
+  CHECK(lm_storage_count() == before + 1);
+  CHECK(v && v->offset == 2 && v->shape[0] == 4);
+  lm_release(v);
+  CHECK(lm_storage_count() == before);
+}
+
+static void test_errors(void) {
+  int64_t bad[1] = {-3};
+  CHECK(lm_empty(1, bad, LM_F32, LM_CPU) == NULL);
+  CHECK(strstr(lm_last_error(), "-3") != NULL);
+  CHECK(lm_dtype_from_name("f128") < 0);
+  CHECK(strstr(lm_last_error(), "f128") != NULL);
+  CHECK(lm_op_find("no_such_op") < 0);
+  lm_tensor *in[1] = {NULL};
+  CHECK(lm_op_call(lm_op_find("neg"), 1, in, NULL, 1, in) < 0);
+}
+
+int main(void) {
+  test_philox();
+  test_random_shards();
+  test_layout();
+  test_refcount();
+  test_errors();
+  printf("%d passed, %d failed\n", passed, failed);
+  return failed != 0;
+}
