@@ -101,6 +101,10 @@ lm_tensor *lm_detach(lm_tensor *t);                /* alias without history */
 typedef void (*lm_grad_ready_fn)(lm_tensor *leaf);
 void lm_set_grad_ready_callback(lm_grad_ready_fn fn);
 
+/* 64-bit FNV-1a of n bytes, continuing from h (start with 0): the
+ * checksum of loom's checkpoint files. */
+uint64_t lm_fnv1a(const void *p, size_t n, uint64_t h);
+
 /* Runtime: worker threads for loom's kernels and OpenBLAS alike. */
 int lm_num_threads(void);
 void lm_set_num_threads(int n);

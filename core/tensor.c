@@ -65,8 +65,8 @@ static lm_tensor *new_tensor(int ndim, const int64_t *shape, const int64_t *stri
   t->ndim = (int8_t)ndim;
   t->dtype_ = (int8_t)dtype;
   t->device_ = (int8_t)device;
-  memcpy(t->shape, shape, ndim * sizeof *shape);
-  if (stride) memcpy(t->stride, stride, ndim * sizeof *stride);
+  if (ndim) memcpy(t->shape, shape, ndim * sizeof *shape);
+  if (stride && ndim) memcpy(t->stride, stride, ndim * sizeof *stride);
   else lm_contiguous_strides(ndim, shape, t->stride);
   t->numel_ = lm_shape_numel(ndim, shape);
   return t;

@@ -58,7 +58,7 @@ __host__ __device__ inline int lm_dtype_size_dev(int d) {
 }
 
 /* One element as double (what lm_load does). */
-__device__ inline double lm_dev_load(const char *p, int d) {
+__host__ __device__ inline double lm_dev_load(const char *p, int d) {
   switch (d) {
   case LM_F32: return *(const float *)p;
   case LM_F64: return *(const double *)p;
@@ -70,7 +70,7 @@ __device__ inline double lm_dev_load(const char *p, int d) {
   }
 }
 /* One element from double (what lm_store does). */
-__device__ inline void lm_dev_store(char *p, int d, double v) {
+__host__ __device__ inline void lm_dev_store(char *p, int d, double v) {
   switch (d) {
   case LM_F32: *(float *)p = (float)v; break;
   case LM_F64: *(double *)p = v; break;
@@ -83,7 +83,7 @@ __device__ inline void lm_dev_store(char *p, int d, double v) {
 }
 /* The float-only family (f32, bf16, f16, bool): going through float gives
  * the same bits as going through double, at a fraction of the cost. */
-__device__ inline float lm_dev_loadf(const char *p, int d) {
+__host__ __device__ inline float lm_dev_loadf(const char *p, int d) {
   switch (d) {
   case LM_F32: return *(const float *)p;
   case LM_BF16: return lm_dev_bf16_to_f32(*(const uint16_t *)p);
@@ -91,7 +91,7 @@ __device__ inline float lm_dev_loadf(const char *p, int d) {
   default: return *(const uint8_t *)p;
   }
 }
-__device__ inline void lm_dev_storef(char *p, int d, float v) {
+__host__ __device__ inline void lm_dev_storef(char *p, int d, float v) {
   switch (d) {
   case LM_F32: *(float *)p = v; break;
   case LM_BF16: *(uint16_t *)p = lm_dev_f32_to_bf16(v); break;
@@ -105,11 +105,11 @@ template <typename T> struct lm_dtype_of;
 template <> struct lm_dtype_of<float> { static const int value = LM_F32; };
 template <> struct lm_dtype_of<double> { static const int value = LM_F64; };
 template <> struct lm_dtype_of<int64_t> { static const int value = LM_I64; };
-template <typename T> __device__ inline void lm_dev_store_as(char *p, int d, T v) {
+template <typename T> __host__ __device__ inline void lm_dev_store_as(char *p, int d, T v) {
   if (d == lm_dtype_of<T>::value) *(T *)p = v;
   else lm_dev_store(p, d, (double)v);
 }
-template <typename T> __device__ inline T lm_dev_load_as(const char *p, int d) {
+template <typename T> __host__ __device__ inline T lm_dev_load_as(const char *p, int d) {
   if (d == lm_dtype_of<T>::value) return *(const T *)p;
   return (T)lm_dev_load(p, d);
 }
@@ -125,22 +125,27 @@ struct lm_walk {
 };
 void lm_walk_init(lm_walk *w, int narg, const lm_tensor *const *t);
 
+#ifdef __CUDA_ARCH__
+#define LM_UNROLL _Pragma("unroll")
+#else
+#define LM_UNROLL
+#endif
 /* Addresses of element i of every operand. Loops are unrolled so the
  * walk stays in the kernel's parameter space. */
 template <int N, typename I>
-__device__ inline void lm_walk_at(const lm_walk &w, I i, char **p) {
-#pragma unroll
+__host__ __device__ inline void lm_walk_at(const lm_walk &w, I i, char **p) {
+LM_UNROLL
   for (int k = 0; k < N; k++) p[k] = w.base[k];
-#pragma unroll
+LM_UNROLL
   for (int d = LM_MAX_DIMS - 1; d > 0; d--) {
     if (d < w.nd) {
       I n = (I)w.shape[d], q = i / n, r = i - q * n;
       i = q;
-#pragma unroll
+LM_UNROLL
       for (int k = 0; k < N; k++) p[k] += (int64_t)r * w.stride[k][d];
     }
   }
-#pragma unroll
+LM_UNROLL
   for (int k = 0; k < N; k++) p[k] += (int64_t)i * w.stride[k][0];
 }
 
@@ -158,9 +163,18 @@ template <int N, typename F>
 int lm_launch(const lm_tensor *const *t, F f, const char *name) {
   int64_t n = t[0]->numel_;
   if (n == 0) return 0;
-  if (lm_cuda_use(t[0]) < 0) return -1;
   lm_walk w;
   lm_walk_init(&w, N, t);
+#ifdef LOOM_CUDA_HOST_TEST /* kernels' host test: the same walk and functor on CPU memory */
+  for (int64_t i = 0; i < n; i++) {
+    char *p[N];
+    lm_walk_at<N, int64_t>(w, i, p);
+    f(p);
+  }
+  (void)name;
+  return 0;
+#endif
+  if (lm_cuda_use(t[0]) < 0) return -1;
   if (n < INT32_MAX)
     lm_pointwise_kernel<N, uint32_t, F><<<lm_blocks(n), LM_THREADS, 0, LM_STREAM>>>(w, (uint32_t)n, f);
   else

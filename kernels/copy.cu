@@ -5,15 +5,15 @@
 #include <stdlib.h>
 
 template <typename T> struct CopySame {
-  __device__ void operator()(char **p) const { *(T *)p[0] = *(const T *)p[1]; }
+  __host__ __device__ void operator()(char **p) const { *(T *)p[0] = *(const T *)p[1]; }
 };
 struct CopyFloat { /* f32, bf16, f16 and bool among themselves */
   int sd, dd;
-  __device__ void operator()(char **p) const { lm_dev_storef(p[0], dd, lm_dev_loadf(p[1], sd)); }
+  __host__ __device__ void operator()(char **p) const { lm_dev_storef(p[0], dd, lm_dev_loadf(p[1], sd)); }
 };
 struct CopyDouble { /* everything else goes through double, as lm_store does */
   int sd, dd;
-  __device__ void operator()(char **p) const { lm_dev_store(p[0], dd, lm_dev_load(p[1], sd)); }
+  __host__ __device__ void operator()(char **p) const { lm_dev_store(p[0], dd, lm_dev_load(p[1], sd)); }
 };
 
 static bool floaty(int d) { return d == LM_F32 || d == LM_BF16 || d == LM_F16 || d == LM_BOOL; }
@@ -156,7 +156,7 @@ int lm_cuda_copy(lm_tensor *dst, const lm_tensor *src) {
 
 template <typename T> struct Fill {
   T v;
-  __device__ void operator()(char **p) const { *(T *)p[0] = v; }
+  __host__ __device__ void operator()(char **p) const { *(T *)p[0] = v; }
 };
 
 int lm_cuda_fill(lm_tensor *t, double v) {

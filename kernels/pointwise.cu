@@ -4,13 +4,13 @@
 #include "common.cuh"
 #include "kernels.cuh"
 
-__device__ inline double gelu_tanh_d(double x) {
+__host__ __device__ inline double gelu_tanh_d(double x) {
   const double k = 0.79788456080286535588, c = 0.044715;
   double t = tanh(k * (x + c * x * x * x));
   return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * c * x * x);
 }
 
-template <typename T> __device__ inline T apply_unary(int kind, T x, T k0, T k1) {
+template <typename T> __host__ __device__ inline T apply_unary(int kind, T x, T k0, T k1) {
   const T r2 = (T)0.70710678118654752440, kt = (T)0.79788456080286535588;
   switch (kind) {
   case LM_NEG: return -x;
@@ -41,7 +41,7 @@ template <typename T> __device__ inline T apply_unary(int kind, T x, T k0, T k1)
 template <typename T> struct UnaryF {
   int kind;
   T k0, k1;
-  __device__ void operator()(char **p) const {
+  __host__ __device__ void operator()(char **p) const {
     *(T *)p[0] = apply_unary<T>(kind, *(const T *)p[1], k0, k1);
   }
 };
@@ -49,7 +49,7 @@ template <typename T> struct UnaryF {
 struct UnaryInt {
   int kind;
   int64_t k0, k1;
-  __device__ void operator()(char **p) const {
+  __host__ __device__ void operator()(char **p) const {
     if (kind == LM_NOT) { *(uint8_t *)p[0] = !*(const uint8_t *)p[1]; return; }
     int64_t x = *(const int64_t *)p[1], y = x;
     switch (kind) {
@@ -84,16 +84,16 @@ int lm_cuda_unary(int kind, lm_tensor *out, const lm_tensor *x, const double *p)
   }
 }
 
-template <typename T> __device__ inline T div_of(T x, T y) { return y ? x / y : 0; }
-template <> __device__ inline float div_of(float x, float y) { return x / y; }
-template <> __device__ inline double div_of(double x, double y) { return x / y; }
+template <typename T> __host__ __device__ inline T div_of(T x, T y) { return y ? x / y : 0; }
+template <> __host__ __device__ inline float div_of(float x, float y) { return x / y; }
+template <> __host__ __device__ inline double div_of(double x, double y) { return x / y; }
 
-template <typename T> __device__ inline T pow_of(T x, T y) { return (T)pow((double)x, (double)y); }
-template <> __device__ inline float pow_of(float x, float y) { return powf(x, y); }
+template <typename T> __host__ __device__ inline T pow_of(T x, T y) { return (T)pow((double)x, (double)y); }
+template <> __host__ __device__ inline float pow_of(float x, float y) { return powf(x, y); }
 
 template <typename T> struct Binary {
   int kind;
-  __device__ void operator()(char **p) const {
+  __host__ __device__ void operator()(char **p) const {
     T x = *(const T *)p[1], y = *(const T *)p[2];
     if (kind >= LM_EQ) {
       bool r = false;
@@ -140,7 +140,7 @@ int lm_cuda_binary(int kind, lm_tensor *out, const lm_tensor *a, const lm_tensor
 }
 
 template <typename T> struct Where {
-  __device__ void operator()(char **p) const {
+  __host__ __device__ void operator()(char **p) const {
     *(T *)p[0] = *(const uint8_t *)p[1] ? *(const T *)p[2] : *(const T *)p[3];
   }
 };

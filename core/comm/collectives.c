@@ -358,7 +358,8 @@ static lm_work *all_to_all_w(lm_comm *c, lm_tensor *t, int split_dim, int cat_di
     sh[sd] = send_sizes[me];
     sh[cd] = cat_total;
   }
-  w->uneven = is_uneven(w->scounts, k) || is_uneven(w->rcounts, k);
+  /* decided from sizes every rank knows alike, so all pick the same MPI call */
+  w->uneven = n % k != 0 || (sd != cd && full >= 0 && full % k != 0);
   w->dtype = t->dtype_;
   w->out = lm_empty_as(t, t->ndim, sh, t->dtype_);
   w->send = blocks_in_place(t, sd) ? (lm_retain(t), t) : pack(t, sd, send_sizes, k, t->dtype_);

@@ -22,6 +22,8 @@ for _, name in ipairs { "tensor", "empty", "zeros", "ones", "full", "arange", "r
   loom[name] = T[name]
 end
 for name, fn in pairs(ops) do loom[name] = fn end
+local ser = require "loom.serialize"
+loom.save, loom.load = ser.save, ser.load
 
 function loom.device_available(name)
   return lib.C.lm_device_available(T.device_id(name, "device_available")) == 1

@@ -1,0 +1,119 @@
+-- functional.lua: loom.F, PyTorch's torch.nn.functional in Lua. Each
+-- function checks its arguments and calls registry ops; ids and dims are
+-- 1-based here and converted for the C core.
+local loom = require "loom"
+local T = require "loom.tensor"
+local rope = require "loom.nn_functional_ops"
+
+local F = {}
+local op, check = T.op, T.check_tensor
+
+function F.linear(x, w, b)
+  check(x, "linear", "input")
+  check(w, "linear", "weight")
+  local y = x:matmul(w:t())
+  if b ~= nil then y = y + check(b, "linear", "bias") end
+  return y
+end
+
+function F.relu(x) return check(x, "relu", "input"):relu() end
+function F.silu(x) return check(x, "silu", "input"):silu() end
+function F.tanh(x) return check(x, "tanh", "input"):tanh() end
+function F.sigmoid(x) return check(x, "sigmoid", "input"):sigmoid() end
+function F.gelu(x, opts) return check(x, "gelu", "input"):gelu(opts) end
+function F.softmax(x, d) return check(x, "softmax", "input"):softmax(d) end
+function F.log_softmax(x, d) return check(x, "log_softmax", "input"):log_softmax(d) end
+
+-- dropout(x, p, training): zeroes each element with probability p and
+-- scales the rest by 1/(1-p); the mask comes from the counter-based RNG,
+-- so it is reproducible and, on a DTensor, drawn by global index.
+function F.dropout(x, p, training)
+  check(x, "dropout", "input")
+  if type(p) ~= "number" or p < 0 or p > 1 then T.argerror("dropout", "p", "a probability in [0, 1]", T.describe(p)) end
+  if training == false or p == 0 then return x end
+  if p == 1 then return x * 0 end
+  local keep = loom.rand(x:size(), { dtype = "f32", device = x.device }):ge(p)
+  return x * keep:to(x.dtype) * (1 / (1 - p))
+end
+
+local function ndims(fname, shape)
+  if type(shape) == "number" then return 1 end
+  if type(shape) ~= "table" then T.argerror(fname, "normalized_shape", "a size or a table of sizes", T.describe(shape), 3) end
+  return #shape
+end
+
+-- layer_norm(x, normalized_shape, weight, bias, eps)
+function F.layer_norm(x, shape, w, b, eps)
+  check(x, "layer_norm", "input")
+  local inputs = { x }
+  if w ~= nil then inputs[#inputs + 1] = check(w, "layer_norm", "weight") end
+  if b ~= nil then inputs[#inputs + 1] = check(b, "layer_norm", "bias") end
+  return op("layer_norm", inputs, { ndims("layer_norm", shape), w and 1 or 0, b and 1 or 0 }, { eps or 1e-5 })
+end
+
+-- rms_norm(x, normalized_shape, weight, eps): eps nil is the dtype's epsilon
+function F.rms_norm(x, shape, w, eps)
+  check(x, "rms_norm", "input")
+  local inputs = { x }
+  if w ~= nil then inputs[2] = check(w, "rms_norm", "weight") end
+  return op("rms_norm", inputs, { ndims("rms_norm", shape), w and 1 or 0 }, eps and { eps } or nil)
+end
+
+-- embedding(ids, weight): ids hold 1-based rows of weight
+function F.embedding(ids, w)
+  check(ids, "embedding", "input")
+  check(w, "embedding", "weight")
+  if ids.dtype ~= "i64" and ids.dtype ~= "i32" then
+    T.argerror("embedding", "input", "integer ids (i64 or i32)", ids.dtype .. " tensor")
+  end
+  return op("embedding", { w, ids - 1 })
+end
+
+local REDUCTION = { none = 0, mean = 1, sum = 2 }
+
+-- cross_entropy(logits, target, {weight, ignore_index=-100, reduction="mean",
+-- label_smoothing=0}): logits (N, C), (C) or (B, T, C) (flattened), target
+-- 1-based class ids or probabilities of the logits' shape.
+function F.cross_entropy(logits, target, opts)
+  check(logits, "cross_entropy", "input")
+  check(target, "cross_entropy", "target")
+  opts = opts or {}
+  local red = REDUCTION[opts.reduction or "mean"]
+  if not red then T.argerror("cross_entropy", "reduction", "\"none\", \"mean\" or \"sum\"", T.describe(opts.reduction)) end
+  local ls = opts.label_smoothing or 0
+  if type(ls) ~= "number" or ls < 0 or ls > 1 then
+    T.argerror("cross_entropy", "label_smoothing", "a number in [0, 1]", T.describe(ls))
+  end
+  local ignore = opts.ignore_index or -100
+  local ids = target.dtype == "i64" or target.dtype == "i32"
+  local lead = nil
+  if logits:dim() > 2 then   -- (B, T, C) -> (B*T, C), the loss reshaped back
+    lead = logits:size()
+    table.remove(lead)
+    local c = logits:size(-1)
+    logits = logits:reshape(-1, c)
+    target = ids and target:reshape(-1) or target:reshape(-1, c)
+  end
+  if ids then target = target - 1 end
+  local inputs = { logits, target }
+  if opts.weight ~= nil then inputs[3] = check(opts.weight, "cross_entropy", "weight") end
+  local loss = op("cross_entropy", inputs, { ids and ignore - 1 or ignore, red }, { ls })
+  if lead and red == 0 then loss = loss:reshape(lead) end
+  return loss
+end
+
+-- scaled_dot_product_attention(q, k, v, {attn_mask, is_causal=false, scale})
+function F.scaled_dot_product_attention(q, k, v, opts)
+  opts = opts or {}
+  local inputs = { check(q, "scaled_dot_product_attention", "query"),
+                   check(k, "scaled_dot_product_attention", "key"),
+                   check(v, "scaled_dot_product_attention", "value") }
+  if opts.attn_mask ~= nil then inputs[4] = check(opts.attn_mask, "scaled_dot_product_attention", "attn_mask") end
+  return op("scaled_dot_product_attention", inputs, { opts.is_causal and 1 or 0 }, { opts.scale or 0 })
+end
+
+-- rotary embeddings (Llama's, interleaved pairs)
+F.rope_tables = rope.rope_tables
+F.apply_rotary_emb = rope.apply_rotary_emb
+
+return F

@@ -1,0 +1,2 @@
+-- loom.models: reference models.
+return { transformer = require "loom.models.transformer" }

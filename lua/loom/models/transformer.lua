@@ -1,0 +1,168 @@
+-- transformer.lua: a Llama-style decoder (token embedding, RMSNorm,
+-- rotary attention with wq/wk/wv/wo, SwiGLU feed-forward w1/w2/w3, output
+-- projection). Attention and the feed-forward take their per-rank head
+-- counts and widths from their weights' local shapes, so the same code runs
+-- once tensor parallelism has sharded those weights.
+local loom = require "loom"
+local nn = loom.nn
+local F = loom.F
+local T = require "loom.tensor"
+
+local M = {}
+
+local DEFAULTS = { vocab_size = 65, dim = 128, n_layers = 4, n_heads = 4, n_kv_heads = nil,
+                   ffn_dim = nil, multiple_of = 32, max_seq_len = 256, norm_eps = 1e-5,
+                   rope_theta = 10000, dropout = 0, tie_embeddings = false }
+
+-- Fills defaults and checks the config; ffn_dim defaults to Llama's
+-- 2/3 * 4 * dim rounded up to a multiple of multiple_of.
+function M.config(cfg)
+  cfg = cfg or {}
+  local c = {}
+  for k, v in pairs(DEFAULTS) do c[k] = v end
+  for k, v in pairs(cfg) do
+    if DEFAULTS[k] == nil and k ~= "n_kv_heads" and k ~= "ffn_dim" then
+      error(string.format("transformer: unknown config key %q", k), 3)
+    end
+    c[k] = v
+  end
+  c.n_kv_heads = c.n_kv_heads or c.n_heads
+  if c.dim % c.n_heads ~= 0 then
+    error(string.format("transformer: dim (%d) must divide by n_heads (%d)", c.dim, c.n_heads), 3)
+  end
+  if c.n_heads % c.n_kv_heads ~= 0 then
+    error(string.format("transformer: n_heads (%d) must divide by n_kv_heads (%d)", c.n_heads, c.n_kv_heads), 3)
+  end
+  if (c.dim / c.n_heads) % 2 ~= 0 then error("transformer: the head dim must be even for rotary embeddings", 3) end
+  c.ffn_dim = c.ffn_dim or c.multiple_of * math.ceil(math.floor(2 * 4 * c.dim / 3) / c.multiple_of)
+  return c
+end
+
+local Attention = nn.Module:extend("Attention")
+M.Attention = Attention
+function Attention:__init(c)
+  self.head_dim = c.dim / c.n_heads
+  self.n_rep = c.n_heads / c.n_kv_heads
+  self.wq = nn.Linear(c.dim, c.n_heads * self.head_dim, { bias = false })
+  self.wk = nn.Linear(c.dim, c.n_kv_heads * self.head_dim, { bias = false })
+  self.wv = nn.Linear(c.dim, c.n_kv_heads * self.head_dim, { bias = false })
+  self.wo = nn.Linear(c.n_heads * self.head_dim, c.dim, { bias = false })
+end
+
+-- (B, T, kv, hd) -> (B, T, kv * n_rep, hd), each kv head repeated n_rep times
+local function repeat_kv(x, n_rep)
+  if n_rep == 1 then return x end
+  local b, t, kv, hd = unpack(x:size())
+  return x:unsqueeze(4):expand(b, t, kv, n_rep, hd):reshape(b, t, kv * n_rep, hd)
+end
+
+function Attention:forward(x, cos, sin)
+  local b, t = x:size(1), x:size(2)
+  local hd = self.head_dim
+  -- -1: the heads this rank holds, whatever the TP degree
+  local q = self.wq(x):view(b, t, -1, hd)
+  local k = self.wk(x):view(b, t, -1, hd)
+  local v = self.wv(x):view(b, t, -1, hd)
+  q, k = F.apply_rotary_emb(q, cos, sin), F.apply_rotary_emb(k, cos, sin)
+  k, v = repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep)
+  q, k, v = q:transpose(2, 3), k:transpose(2, 3), v:transpose(2, 3)
+  local o = F.scaled_dot_product_attention(q, k, v, { is_causal = true })
+  return self.wo(o:transpose(2, 3):reshape(b, t, -1))
+end
+
+local FeedForward = nn.Module:extend("FeedForward")
+M.FeedForward = FeedForward
+function FeedForward:__init(c)
+  self.w1 = nn.Linear(c.dim, c.ffn_dim, { bias = false })
+  self.w2 = nn.Linear(c.ffn_dim, c.dim, { bias = false })
+  self.w3 = nn.Linear(c.dim, c.ffn_dim, { bias = false })
+end
+function FeedForward:forward(x) return self.w2(F.silu(self.w1(x)) * self.w3(x)) end
+
+local Block = nn.Module:extend("TransformerBlock")
+M.TransformerBlock = Block
+function Block:__init(c)
+  self.attention_norm = nn.RMSNorm(c.dim, { eps = c.norm_eps })
+  self.attention = Attention(c)
+  self.ffn_norm = nn.RMSNorm(c.dim, { eps = c.norm_eps })
+  self.feed_forward = FeedForward(c)
+  if c.dropout > 0 then
+    self.attention_dropout = nn.Dropout(c.dropout)
+    self.ffn_dropout = nn.Dropout(c.dropout)
+  end
+end
+function Block:forward(x, cos, sin)
+  local a = self.attention(self.attention_norm(x), cos, sin)
+  if self.attention_dropout then a = self.attention_dropout(a) end
+  local h = x + a
+  local f = self.feed_forward(self.ffn_norm(h))
+  if self.ffn_dropout then f = self.ffn_dropout(f) end
+  return h + f
+end
+
+local Transformer = nn.Module:extend("Transformer")
+M.Transformer = Transformer
+function Transformer:__init(cfg)
+  local c = M.config(cfg)
+  self.config = c
+  self.tok_embeddings = nn.Embedding(c.vocab_size, c.dim)
+  local layers = {}
+  for i = 1, c.n_layers do layers[i] = Block(c) end
+  self.layers = nn.ModuleList(layers)
+  self.norm = nn.RMSNorm(c.dim, { eps = c.norm_eps })
+  self.output = nn.Linear(c.dim, c.vocab_size, { bias = false })
+  if c.tie_embeddings then self.output.weight = self.tok_embeddings.weight end
+  -- rotary tables: plain fields, not state (recomputed from the config)
+  self.rope_cos, self.rope_sin = F.rope_tables(c.max_seq_len, c.dim / c.n_heads, { theta = c.rope_theta })
+end
+
+-- forward(ids (B, T) i64, 1-based) -> logits (B, T, vocab)
+function Transformer:forward(ids)
+  T.check_tensor(ids, "Transformer", "ids")
+  local t = ids:size(2)
+  if t > self.config.max_seq_len then
+    error(string.format("Transformer: sequence length %d exceeds max_seq_len %d", t, self.config.max_seq_len), 2)
+  end
+  local cos, sin = self.rope_cos:narrow(1, 1, t), self.rope_sin:narrow(1, 1, t)
+  local h = self.tok_embeddings(ids)
+  for _, layer in self.layers:ipairs() do h = layer(h, cos, sin) end
+  return self.output(self.norm(h))
+end
+
+function M.new(cfg) return Transformer(cfg) end
+
+-- generate(model, ids (1, T), n, {temperature=1, top_k}): appends n sampled
+-- ids; the draws come from loom's RNG (loom.manual_seed reproduces them).
+function M.generate(model, ids, n, opts)
+  opts = opts or {}
+  local temp = opts.temperature or 1
+  local was_training = model.training
+  model:eval()
+  local out = ids:totable()[1]
+  loom.no_grad(function()
+    for _ = 1, n do
+      local ctx = { unpack(out, math.max(1, #out - model.config.max_seq_len + 1)) }
+      local logits = model(loom.tensor({ ctx }, { dtype = "i64" }))
+      local last = logits:narrow(2, #ctx, 1):reshape(-1)
+      local probs = (last * (1 / temp)):softmax(1):totable()
+      if opts.top_k then
+        local sorted = { unpack(probs) }
+        table.sort(sorted, function(a, b) return a > b end)
+        local cut = sorted[math.min(opts.top_k, #sorted)]
+        for i, p in ipairs(probs) do if p < cut then probs[i] = 0 end end
+      end
+      local total = 0
+      for _, p in ipairs(probs) do total = total + p end
+      local u, acc, pick = loom.rand(1):item() * total, 0, #probs
+      for i, p in ipairs(probs) do
+        acc = acc + p
+        if u < acc then pick = i break end
+      end
+      out[#out + 1] = pick
+    end
+  end)
+  model:train(was_training)
+  return out
+end
+
+return M

@@ -1,0 +1,141 @@
+-- layers.lua: the standard layers (PyTorch's names, shapes and default
+-- initialisations), each a small Module over loom.F.
+local loom = require "loom"
+local T = require "loom.tensor"
+local Module = require "loom.nn.module"
+
+local F = loom.F
+local M = {}
+
+-- nn.Parameter(t): t as a trainable leaf
+function M.Parameter(t)
+  T.check_tensor(t, "Parameter", "data")
+  return t:detach():requires_grad_(true)
+end
+
+local function positive_int(fname, name, v)
+  if type(v) ~= "number" or v < 1 or v ~= math.floor(v) then
+    T.argerror(fname, name, "a positive integer", T.describe(v), 3)
+  end
+end
+
+-- U(-bound, bound) of the given size, for the kaiming-uniform defaults
+local function uniform(size, bound, opts)
+  return loom.no_grad(function()
+    return M.Parameter((loom.rand(size, opts) * 2 - 1) * bound):to(opts.dtype or "f32")
+  end)
+end
+
+-- Linear(in, out, {bias=true, dtype}): y = x W^T + b with W (out, in),
+-- initialised as PyTorch does: U(-1/sqrt(in), 1/sqrt(in)) for W and b.
+M.Linear = Module:extend("Linear")
+function M.Linear:__init(in_features, out_features, opts)
+  positive_int("Linear", "in_features", in_features)
+  positive_int("Linear", "out_features", out_features)
+  opts = opts or {}
+  self.in_features, self.out_features = in_features, out_features
+  local bound = 1 / math.sqrt(in_features)
+  self.weight = uniform({ out_features, in_features }, bound, opts)
+  if opts.bias ~= false then self.bias = uniform({ out_features }, bound, opts) end
+end
+function M.Linear:forward(x) return F.linear(x, self.weight, self.bias) end
+function M.Linear:extra_repr()
+  return string.format("in_features=%d, out_features=%d, bias=%s", self.in_features,
+                       self.out_features, tostring(self.bias ~= nil))
+end
+
+-- Embedding(n, dim): weight (n, dim) ~ N(0, 1); ids are 1-based
+M.Embedding = Module:extend("Embedding")
+function M.Embedding:__init(n, dim, opts)
+  positive_int("Embedding", "num_embeddings", n)
+  positive_int("Embedding", "embedding_dim", dim)
+  opts = opts or {}
+  self.num_embeddings, self.embedding_dim = n, dim
+  self.weight = M.Parameter(loom.randn({ n, dim }, { dtype = opts.dtype }))
+end
+function M.Embedding:forward(ids) return F.embedding(ids, self.weight) end
+function M.Embedding:extra_repr() return self.num_embeddings .. ", " .. self.embedding_dim end
+
+local function norm_shape(fname, shape)
+  if type(shape) == "number" then shape = { shape } end
+  if type(shape) ~= "table" then T.argerror(fname, "normalized_shape", "a size or a table of sizes", T.describe(shape), 3) end
+  for _, v in ipairs(shape) do positive_int(fname, "normalized_shape", v) end
+  return shape
+end
+
+-- LayerNorm(shape, {eps=1e-5, elementwise_affine=true, bias=true})
+M.LayerNorm = Module:extend("LayerNorm")
+function M.LayerNorm:__init(shape, opts)
+  opts = opts or {}
+  self.normalized_shape = norm_shape("LayerNorm", shape)
+  self.eps = opts.eps or 1e-5
+  if opts.elementwise_affine ~= false then
+    self.weight = M.Parameter(loom.ones(self.normalized_shape, { dtype = opts.dtype }))
+    if opts.bias ~= false then self.bias = M.Parameter(loom.zeros(self.normalized_shape, { dtype = opts.dtype })) end
+  end
+end
+function M.LayerNorm:forward(x) return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps) end
+function M.LayerNorm:extra_repr() return "(" .. table.concat(self.normalized_shape, ", ") .. "), eps=" .. self.eps end
+
+-- RMSNorm(shape, {eps=1e-6}): x / rms(x) * weight (Llama's)
+M.RMSNorm = Module:extend("RMSNorm")
+function M.RMSNorm:__init(shape, opts)
+  opts = opts or {}
+  self.normalized_shape = norm_shape("RMSNorm", shape)
+  self.eps = opts.eps or 1e-6
+  if opts.elementwise_affine ~= false then
+    self.weight = M.Parameter(loom.ones(self.normalized_shape, { dtype = opts.dtype }))
+  end
+end
+function M.RMSNorm:forward(x) return F.rms_norm(x, self.normalized_shape, self.weight, self.eps) end
+function M.RMSNorm:extra_repr() return "(" .. table.concat(self.normalized_shape, ", ") .. "), eps=" .. self.eps end
+
+M.Dropout = Module:extend("Dropout")
+function M.Dropout:__init(p)
+  p = p or 0.5
+  if type(p) ~= "number" or p < 0 or p > 1 then T.argerror("Dropout", "p", "a probability in [0, 1]", T.describe(p)) end
+  self.p = p
+end
+function M.Dropout:forward(x) return F.dropout(x, self.p, self.training) end
+function M.Dropout:extra_repr() return "p=" .. self.p end
+
+-- activations as modules
+for name, fn in pairs { ReLU = "relu", SiLU = "silu", Tanh = "tanh", Sigmoid = "sigmoid" } do
+  M[name] = Module:extend(name)
+  M[name].forward = function(_, x) return F[fn](x) end
+end
+M.GELU = Module:extend("GELU")
+function M.GELU:__init(opts) self.approximate = opts and opts.approximate or "none" end
+function M.GELU:forward(x) return F.gelu(x, { approximate = self.approximate }) end
+
+-- Sequential(m1, m2, ...): children named 1, 2, ...
+M.Sequential = Module:extend("Sequential")
+function M.Sequential:__init(...)
+  for i, m in ipairs { ... } do self:register_module(tostring(i), m) end
+end
+function M.Sequential:forward(x)
+  for _, kv in ipairs(self:named_children()) do x = kv[2](x) end
+  return x
+end
+function M.Sequential:__len() return #self:named_children() end
+
+-- ModuleList({m1, m2, ...}): children named 1, 2, ...; list[i] indexes
+M.ModuleList = Module:extend("ModuleList")
+function M.ModuleList:__init(list)
+  for _, m in ipairs(list or {}) do self:append(m) end
+end
+function M.ModuleList:append(m)
+  self:register_module(tostring(#self:named_children() + 1), m)
+  return self
+end
+function M.ModuleList:__len() return #self:named_children() end
+function M.ModuleList:at(i) return rawget(self, "_modules")[tostring(i)] end
+function M.ModuleList:ipairs()
+  local children, i = self:named_children(), 0
+  return function()
+    i = i + 1
+    if children[i] then return i, children[i][2] end
+  end
+end
+
+return M
