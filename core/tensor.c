@@ -55,7 +55,7 @@ const lm_backend *lm_backend_of(int device) {
   return NULL;
 }
 
-int lm_device_available(int device) { return device == LM_CPU; }
+int lm_device_available(int device) { return lm_backend_of(device) != NULL; }
 
 static lm_tensor *new_tensor(int ndim, const int64_t *shape, const int64_t *stride,
                              int dtype, int device) {

@@ -25,8 +25,10 @@ for name, fn in pairs(ops) do loom[name] = fn end
 local ser = require "loom.serialize"
 loom.save, loom.load = ser.save, ser.load
 
+-- device_available("cuda") -> true, or false and the reason
 function loom.device_available(name)
-  return lib.C.lm_device_available(T.device_id(name, "device_available")) == 1
+  if lib.C.lm_device_available(T.device_id(name, "device_available")) == 1 then return true end
+  return false, require("ffi").string(lib.C.lm_last_error())
 end
 
 function loom.num_threads() return lib.C.lm_num_threads() end
