@@ -15,9 +15,9 @@ void lm_set_grad_ready_callback(lm_grad_ready_fn fn) { grad_ready = fn; }
 
 int lm_set_requires_grad(lm_tensor *t, int flag) {
   if (!t) return lm_error("requires_grad: tensor is nil");
-  if (t->grad_fn)
+  if (t->grad_fn_)
     return lm_error("requires_grad: only leaves can change it; this tensor was made by %s "
-                    "(use detach() first)", lm_op_name(t->grad_fn->op));
+                    "(use detach() first)", lm_op_name(t->grad_fn_->op));
   if (flag && !lm_is_float(t->dtype_))
     return lm_error("requires_grad: only floating point tensors can require grad, got %s",
                     lm_dtype_name(t->dtype_));
@@ -25,29 +25,29 @@ int lm_set_requires_grad(lm_tensor *t, int flag) {
   return 0;
 }
 
-lm_tensor *lm_grad(lm_tensor *t) { if (t && t->grad) lm_retain(t->grad); return t ? t->grad : NULL; }
+lm_tensor *lm_grad(lm_tensor *t) { if (t && t->grad_) lm_retain(t->grad_); return t ? t->grad_ : NULL; }
 
 int lm_set_grad(lm_tensor *t, lm_tensor *g) {
   if (!t) return lm_error("grad: tensor is nil");
   if (g && (g->ndim != t->ndim || memcmp(g->shape, t->shape, t->ndim * 8)))
     return lm_error("grad: expected the shape of the tensor");
   lm_retain(g);
-  lm_release(t->grad);
-  t->grad = g;
+  lm_release(t->grad_);
+  t->grad_ = g;
   return 0;
 }
 
 int lm_retain_grad(lm_tensor *t) {
   if (!t->needs_grad) return lm_error("retain_grad: tensor does not require grad");
-  if (t->grad_fn) {
-    t->grad_fn->retained[t->output_nr] = t;
+  if (t->grad_fn_) {
+    t->grad_fn_->retained[t->output_nr] = t;
     t->retains_grad = 1;
   }
   return 0;
 }
 
 lm_tensor *lm_detach(lm_tensor *t) {
-  return lm_view_of(t, t->ndim, t->shape, t->stride, t->offset);
+  return lm_view_of(t, t->ndim, t->shape, t->stride_, t->offset);
 }
 
 void lm_node_release(lm_node *n) {
@@ -59,8 +59,8 @@ void lm_node_release(lm_node *n) {
 
 /* A tensor leaving memory stops being a node's retained output. */
 void lm_forget_retained(lm_tensor *t) {
-  if (t->retains_grad && t->grad_fn && t->grad_fn->retained[t->output_nr] == t)
-    t->grad_fn->retained[t->output_nr] = NULL;
+  if (t->retains_grad && t->grad_fn_ && t->grad_fn_->retained[t->output_nr] == t)
+    t->grad_fn_->retained[t->output_nr] = NULL;
 }
 
 int lm_record(int op, const lm_op_def *def, int nin, lm_tensor *const *in,
@@ -82,7 +82,7 @@ int lm_record(int op, const lm_op_def *def, int nin, lm_tensor *const *in,
   for (int k = 0; k < nout; k++) {
     n->out[k] = lm_detach(out[k]);
     if (!lm_is_float(out[k]->dtype_)) continue;
-    out[k]->grad_fn = n;
+    out[k]->grad_fn_ = n;
     out[k]->output_nr = (uint8_t)k;
     out[k]->needs_grad = 1;
     n->refcount++;
@@ -132,13 +132,13 @@ static int accumulate_leaf(lm_tensor *leaf, lm_tensor *g) {
     lm_release(g);
     if (!(g = c)) return -1;
   }
-  if (!leaf->grad) { leaf->grad = g; return 0; }
-  lm_tensor *in[2] = {leaf->grad, g};
+  if (!leaf->grad_) { leaf->grad_ = g; return 0; }
+  lm_tensor *in[2] = {leaf->grad_, g};
   lm_tensor *s = lm_call("add", 2, in, NULL);
   lm_release(g);
   if (!s) return -1;
-  lm_release(leaf->grad);
-  leaf->grad = s;
+  lm_release(leaf->grad_);
+  leaf->grad_ = s;
   return 0;
 }
 
@@ -184,14 +184,14 @@ static int run(lm_node *root_node, nodes *order, leaves *lv) {
     for (int i = 0; i < n->nin; i++) {
       lm_tensor *t = n->in[i];
       if (!t->needs_grad) continue;
-      if (!t->grad_fn) { /* leaf_slot may move lv->left: index after */
+      if (!t->grad_fn_) { /* leaf_slot may move lv->left: index after */
         int k = leaf_slot(lv, t);
         lv->left[k]++;
         continue;
       }
-      if (t->grad_fn->visit != visit) {
-        t->grad_fn->visit = visit;
-        if ((rc = push(&stack, t->grad_fn)) < 0) break;
+      if (t->grad_fn_->visit != visit) {
+        t->grad_fn_->visit = visit;
+        if ((rc = push(&stack, t->grad_fn_)) < 0) break;
       }
     }
   }
@@ -219,8 +219,8 @@ static int run(lm_node *root_node, nodes *order, leaves *lv) {
     for (int i = 0; gin && i < n->nin; i++) {
       lm_tensor *t = n->in[i], *g = gin[i];
       if (!t->needs_grad || rc < 0) { lm_release(g); continue; }
-      if (t->grad_fn) {
-        if (g && accumulate(&t->grad_fn->gsum[t->output_nr], g) < 0) rc = -1;
+      if (t->grad_fn_) {
+        if (g && accumulate(&t->grad_fn_->gsum[t->output_nr], g) < 0) rc = -1;
         continue;
       }
       int s = leaf_slot(lv, t);
@@ -252,14 +252,14 @@ int lm_backward(lm_tensor *root, lm_tensor *grad) {
   }
   int old = lm_set_grad_enabled(0);
   int rc;
-  if (!root->grad_fn) {
+  if (!root->grad_fn_) {
     rc = accumulate_leaf(root, grad);
     if (rc == 0 && grad_ready) grad_ready(root);
   } else {
     nodes order = {0};
     leaves lv = {0};
-    root->grad_fn->gsum[root->output_nr] = grad;
-    rc = run(root->grad_fn, &order, &lv);
+    root->grad_fn_->gsum[root->output_nr] = grad;
+    rc = run(root->grad_fn_, &order, &lv);
     free(order.v), free(lv.t), free(lv.left);
   }
   lm_set_grad_enabled(old);

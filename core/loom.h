@@ -30,12 +30,12 @@ typedef struct lm_tensor {
   uint8_t output_nr;     /* which output of grad_fn this tensor is */
   uint8_t retains_grad;  /* a non-leaf that keeps .grad (retain_grad) */
   int64_t shape[8];      /* at most 8 dims */
-  int64_t stride[8];
+  int64_t stride_[8];
   int64_t offset;        /* first element, in elements of the storage */
   int64_t numel_;
   lm_storage *storage;
-  struct lm_tensor *grad; /* accumulated gradient of a leaf, or NULL */
-  lm_node *grad_fn;       /* node that produced it, or NULL for leaves */
+  struct lm_tensor *grad_; /* accumulated gradient of a leaf, or NULL (x.grad in Lua) */
+  lm_node *grad_fn_;      /* node that produced it, or NULL for leaves */
   void *dist;             /* DTensor spec, NULL for a plain tensor */
 } lm_tensor;
 

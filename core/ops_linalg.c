@@ -13,11 +13,11 @@ static lm_tensor *as_3d(lm_tensor *x) {
   bool merge = true;
   for (int d = nb - 1; d >= 0; d--) {
     if (x->shape[d] == 1) continue;
-    if (B == 1) bs = x->stride[d];
-    else if (x->stride[d] != bs * B) merge = false;
+    if (B == 1) bs = x->stride_[d];
+    else if (x->stride_[d] != bs * B) merge = false;
     B *= x->shape[d];
   }
-  int64_t rs = x->stride[nd - 2], cs = x->stride[nd - 1];
+  int64_t rs = x->stride_[nd - 2], cs = x->stride_[nd - 1];
   bool blas_ok = cs == 1 || rs == 1 || x->shape[nd - 1] == 1 || x->shape[nd - 2] == 1;
   if (merge && blas_ok) {
     int64_t shape[3] = {B, x->shape[nd - 2], x->shape[nd - 1]}, stride[3] = {bs, rs, cs};
@@ -68,11 +68,11 @@ static int fw_matmul(lm_tensor *const *in, int nin, const lm_attrs *at, lm_tenso
   lm_tensor *ca = lm_s(&s, lm_cast(a, cd)), *cb = lm_s(&s, lm_cast(b, cd)), *c = NULL;
   int64_t shp[LM_MAX_DIMS];
   if (ca && a->ndim == 1) { /* (k) -> (1, k) */
-    int64_t one[2] = {1, K}, st[2] = {K * ca->stride[0], ca->stride[0]};
+    int64_t one[2] = {1, K}, st[2] = {K * ca->stride_[0], ca->stride_[0]};
     ca = lm_s(&s, lm_view_of(ca, 2, one, st, ca->offset));
   }
   if (cb && b->ndim == 1) { /* (k) -> (k, 1) */
-    int64_t one[2] = {K, 1}, st[2] = {cb->stride[0], 1};
+    int64_t one[2] = {K, 1}, st[2] = {cb->stride_[0], 1};
     cb = lm_s(&s, lm_view_of(cb, 2, one, st, cb->offset));
   }
   lm_tensor *ea = ca ? lm_s(&s, lm_broadcast_to("matmul", "argument #1", ca, nbatch + 2, sa)) : NULL;

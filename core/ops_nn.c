@@ -110,9 +110,9 @@ static lm_tensor *dim_last(lm_tensor *x, int d, int cd) {
     return r;
   }
   int64_t shape[LM_MAX_DIMS], stride[LM_MAX_DIMS];
-  memcpy(shape, c->shape, sizeof shape), memcpy(stride, c->stride, sizeof stride);
+  memcpy(shape, c->shape, sizeof shape), memcpy(stride, c->stride_, sizeof stride);
   shape[d] = c->shape[last], shape[last] = c->shape[d];
-  stride[d] = c->stride[last], stride[last] = c->stride[d];
+  stride[d] = c->stride_[last], stride[last] = c->stride_[d];
   lm_tensor *v = lm_view_of(c, c->ndim, shape, stride, c->offset);
   lm_release(c);
   lm_tensor *r = v ? lm_contiguous(v) : NULL;

@@ -36,10 +36,10 @@ static int fill_shape(const char *op, const lm_tensor *x, const lm_attrs *a, int
 static int view_strides(const lm_tensor *x, int nd, const int64_t *shape, int64_t *stride) {
   if (x->numel_ == 0 || x->ndim == 0) { lm_contiguous_strides(nd, shape, stride); return 0; }
   int vd = nd - 1;
-  int64_t chunk = 1, base_stride = x->ndim ? x->stride[x->ndim - 1] : 1;
+  int64_t chunk = 1, base_stride = x->ndim ? x->stride_[x->ndim - 1] : 1;
   for (int td = x->ndim - 1; td >= 0; td--) {
     chunk *= x->shape[td];
-    if (td == 0 || (x->shape[td - 1] != 1 && x->stride[td - 1] != chunk * base_stride)) {
+    if (td == 0 || (x->shape[td - 1] != 1 && x->stride_[td - 1] != chunk * base_stride)) {
       int64_t acc = 1;
       while (vd >= 0 && (acc < chunk || shape[vd] == 1)) {
         stride[vd] = acc * base_stride;
@@ -47,7 +47,7 @@ static int view_strides(const lm_tensor *x, int nd, const int64_t *shape, int64_
         vd--;
       }
       if (acc != chunk) return -1;
-      if (td > 0) { chunk = 1; base_stride = x->stride[td - 1]; }
+      if (td > 0) { chunk = 1; base_stride = x->stride_[td - 1]; }
     }
   }
   for (; vd >= 0; vd--) stride[vd] = 1; /* leading size-1 dims */
@@ -97,10 +97,10 @@ static int fw_transpose(lm_tensor *const *in, int nin, const lm_attrs *a, lm_ten
   int d1 = lm_wrap_dim("transpose", "dim1", a->i[1], x->ndim);
   if (d0 < 0 || d1 < 0) return -1;
   int64_t shape[LM_MAX_DIMS], stride[LM_MAX_DIMS];
-  memcpy(shape, x->shape, sizeof shape), memcpy(stride, x->stride, sizeof stride);
+  memcpy(shape, x->shape, sizeof shape), memcpy(stride, x->stride_, sizeof stride);
   if (x->ndim > 0) {
     shape[d0] = x->shape[d1], shape[d1] = x->shape[d0];
-    stride[d0] = x->stride[d1], stride[d1] = x->stride[d0];
+    stride[d0] = x->stride_[d1], stride[d1] = x->stride_[d0];
   }
   return (*out = lm_view_of(x, x->ndim, shape, stride, x->offset)) ? 0 : -1;
 }
@@ -122,7 +122,7 @@ static int fw_permute(lm_tensor *const *in, int nin, const lm_attrs *a, lm_tenso
     int s = lm_wrap_dim("permute", "dims", a->i[d], x->ndim);
     if (s < 0) return -1;
     if (seen[s]++) return lm_error("permute: dim %d appears twice", s + 1);
-    shape[d] = x->shape[s], stride[d] = x->stride[s];
+    shape[d] = x->shape[s], stride[d] = x->stride_[s];
   }
   return (*out = lm_view_of(x, x->ndim, shape, stride, x->offset)) ? 0 : -1;
 }
@@ -152,7 +152,7 @@ static int fw_narrow(lm_tensor *const *in, int nin, const lm_attrs *a, lm_tensor
   int64_t shape[LM_MAX_DIMS];
   memcpy(shape, x->shape, sizeof shape);
   shape[d] = len;
-  return (*out = lm_view_of(x, x->ndim, shape, x->stride, x->offset + start * x->stride[d])) ? 0 : -1;
+  return (*out = lm_view_of(x, x->ndim, shape, x->stride_, x->offset + start * x->stride_[d])) ? 0 : -1;
 }
 
 static int bw_narrow(const lm_node *n, lm_tensor *const *gout, lm_tensor **gin) {
@@ -186,7 +186,7 @@ static int fw_expand(lm_tensor *const *in, int nin, const lm_attrs *a, lm_tensor
       if (want < 0) return lm_error("expand: size -1 is not allowed in a new leading dim %d", d + 1);
       shape[d] = want, stride[d] = 0;
     } else if (want == -1 || want == x->shape[s]) {
-      shape[d] = x->shape[s], stride[d] = x->stride[s];
+      shape[d] = x->shape[s], stride[d] = x->stride_[s];
     } else if (x->shape[s] == 1 && want >= 0) {
       shape[d] = want, stride[d] = 0;
     } else {
@@ -229,8 +229,8 @@ static int fw_unsqueeze(lm_tensor *const *in, int nin, const lm_attrs *a, lm_ten
   if (d < 0) return -1;
   int64_t shape[LM_MAX_DIMS], stride[LM_MAX_DIMS];
   for (int k = 0, s = 0; k <= x->ndim; k++) {
-    if (k == d) { shape[k] = 1, stride[k] = s < x->ndim ? x->shape[s] * x->stride[s] : 1; continue; }
-    shape[k] = x->shape[s], stride[k] = x->stride[s], s++;
+    if (k == d) { shape[k] = 1, stride[k] = s < x->ndim ? x->shape[s] * x->stride_[s] : 1; continue; }
+    shape[k] = x->shape[s], stride[k] = x->stride_[s], s++;
   }
   return (*out = lm_view_of(x, x->ndim + 1, shape, stride, x->offset)) ? 0 : -1;
 }
@@ -245,7 +245,7 @@ static int fw_squeeze(lm_tensor *const *in, int nin, const lm_attrs *a, lm_tenso
   int nd = 0;
   for (int d = 0; d < x->ndim; d++) {
     if (x->shape[d] == 1 && (only < 0 || only == d)) continue;
-    shape[nd] = x->shape[d], stride[nd++] = x->stride[d];
+    shape[nd] = x->shape[d], stride[nd++] = x->stride_[d];
   }
   return (*out = lm_view_of(x, nd, shape, stride, x->offset)) ? 0 : -1;
 }

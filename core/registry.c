@@ -2,7 +2,10 @@
  * files) and the one dispatch path every op call takes. */
 #include "internal.h"
 #include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static const lm_op_def *table[512];
 static int count;
@@ -16,6 +19,43 @@ static void build(void) {
 }
 
 static void init(void) { pthread_once(&once, build); }
+
+/* LOOM_PROFILE=1: time per op, exclusive of the ops it calls, printed at
+ * exit, for finding where a step goes. */
+static struct { double self; int64_t calls; } prof[512];
+static int profiling = -1;
+static _Thread_local double child_time;
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int by_time(const void *a, const void *b) {
+  double x = prof[*(const int *)a].self, y = prof[*(const int *)b].self;
+  return x < y ? 1 : x > y ? -1 : 0;
+}
+
+static void report(void) {
+  int idx[512];
+  double total = 0;
+  for (int i = 0; i < count; i++) idx[i] = i, total += prof[i].self;
+  qsort(idx, count, sizeof *idx, by_time);
+  fprintf(stderr, "loom profile (exclusive time per op, %.3f s in ops):\n", total);
+  for (int k = 0; k < count && prof[idx[k]].calls; k++)
+    fprintf(stderr, "  %-32s %9.3f ms %5.1f%% %9lld calls\n", table[idx[k]]->name,
+            prof[idx[k]].self * 1e3, 100 * prof[idx[k]].self / total, (long long)prof[idx[k]].calls);
+}
+
+static bool profile_on(void) {
+  if (profiling < 0) {
+    const char *e = getenv("LOOM_PROFILE");
+    profiling = e && *e && *e != '0';
+    if (profiling) atexit(report);
+  }
+  return profiling;
+}
 
 int lm_op_count(void) { init(); return count; }
 
@@ -49,7 +89,15 @@ int lm_op_call(int op, int nin, lm_tensor *const *in, const lm_attrs *attrs,
   static const lm_attrs none;
   if (!attrs) attrs = &none;
   for (int k = 0; k < d->nout; k++) out[k] = NULL;
-  if (d->forward(in, nin, attrs, out) < 0) {
+  double t0 = 0, outer_child = 0;
+  if (profile_on()) t0 = now(), outer_child = child_time, child_time = 0;
+  int rc = d->forward(in, nin, attrs, out);
+  if (profiling) {
+    double dt = now() - t0;
+    prof[op].self += dt - child_time, prof[op].calls++;
+    child_time = outer_child + dt;
+  }
+  if (rc < 0) {
     for (int k = 0; k < d->nout; k++) lm_release(out[k]), out[k] = NULL;
     return -1;
   }

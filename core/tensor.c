@@ -66,8 +66,8 @@ static lm_tensor *new_tensor(int ndim, const int64_t *shape, const int64_t *stri
   t->dtype_ = (int8_t)dtype;
   t->device_ = (int8_t)device;
   if (ndim) memcpy(t->shape, shape, ndim * sizeof *shape);
-  if (stride && ndim) memcpy(t->stride, stride, ndim * sizeof *stride);
-  else lm_contiguous_strides(ndim, shape, t->stride);
+  if (stride && ndim) memcpy(t->stride_, stride, ndim * sizeof *stride);
+  else lm_contiguous_strides(ndim, shape, t->stride_);
   t->numel_ = lm_shape_numel(ndim, shape);
   return t;
 }
@@ -129,9 +129,9 @@ static void release_storage(lm_storage *s) {
 void lm_release(lm_tensor *t) {
   if (!t || __atomic_sub_fetch(&t->refcount, 1, __ATOMIC_ACQ_REL) > 0) return;
   if (t->storage) release_storage(t->storage);
-  lm_release(t->grad);
+  lm_release(t->grad_);
   lm_forget_retained(t);
-  lm_node_release(t->grad_fn);
+  lm_node_release(t->grad_fn_);
   free(t);
 }
 
@@ -140,7 +140,7 @@ void *lm_data(const lm_tensor *t) { return t && t->storage ? lm_ptr(t) : NULL; }
 int lm_is_contiguous(const lm_tensor *t) {
   int64_t s = 1;
   for (int d = t->ndim - 1; d >= 0; d--) {
-    if (t->shape[d] != 1 && t->stride[d] != s) return 0;
+    if (t->shape[d] != 1 && t->stride_[d] != s) return 0;
     s *= t->shape[d];
   }
   return 1;

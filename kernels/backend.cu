@@ -122,7 +122,7 @@ void lm_walk_init(lm_walk *w, int narg, const lm_tensor *const *t) {
   w->nd = 0;
   for (int k = 0; k < LM_MAXARG; k++) {
     w->base[k] = k < narg ? lm_ptr(t[k]) : NULL;
-    for (int d = 0; d < LM_MAX_DIMS; d++) w->stride[k][d] = 0;
+    for (int d = 0; d < LM_MAX_DIMS; d++) w->stride_[k][d] = 0;
   }
   for (int d = 0; d < LM_MAX_DIMS; d++) w->shape[d] = 1;
   for (int d = 0; d < r->ndim; d++) {
@@ -130,14 +130,14 @@ void lm_walk_init(lm_walk *w, int narg, const lm_tensor *const *t) {
     int m = w->nd;
     bool merge = m > 0;
     for (int k = 0; k < narg && merge; k++)
-      merge = w->stride[k][m - 1] == t[k]->stride[d] * r->shape[d] * lm_dtype_size(t[k]->dtype_);
+      merge = w->stride_[k][m - 1] == t[k]->stride_[d] * r->shape[d] * lm_dtype_size(t[k]->dtype_);
     if (merge) {
       w->shape[m - 1] *= r->shape[d];
       for (int k = 0; k < narg; k++)
-        w->stride[k][m - 1] = t[k]->stride[d] * lm_dtype_size(t[k]->dtype_);
+        w->stride_[k][m - 1] = t[k]->stride_[d] * lm_dtype_size(t[k]->dtype_);
     } else {
       w->shape[m] = r->shape[d];
-      for (int k = 0; k < narg; k++) w->stride[k][m] = t[k]->stride[d] * lm_dtype_size(t[k]->dtype_);
+      for (int k = 0; k < narg; k++) w->stride_[k][m] = t[k]->stride_[d] * lm_dtype_size(t[k]->dtype_);
       w->nd++;
     }
   }

@@ -120,7 +120,7 @@ template <typename T> __host__ __device__ inline T lm_dev_load_as(const char *p,
 struct lm_walk {
   int nd;
   int64_t shape[LM_MAX_DIMS];
-  int64_t stride[LM_MAXARG][LM_MAX_DIMS];
+  int64_t stride_[LM_MAXARG][LM_MAX_DIMS];
   char *base[LM_MAXARG];
 };
 void lm_walk_init(lm_walk *w, int narg, const lm_tensor *const *t);
@@ -142,11 +142,11 @@ LM_UNROLL
       I n = (I)w.shape[d], q = i / n, r = i - q * n;
       i = q;
 LM_UNROLL
-      for (int k = 0; k < N; k++) p[k] += (int64_t)r * w.stride[k][d];
+      for (int k = 0; k < N; k++) p[k] += (int64_t)r * w.stride_[k][d];
     }
   }
 LM_UNROLL
-  for (int k = 0; k < N; k++) p[k] += (int64_t)i * w.stride[k][0];
+  for (int k = 0; k < N; k++) p[k] += (int64_t)i * w.stride_[k][0];
 }
 
 template <int N, typename I, typename F>

@@ -50,7 +50,7 @@ static lm_tensor dense(lm_storage *s, void *data, const lm_tensor *like, int dty
   s->nbytes = (size_t)like->numel_ * lm_dtype_size(dtype);
   t.refcount = 1, t.ndim = like->ndim, t.dtype_ = (int8_t)dtype, t.device_ = (int8_t)device;
   memcpy(t.shape, like->shape, sizeof t.shape);
-  lm_contiguous_strides(t.ndim, t.shape, t.stride);
+  lm_contiguous_strides(t.ndim, t.shape, t.stride_);
   t.numel_ = like->numel_;
   t.storage = s;
   return t;

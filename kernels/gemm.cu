@@ -54,10 +54,10 @@ int lm_cuda_gemm(lm_tensor *c, const lm_tensor *a, const lm_tensor *b, double al
   int64_t B = c->shape[0], M = c->shape[1], N = c->shape[2], K = a->shape[2];
   cublasOperation_t ta, tb;
   int64_t lda, ldb;
-  if (blas_layout(M, K, a->stride[1], a->stride[2], &ta, &lda) < 0 ||
-      blas_layout(K, N, b->stride[1], b->stride[2], &tb, &ldb) < 0 || c->stride[2] != 1)
+  if (blas_layout(M, K, a->stride_[1], a->stride_[2], &ta, &lda) < 0 ||
+      blas_layout(K, N, b->stride_[1], b->stride_[2], &tb, &ldb) < 0 || c->stride_[2] != 1)
     return lm_error("gemm: operands need unit stride in one of their last two dims");
-  int64_t ldc = c->stride[1] > N ? c->stride[1] : (N ? N : 1);
+  int64_t ldc = c->stride_[1] > N ? c->stride_[1] : (N ? N : 1);
   if (M == 0 || N == 0 || B == 0) return 0;
   if (M > INT_MAX || N > INT_MAX || K > INT_MAX || lda > INT_MAX || ldb > INT_MAX ||
       ldc > INT_MAX || B > INT_MAX)
@@ -71,7 +71,7 @@ int lm_cuda_gemm(lm_tensor *c, const lm_tensor *a, const lm_tensor *b, double al
   /* column-major: C^T (N x M) = op(B^T) (N x K) @ op(A^T) (K x M) */
   const void *A = lm_ptr(b), *Bm = lm_ptr(a);
   void *C = lm_ptr(c);
-  long long sA = b->stride[0], sB = a->stride[0], sC = c->stride[0];
+  long long sA = b->stride_[0], sB = a->stride_[0], sC = c->stride_[0];
   cublasStatus_t s;
   if (c->dtype_ == LM_F64) {
     s = cublasDgemmStridedBatched(h, tb, ta, (int)N, (int)M, (int)K, &alpha, (const double *)A,

@@ -103,7 +103,7 @@ static void launch_norm(lm_tensor *out, lm_tensor *mean, lm_tensor *rstd, const 
   NormArgs<T> a;
   a.out = (T *)lm_ptr(out), a.x = (const T *)lm_ptr(x);
   a.w = w ? (const T *)lm_ptr(w) : NULL, a.b = b ? (const T *)lm_ptr(b) : NULL;
-  a.ws = w && w->ndim ? w->stride[w->ndim - 1] : 1, a.bs = b && b->ndim ? b->stride[b->ndim - 1] : 1;
+  a.ws = w && w->ndim ? w->stride_[w->ndim - 1] : 1, a.bs = b && b->ndim ? b->stride_[b->ndim - 1] : 1;
   a.mean = mean ? lm_ptr(mean) : NULL, a.rstd = rstd ? lm_ptr(rstd) : NULL;
   a.mdt = mean ? mean->dtype_ : x->dtype_, a.rdt = rstd ? rstd->dtype_ : x->dtype_;
   a.rows = rows, a.n = n, a.eps = eps, a.rms = rms;
@@ -150,7 +150,7 @@ int lm_cuda_embedding(lm_tensor *out, const lm_tensor *w, const lm_tensor *idx) 
   switch (lm_dtype_size(w->dtype_)) {
 #define EMB(E)                                                                 \
   embedding_kernel<E><<<blocks, LM_THREADS, 0, LM_STREAM>>>(                   \
-      (E *)lm_ptr(out), (const E *)lm_ptr(w), ip, rows, d, v, w->stride[0], w->stride[1]); \
+      (E *)lm_ptr(out), (const E *)lm_ptr(w), ip, rows, d, v, w->stride_[0], w->stride_[1]); \
   break
   case 1: EMB(uint8_t);
   case 2: EMB(uint16_t);

@@ -8,7 +8,7 @@
 
 struct Rnd {
   int nd, dtype, kind;
-  int64_t shape[LM_MAX_DIMS], stride[LM_MAX_DIMS], gshape[LM_MAX_DIMS], start[LM_MAX_DIMS];
+  int64_t shape[LM_MAX_DIMS], stride_[LM_MAX_DIMS], gshape[LM_MAX_DIMS], start[LM_MAX_DIMS];
   char *base;
   double a, b;
   uint64_t seed, offset;
@@ -24,7 +24,7 @@ __global__ void random_kernel(Rnd r, int64_t n) {
       if (d < r.nd) {
         int64_t idx = rem % r.shape[d];
         rem /= r.shape[d];
-        off += idx * r.stride[d];
+        off += idx * r.stride_[d];
         g += (idx + r.start[d]) * gstride;
         gstride *= r.gshape[d];
       }
@@ -42,7 +42,7 @@ int lm_cuda_random(lm_tensor *t, int kind, double a, double b, uint64_t seed, ui
   memset(&r, 0, sizeof r);
   r.nd = t->ndim, r.dtype = t->dtype_, r.kind = kind;
   for (int d = 0; d < t->ndim; d++) {
-    r.shape[d] = t->shape[d], r.stride[d] = t->stride[d];
+    r.shape[d] = t->shape[d], r.stride_[d] = t->stride_[d];
     r.gshape[d] = gshape ? gshape[d] : t->shape[d];
     r.start[d] = start ? start[d] : 0;
   }

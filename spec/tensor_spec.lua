@@ -8,7 +8,7 @@ local function same_storage(a, b) return a.storage == b.storage end
 -- strides in elements, read from the lm_tensor fields
 local function strides(x)
   local s = {}
-  for k = 0, x.ndim - 1 do s[k + 1] = tonumber(x.stride[k]) end
+  for k = 0, x.ndim - 1 do s[k + 1] = tonumber(x.stride_[k]) end
   return s
 end
 

@@ -132,7 +132,7 @@ static lm_tensor *narrow(lm_tensor *t, int dim, int64_t off, int64_t len) {
   int64_t sh[LM_MAX_DIMS];
   memcpy(sh, t->shape, sizeof sh);
   sh[dim] = len;
-  return lm_view_of(t, t->ndim, sh, t->stride, t->offset + off * t->stride[dim]);
+  return lm_view_of(t, t->ndim, sh, t->stride_, t->offset + off * t->stride_[dim]);
 }
 
 /* Copies blocks between a strided tensor cut on dim into sizes[q] rows and

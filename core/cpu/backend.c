@@ -1,8 +1,18 @@
 /* backend.c: the CPU backend, one table of kernels (see lm_backend). */
 #include "kernels.h"
+#include <malloc.h>
 #include <stdlib.h>
 
+/* Training frees and reallocates the same large buffers every step: keep
+ * them in the heap instead of mmap/munmap, which would page-fault on every
+ * fresh buffer. */
 static void *cpu_alloc(size_t n) {
+  static int tuned;
+  if (!tuned) {
+    tuned = 1;
+    mallopt(M_MMAP_THRESHOLD, 1 << 30);
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  }
   void *p = NULL;
   return posix_memalign(&p, 64, n) == 0 ? p : NULL;
 }

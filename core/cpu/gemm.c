@@ -17,16 +17,16 @@ int lm_cpu_gemm(lm_tensor *c, const lm_tensor *a, const lm_tensor *b, double alp
   int64_t B = c->shape[0], M = c->shape[1], N = c->shape[2], K = a->shape[2];
   enum CBLAS_TRANSPOSE ta, tb;
   int64_t lda, ldb;
-  if (blas_layout(M, K, a->stride[1], a->stride[2], &ta, &lda) < 0 ||
-      blas_layout(K, N, b->stride[1], b->stride[2], &tb, &ldb) < 0 || c->stride[2] != 1)
+  if (blas_layout(M, K, a->stride_[1], a->stride_[2], &ta, &lda) < 0 ||
+      blas_layout(K, N, b->stride_[1], b->stride_[2], &tb, &ldb) < 0 || c->stride_[2] != 1)
     return lm_error("gemm: operands need unit stride in one of their last two dims");
-  int64_t ldc = c->stride[1] > N ? c->stride[1] : (N ? N : 1);
+  int64_t ldc = c->stride_[1] > N ? c->stride_[1] : (N ? N : 1);
   int es = lm_dtype_size(c->dtype_);
   char *pa = lm_ptr(a), *pb = lm_ptr(b), *pc = lm_ptr(c);
   if (M == 0 || N == 0) return 0;
   for (int64_t i = 0; i < B; i++) {
-    void *A = pa + i * a->stride[0] * es, *Bm = pb + i * b->stride[0] * es,
-         *C = pc + i * c->stride[0] * es;
+    void *A = pa + i * a->stride_[0] * es, *Bm = pb + i * b->stride_[0] * es,
+         *C = pc + i * c->stride_[0] * es;
     if (c->dtype_ == LM_F64)
       cblas_dgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, Bm, ldb, beta, C, ldc);
     else

@@ -11,7 +11,7 @@
 typedef struct {
   int nd, narg;
   int64_t shape[LM_MAX_DIMS];
-  int64_t stride[MAXARG][LM_MAX_DIMS]; /* bytes */
+  int64_t stride_[MAXARG][LM_MAX_DIMS]; /* bytes */
   char *base[MAXARG];
 } walk;
 
@@ -25,19 +25,19 @@ static void coalesce(walk *w, int narg, const lm_tensor *const *t) {
     int m = w->nd;
     bool merge = m > 0;
     for (int k = 0; k < narg && merge; k++)
-      merge = w->stride[k][m - 1] == t[k]->stride[d] * r->shape[d] * lm_dtype_size(t[k]->dtype_);
+      merge = w->stride_[k][m - 1] == t[k]->stride_[d] * r->shape[d] * lm_dtype_size(t[k]->dtype_);
     if (merge) {
       w->shape[m - 1] *= r->shape[d];
-      for (int k = 0; k < narg; k++) w->stride[k][m - 1] = t[k]->stride[d] * lm_dtype_size(t[k]->dtype_);
+      for (int k = 0; k < narg; k++) w->stride_[k][m - 1] = t[k]->stride_[d] * lm_dtype_size(t[k]->dtype_);
     } else {
       w->shape[m] = r->shape[d];
-      for (int k = 0; k < narg; k++) w->stride[k][m] = t[k]->stride[d] * lm_dtype_size(t[k]->dtype_);
+      for (int k = 0; k < narg; k++) w->stride_[k][m] = t[k]->stride_[d] * lm_dtype_size(t[k]->dtype_);
       w->nd++;
     }
   }
   if (w->nd == 0) { /* a scalar */
     w->nd = 1, w->shape[0] = 1;
-    for (int k = 0; k < narg; k++) w->stride[k][0] = 0;
+    for (int k = 0; k < narg; k++) w->stride_[k][0] = 0;
   }
 }
 
@@ -46,7 +46,7 @@ static void walk_rows(const walk *w, int64_t r0, int64_t r1, int64_t c0, int64_t
                       lm_row_fn fn, void *ctx) {
   int last = w->nd - 1;
   int64_t s[MAXARG];
-  for (int k = 0; k < w->narg; k++) s[k] = w->stride[k][last];
+  for (int k = 0; k < w->narg; k++) s[k] = w->stride_[k][last];
   for (int64_t r = r0; r < r1; r++) {
     char *p[MAXARG];
     for (int k = 0; k < w->narg; k++) p[k] = w->base[k] + c0 * s[k];
@@ -54,7 +54,7 @@ static void walk_rows(const walk *w, int64_t r0, int64_t r1, int64_t c0, int64_t
     for (int d = last - 1; d >= 0; d--) {
       int64_t i = rem % w->shape[d];
       rem /= w->shape[d];
-      for (int k = 0; k < w->narg; k++) p[k] += i * w->stride[k][d];
+      for (int k = 0; k < w->narg; k++) p[k] += i * w->stride_[k][d];
     }
     fn(len, p, s, ctx);
   }
@@ -91,7 +91,7 @@ lm_tensor *lm_broadcast_to(const char *op, const char *arg, const lm_tensor *t, 
   for (int d = 0; d < ndim; d++) {
     int s = d - lead;
     if (s < 0) { stride[d] = 0; continue; }
-    if (t->shape[s] == shape[d]) stride[d] = shape[d] == 1 ? 0 : t->stride[s];
+    if (t->shape[s] == shape[d]) stride[d] = shape[d] == 1 ? 0 : t->stride_[s];
     else if (t->shape[s] == 1) stride[d] = 0;
     else {
       lm_error("%s: %s has size %lld in dim %d, cannot broadcast to %lld", op, arg,

@@ -137,11 +137,18 @@ int lm_cpu_binary(int kind, lm_tensor *out, const lm_tensor *a, const lm_tensor 
   return 0;
 }
 
+#define WHERE_ROW(T)                                                           \
+  for (int64_t i = 0; i < n; i++)                                              \
+    *(T *)(p[0] + i * s[0]) = *(const uint8_t *)(p[1] + i * s[1])              \
+                                  ? *(const T *)(p[2] + i * s[2])              \
+                                  : *(const T *)(p[3] + i * s[3]);
+
 static void where_row(int64_t n, char **p, const int64_t *s, void *ctx) {
-  int es = *(const int *)ctx;
-  for (int64_t i = 0; i < n; i++) {
-    const char *src = *(const uint8_t *)(p[1] + i * s[1]) ? p[2] + i * s[2] : p[3] + i * s[3];
-    for (int k = 0; k < es; k++) p[0][i * s[0] + k] = src[k];
+  switch (*(const int *)ctx) {
+  case 1: WHERE_ROW(uint8_t) break;
+  case 2: WHERE_ROW(uint16_t) break;
+  case 4: WHERE_ROW(uint32_t) break;
+  default: WHERE_ROW(uint64_t) break;
   }
 }
 

@@ -29,7 +29,7 @@ int lm_cpu_random(lm_tensor *t, int kind, double a, double b, uint64_t seed, uin
     for (int d = nd - 1; d >= 0; d--) {
       int64_t idx = rem % t->shape[d];
       rem /= t->shape[d];
-      off += idx * t->stride[d];
+      off += idx * t->stride_[d];
       g += (idx + (start ? start[d] : 0)) * gstride;
       gstride *= gshape ? gshape[d] : t->shape[d];
     }

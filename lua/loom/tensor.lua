@@ -346,7 +346,7 @@ function props.device(x)
   return "cuda:" .. (x.device_ - 1)
 end
 function props.requires_grad(x) return x.needs_grad ~= 0 end
-function props.is_leaf(x) return x.grad_fn == nil end
+function props.is_leaf(x) return x.grad_fn_ == nil end
 function props.grad(x)
   local g = C.lm_grad(x)
   if g == nil then return nil end
@@ -385,10 +385,10 @@ end
 function Tensor.stride(x, d)
   if d == nil then
     local s = {}
-    for k = 0, x.ndim - 1 do s[k + 1] = tonumber(x.stride[k]) end
+    for k = 0, x.ndim - 1 do s[k + 1] = tonumber(x.stride_[k]) end
     return s
   end
-  return tonumber(x.stride[cdim(d, "stride") % x.ndim])
+  return tonumber(x.stride_[cdim(d, "stride") % x.ndim])
 end
 
 function Tensor.is_contiguous(x) return C.lm_is_contiguous(x) == 1 end
@@ -550,7 +550,7 @@ end
 function Tensor.zero_grad(x) C.lm_set_grad(x, nil) end
 
 function props.grad_fn(x)
-  if x.grad_fn == nil then return nil end
+  if x.grad_fn_ == nil then return nil end
   return "node"
 end
 

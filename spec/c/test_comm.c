@@ -33,7 +33,7 @@ static double in_dtype(double v, int dtype) {
 
 static double at(const lm_tensor *t, int64_t i, int64_t j) {
   const char *p = lm_data(t);
-  return lm_load(p + (i * t->stride[0] + j * t->stride[1]) * lm_dtype_size(t->dtype_), t->dtype_);
+  return lm_load(p + (i * t->stride_[0] + j * t->stride_[1]) * lm_dtype_size(t->dtype_), t->dtype_);
 }
 
 static void expect(int ok, const char *what, int dtype, double got, double want) {

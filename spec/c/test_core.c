@@ -56,7 +56,7 @@ static void test_layout(void) {
   lm_tensor *t = lm_empty(3, shape, LM_F32, LM_CPU);
   lm_attrs a = {.i = {0, 2}, .ni = 2};
   lm_tensor *tr = lm_call("transpose", 1, &t, &a);
-  CHECK(tr && tr->shape[0] == 4 && tr->stride[0] == 1 && tr->stride[2] == 12);
+  CHECK(tr && tr->shape[0] == 4 && tr->stride_[0] == 1 && tr->stride_[2] == 12);
   CHECK(tr && !lm_is_contiguous(tr) && lm_is_contiguous(t));
   lm_release(tr), lm_release(t);
 }

@@ -1,0 +1,290 @@
+-- loom.distributed: ranks, DeviceMesh, collectives on a mesh dim and
+-- communication counting. Collectives return new tensors and never write
+-- their input (like torch.distributed._functional_collectives).
+local ffi = require "ffi"
+local loom = require "loom"
+local T = require "loom.tensor"
+local mesh_mod = require "loom.distributed.mesh"
+local C = loom.C
+
+local M = {}
+
+local function cerr(level) error(ffi.string(C.lm_last_error()), (level or 1) + 1) end
+local function describe(v)
+  if type(v) == "string" then return string.format("%q", v) end
+  return type(v) == "table" and "a table" or tostring(v)
+end
+
+---------------------------------------------------------------------------
+-- runtime
+
+-- Idempotent; every other call here runs it first. Without a launcher the
+-- world has one rank (MPI singleton init).
+function M.init()
+  if C.lm_dist_init() < 0 then cerr(2) end
+end
+function M.is_initialized() return C.lm_dist_is_initialized() == 1 end
+function M.rank() M.init() return C.lm_dist_rank() end
+function M.world_size() M.init() return C.lm_dist_world_size() end
+function M.local_world_size() return C.lm_dist_local_size() end
+-- Ends the whole job now (MPI_Abort): no rank is left waiting in a collective.
+function M.abort(code) C.lm_abort(code or 1) end
+-- LOOM_DEBUG_COLLECTIVES: fingerprints checked before every collective.
+-- Turn it on or off on all ranks at the same point.
+function M.set_debug_collectives(on) C.lm_dist_set_debug(on and 1 or 0) end
+function M.debug_collectives() return C.lm_dist_debug() == 1 end
+
+M.DeviceMesh = mesh_mod.DeviceMesh
+M.Group = mesh_mod.Group
+M.is_mesh = mesh_mod.is_mesh
+M.current_mesh = mesh_mod.current_mesh
+function M.init_device_mesh(device_type, shape, opts)
+  M.init()
+  return mesh_mod.init_device_mesh(device_type, shape, opts)
+end
+
+local world_group
+-- The group of all ranks (no split: the world communicator itself).
+function M.world_group()
+  M.init()
+  world_group = world_group or mesh_mod.wrap_group(C.lm_comm_world(), false)
+  return world_group
+end
+
+---------------------------------------------------------------------------
+-- collectives
+
+local OPS = { sum = C.LM_RED_SUM, avg = C.LM_RED_AVG, max = C.LM_RED_MAX, min = C.LM_RED_MIN }
+
+-- The communicator for (mesh, mesh_dim): mesh defaults to the ambient mesh
+-- (mesh:use) and then to the world; a Group may stand in for a mesh.
+local function comm_for(fname, t, mesh, mesh_dim)
+  M.init()
+  mesh = mesh or M.current_mesh()
+  if mesh == nil then return C.lm_comm_world() end
+  if getmetatable(mesh) == mesh_mod.Group then return mesh.comm end
+  if not M.is_mesh(mesh) then
+    error(string.format("%s: mesh expected a DeviceMesh (or nil for the world), got %s", fname,
+                        describe(mesh)), 3)
+  end
+  if t ~= nil then
+    local dev = t.device
+    if dev:match("^[^:]*") ~= mesh.device_type then
+      error(string.format("%s: tensor is on %s, but the mesh is a %q mesh", fname, dev,
+                          mesh.device_type), 3)
+    end
+  end
+  return mesh:get_group(mesh_dim).comm
+end
+
+local function op_of(fname, op)
+  local id = OPS[op]
+  if not id then
+    error(string.format("%s: op expected \"sum\", \"avg\", \"max\" or \"min\", got %s", fname,
+                        describe(op)), 3)
+  end
+  return id
+end
+
+local function dim_of(fname, d, argname)
+  return T.cdim(d, fname, argname)
+end
+
+local Work = {}
+Work.__index = Work
+M.Work = Work
+
+-- work:wait() blocks until the collective is done and returns its result
+-- (nil for a barrier); wait again and you get the same tensor.
+function Work:wait()
+  if self.result == nil and not self.waited then
+    if C.lm_work_wait(self.w) < 0 then cerr(2) end
+    local r = C.lm_work_result(self.w)
+    self.result = r ~= nil and T.wrap(r) or nil
+    self.waited = true
+  end
+  return self.result
+end
+function Work:is_completed()
+  local r = C.lm_work_test(self.w)
+  if r < 0 then cerr(2) end
+  return r == 1
+end
+
+local function finish(ptr, async, level)
+  if async then
+    if ptr == nil then cerr(level + 1) end
+    return setmetatable({ w = ffi.gc(ptr, C.lm_work_free) }, Work)
+  end
+  return T.wrap(ptr, level + 1)
+end
+
+local function opts_of(fname, opts)
+  if opts == nil then return false, nil end
+  if type(opts) ~= "table" then
+    error(string.format("%s: options expected a table like {async_op = true}, got %s", fname,
+                        describe(opts)), 3)
+  end
+  return opts.async_op == true, opts
+end
+
+local function full_of(fname, opts)
+  local f = opts and opts.full_size
+  if f == nil then return -1 end
+  if type(f) ~= "number" or f < 0 or f ~= math.floor(f) then
+    error(string.format("%s: full_size expected an integer >= 0, got %s", fname, describe(f)), 3)
+  end
+  return f
+end
+
+-- all_reduce(t, "sum"|"avg"|"max"|"min", mesh, mesh_dim, {async_op})
+function M.all_reduce(t, op, mesh, mesh_dim, opts)
+  local f = "all_reduce"
+  T.check_tensor(t, f, "tensor")
+  local async = opts_of(f, opts)
+  local c, o = comm_for(f, t, mesh, mesh_dim), op_of(f, op or "sum")
+  if async then return finish(C.lm_all_reduce_async(c, t, o), true, 2) end
+  return finish(C.lm_all_reduce(c, t, o), false, 2)
+end
+
+-- all_gather(t, gather_dim, mesh, mesh_dim, {full_size, async_op}): the
+-- ranks' tensors concatenated on gather_dim. full_size (uneven shards):
+-- the gathered size, each rank holding its torch.chunk share of it.
+function M.all_gather(t, gather_dim, mesh, mesh_dim, opts)
+  local f = "all_gather"
+  T.check_tensor(t, f, "tensor")
+  local async, o = opts_of(f, opts)
+  local c, d, full = comm_for(f, t, mesh, mesh_dim), dim_of(f, gather_dim or 1, "gather_dim"), full_of(f, o)
+  if async then return finish(C.lm_all_gather_async(c, t, d, full), true, 2) end
+  return finish(C.lm_all_gather(c, t, d, full), false, 2)
+end
+
+-- reduce_scatter(t, op, scatter_dim, mesh, mesh_dim, {async_op}): reduces,
+-- then keeps this rank's torch.chunk share of scatter_dim.
+function M.reduce_scatter(t, op, scatter_dim, mesh, mesh_dim, opts)
+  local f = "reduce_scatter"
+  T.check_tensor(t, f, "tensor")
+  local async = opts_of(f, opts)
+  local c, o, d = comm_for(f, t, mesh, mesh_dim), op_of(f, op or "sum"), dim_of(f, scatter_dim or 1, "scatter_dim")
+  if async then return finish(C.lm_reduce_scatter_async(c, t, o, d), true, 2) end
+  return finish(C.lm_reduce_scatter(c, t, o, d), false, 2)
+end
+
+-- all_to_all(t, split_dim, cat_dim, mesh, mesh_dim, {full_size, async_op}):
+-- chunk i of split_dim goes to rank i; what arrives is concatenated on
+-- cat_dim. full_size: cat_dim's gathered size when ranks hold uneven shares.
+function M.all_to_all(t, split_dim, cat_dim, mesh, mesh_dim, opts)
+  local f = "all_to_all"
+  T.check_tensor(t, f, "tensor")
+  local async, o = opts_of(f, opts)
+  local c = comm_for(f, t, mesh, mesh_dim)
+  local sd, cd = dim_of(f, split_dim or 1, "split_dim"), dim_of(f, cat_dim or 1, "cat_dim")
+  local full = full_of(f, o)
+  if async then return finish(C.lm_all_to_all_async(c, t, sd, cd, full), true, 2) end
+  return finish(C.lm_all_to_all(c, t, sd, cd, full), false, 2)
+end
+
+-- broadcast(t, src, mesh, mesh_dim, {async_op}): src's tensor on every rank.
+-- src is a rank of the group (its coordinate on mesh_dim; the world rank
+-- for the world); other ranks' t gives only the shape and dtype.
+function M.broadcast(t, src, mesh, mesh_dim, opts)
+  local f = "broadcast"
+  T.check_tensor(t, f, "tensor")
+  local async = opts_of(f, opts)
+  local c = comm_for(f, t, mesh, mesh_dim)
+  src = src or 0
+  if type(src) ~= "number" or src ~= math.floor(src) then
+    error("broadcast: src expected a rank (an integer), got " .. describe(src), 2)
+  end
+  if async then return finish(C.lm_broadcast_async(c, t, src), true, 2) end
+  return finish(C.lm_broadcast(c, t, src), false, 2)
+end
+
+-- barrier(mesh, mesh_dim, {async_op}); no mesh: all ranks.
+function M.barrier(mesh, mesh_dim, opts)
+  local f = "barrier"
+  local async = opts_of(f, opts)
+  local c = comm_for(f, nil, mesh, mesh_dim)
+  if async then
+    local w = C.lm_barrier_async(c)
+    if w == nil then cerr(2) end
+    return setmetatable({ w = ffi.gc(w, C.lm_work_free) }, Work)
+  end
+  if C.lm_barrier(c) < 0 then cerr(2) end
+end
+
+-- torch.chunk sizes: rows of chunk i (1-based) when n rows split in k.
+function M.chunk_size(n, k, i) return tonumber(C.lm_chunk_size(n, k, i - 1)) end
+function M.chunk_offset(n, k, i) return tonumber(C.lm_chunk_offset(n, k, i - 1)) end
+
+---------------------------------------------------------------------------
+-- counting, like PyTorch's CommDebugMode
+
+local KINDS = { "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "barrier" }
+M.collective_kinds = KINDS
+
+local function pack(...) return { n = select("#", ...), ... } end
+
+local function snapshot()
+  local n, b = ffi.new("int64_t[?]", #KINDS), ffi.new("int64_t[?]", #KINDS)
+  C.lm_comm_stats(n, b)
+  return n, b
+end
+
+local CommMode = {}
+CommMode.__index = CommMode
+M.CommMode = CommMode
+
+-- counts of the kinds issued at least once, as PyTorch's get_comm_counts
+function CommMode:get_comm_counts()
+  local r = {}
+  for _, k in ipairs(KINDS) do if self.counts[k] > 0 then r[k] = self.counts[k] end end
+  return r
+end
+function CommMode:get_total_counts()
+  local s = 0
+  for _, k in ipairs(KINDS) do s = s + self.counts[k] end
+  return s
+end
+function CommMode:__tostring()
+  local parts = {}
+  for _, k in ipairs(KINDS) do
+    if self.counts[k] > 0 then
+      parts[#parts + 1] = string.format("%s: %d (%d bytes)", k, self.counts[k], self.bytes[k])
+    end
+  end
+  return "CommMode{" .. table.concat(parts, ", ") .. "}"
+end
+
+-- local cm, ... = dist.comm_mode(fn, ...): runs fn(...) and returns the
+-- collectives it issued on this rank, then fn's results.
+-- cm.counts[kind] and cm.bytes[kind] (every kind, zeros included; bytes are
+-- those of the local input tensors), cm:get_comm_counts(), cm:get_total_counts().
+function M.comm_mode(fn, ...)
+  if type(fn) ~= "function" then
+    error("comm_mode: expected a function, got " .. describe(fn), 2)
+  end
+  local n0, b0 = snapshot()
+  local res = pack(fn(...))
+  local n1, b1 = snapshot()
+  local cm = setmetatable({ counts = {}, bytes = {} }, CommMode)
+  for i, k in ipairs(KINDS) do
+    cm.counts[k] = tonumber(n1[i - 1] - n0[i - 1])
+    cm.bytes[k] = tonumber(b1[i - 1] - b0[i - 1])
+  end
+  return cm, unpack(res, 1, res.n)
+end
+
+---------------------------------------------------------------------------
+-- DTensor and friends (another module) join this table when present.
+do
+  local path = package.searchpath("loom.distributed.dtensor", package.path)
+  if path then
+    package.loaded["loom.distributed"] = M -- dtensor may require us back
+    for k, v in pairs(require "loom.distributed.dtensor") do
+      if M[k] == nil then M[k] = v end
+    end
+  end
+end
+
+return M

@@ -1,0 +1,298 @@
+-- mesh.lua: DeviceMesh (PyTorch semantics: row-major rank layout, one
+-- communicator per mesh dim made by splitting the world, slicing by name)
+-- and Group, the Lua face of an lm_comm.
+local ffi = require "ffi"
+local loom = require "loom"
+local C = loom.C
+
+local M = {}
+
+local function cerr(level) error(ffi.string(C.lm_last_error()), (level or 1) + 1) end
+
+local function describe(v)
+  if type(v) == "string" then return string.format("%q", v) end
+  return type(v) == "table" and "a table" or tostring(v)
+end
+
+---------------------------------------------------------------------------
+-- Group: a communicator (the world, or one mesh dim's slice of it)
+
+local Group = {}
+Group.__index = Group
+M.Group = Group
+
+function M.wrap_group(ptr, owned)
+  if ptr == nil then cerr(2) end
+  if owned then ptr = ffi.gc(ptr, C.lm_comm_free) end
+  return setmetatable({ comm = ptr }, Group)
+end
+
+function Group:rank() return C.lm_comm_rank(self.comm) end
+function Group:size() return C.lm_comm_size(self.comm) end
+-- world ranks of the members, in group-rank order
+function Group:ranks()
+  local r = {}
+  for i = 0, self:size() - 1 do r[i + 1] = C.lm_comm_world_rank(self.comm, i) end
+  return r
+end
+function Group:__tostring()
+  return string.format("Group(rank %d of %d, world ranks {%s})", self:rank(), self:size(),
+                       table.concat(self:ranks(), ", "))
+end
+
+---------------------------------------------------------------------------
+-- DeviceMesh
+
+local DeviceMesh = {}
+M.DeviceMesh = DeviceMesh
+local methods = {}
+DeviceMesh.methods = methods
+
+local function is_mesh(x) return getmetatable(x) == DeviceMesh end
+M.is_mesh = is_mesh
+
+-- 0-based coordinates of linear index i in a row-major shape, and back.
+local function unravel(i, shape)
+  local c = {}
+  for d = #shape, 1, -1 do
+    c[d] = i % shape[d]
+    i = (i - c[d]) / shape[d]
+  end
+  return c
+end
+local function ravel(c, shape)
+  local i = 0
+  for d = 1, #shape do i = i * shape[d] + c[d] end
+  return i
+end
+
+local function device_ok(device_type, fname)
+  if device_type == "cpu" then return end
+  if device_type == "cuda" then
+    if C.lm_device_available(C.LM_CUDA0) == 1 then return end
+    error(string.format("%s: device_type \"cuda\" is not available (this build of loom has no "
+                        .. "CUDA backend, or there is no GPU)", fname), 3)
+  end
+  error(string.format("%s: device_type expected \"cpu\" or \"cuda\", got %s", fname,
+                      describe(device_type)), 3)
+end
+
+local function check_shape(shape, world, fname)
+  if type(shape) == "number" then shape = { shape } end
+  if type(shape) ~= "table" or #shape == 0 then
+    error(string.format("%s: mesh_shape expected a list of positive integers, got %s", fname,
+                        describe(shape)), 3)
+  end
+  local n, s = 1, {}
+  for d, v in ipairs(shape) do
+    if type(v) ~= "number" or v < 1 or v ~= math.floor(v) then
+      error(string.format("%s: mesh_shape[%d] expected a positive integer, got %s", fname, d,
+                          describe(v)), 3)
+    end
+    s[d], n = v, n * v
+  end
+  if n ~= world then
+    error(string.format("%s: mesh_shape {%s} holds %d ranks, but the world has %d", fname,
+                        table.concat(s, ", "), n, world), 3)
+  end
+  return s
+end
+
+local function check_names(names, ndim, fname)
+  if names == nil then return nil end
+  if type(names) ~= "table" or #names ~= ndim then
+    error(string.format("%s: mesh_dim_names expected %d names (one per dim), got %s", fname, ndim,
+                        type(names) == "table" and tostring(#names) or describe(names)), 3)
+  end
+  local seen, out = {}, {}
+  for d, n in ipairs(names) do
+    if type(n) ~= "string" then
+      error(string.format("%s: mesh_dim_names[%d] expected a string, got %s", fname, d, describe(n)), 3)
+    end
+    if seen[n] then
+      error(string.format("%s: mesh_dim_names has %q twice", fname, n), 3)
+    end
+    if methods[n] or n == "ndim" or n == "device_type" or n == "mesh_dim_names" or n == "shape" then
+      error(string.format("%s: mesh dim name %q is taken by a DeviceMesh field", fname, n), 3)
+    end
+    seen[n], out[d] = true, n
+  end
+  return out
+end
+
+-- init_device_mesh("cpu", {2, 2}, {mesh_dim_names = {"dp", "tp"}}): collective
+-- over the world (every rank calls it, in the same order).
+function M.init_device_mesh(device_type, mesh_shape, opts)
+  local fname = "init_device_mesh"
+  opts = opts or {}
+  if type(opts) ~= "table" then
+    error(fname .. ": options expected a table like {mesh_dim_names = {...}}, got " .. describe(opts), 2)
+  end
+  device_ok(device_type, fname)
+  local world, me = C.lm_dist_world_size(), C.lm_dist_rank()
+  if world < 0 then cerr(2) end
+  local shape = check_shape(mesh_shape, world, fname)
+  local names = check_names(opts.mesh_dim_names, #shape, fname)
+  local coord = unravel(me, shape)
+  local groups = {}
+  for d = 1, #shape do
+    -- color: my position with dim d removed; key: my position along d
+    local rest, rest_shape = {}, {}
+    for e = 1, #shape do
+      if e ~= d then rest[#rest + 1], rest_shape[#rest_shape + 1] = coord[e], shape[e] end
+    end
+    local ptr = C.lm_comm_split(C.lm_comm_world(), ravel(rest, rest_shape), coord[d])
+    groups[d] = M.wrap_group(ptr, true)
+  end
+  local ranks = {}
+  for i = 1, world do ranks[i] = i - 1 end
+  return M.new(device_type, shape, names, ranks, coord, groups)
+end
+
+function M.new(device_type, shape, names, ranks, coord, groups)
+  return setmetatable({ device_type = device_type, shape = shape, ndim = #shape,
+                        mesh_dim_names = names, _ranks = ranks, _coord = coord,
+                        _groups = groups }, DeviceMesh)
+end
+
+-- A mesh dim from a 1-based number (negative from the end) or a name.
+function methods:_dim(d, fname)
+  if d == nil then
+    if self.ndim == 1 then return 1 end
+    error(string.format("%s: this mesh is %d-D, pass a mesh dim (a 1-based number or a name)",
+                        fname, self.ndim), 3)
+  end
+  if type(d) == "string" then
+    for i, n in ipairs(self.mesh_dim_names or {}) do
+      if n == d then return i end
+    end
+    error(string.format("%s: mesh has no dim named %q (%s)", fname, d,
+                        self.mesh_dim_names and "dims: " .. table.concat(self.mesh_dim_names, ", ")
+                        or "it has no mesh_dim_names"), 3)
+  end
+  if type(d) ~= "number" or d ~= math.floor(d) or d == 0 or d > self.ndim or d < -self.ndim then
+    error(string.format("%s: mesh dim expected a name or an integer in [1, %d] (or [-%d, -1]), got %s",
+                        fname, self.ndim, self.ndim, describe(d)), 3)
+  end
+  return d > 0 and d or self.ndim + d + 1
+end
+
+function methods:size(d)
+  if d == nil then return #self._ranks end
+  return self.shape[self:_dim(d, "DeviceMesh:size")]
+end
+function methods:get_local_rank(d) return self._coord[self:_dim(d, "DeviceMesh:get_local_rank")] end
+function methods:get_coordinate()
+  local c = {}
+  for i, v in ipairs(self._coord) do c[i] = v end
+  return c
+end
+function methods:get_group(d) return self._groups[self:_dim(d, "DeviceMesh:get_group")] end
+function methods:get_all_groups()
+  local g = {}
+  for i, v in ipairs(self._groups) do g[i] = v end
+  return g
+end
+function methods:get_rank() return C.lm_dist_rank() end
+-- world ranks of this mesh, row-major (mesh.mesh.flatten() in PyTorch)
+function methods:ranks()
+  local r = {}
+  for i, v in ipairs(self._ranks) do r[i] = v end
+  return r
+end
+-- nested tables of world ranks, like mesh.mesh.tolist()
+function methods:tolist()
+  local function build(d, base)
+    local t = {}
+    local stride = 1
+    for e = d + 1, self.ndim do stride = stride * self.shape[e] end
+    for i = 0, self.shape[d] - 1 do
+      t[i + 1] = d == self.ndim and self._ranks[base + i + 1] or build(d + 1, base + i * stride)
+    end
+    return t
+  end
+  return build(1, 0)
+end
+
+-- mesh["tp"] or mesh[{"dp", "tp"}]: the sub-mesh through this rank on those
+-- dims. It reuses the parent's communicators, so slicing is not collective.
+function methods:slice(names)
+  local fname = "DeviceMesh slice"
+  if not self.mesh_dim_names then
+    error(fname .. ": this mesh has no mesh_dim_names, so it cannot be sliced by name", 3)
+  end
+  if type(names) == "string" then names = { names } end
+  local dims, seen = {}, {}
+  for i, n in ipairs(names) do
+    if type(n) ~= "string" then
+      error(string.format("%s: expected dim names, got %s at position %d", fname, describe(n), i), 3)
+    end
+    local d = self:_dim(n, fname)
+    if seen[d] then error(string.format("%s: dim %q named twice", fname, n), 3) end
+    seen[d], dims[i] = true, d
+  end
+  if #dims == 0 then error(fname .. ": expected at least one dim name", 3) end
+  local shape, coord, groups, sub_names = {}, {}, {}, {}
+  for i, d in ipairs(dims) do
+    shape[i], coord[i], groups[i], sub_names[i] = self.shape[d], self._coord[d], self._groups[d],
+                                                  self.mesh_dim_names[d]
+  end
+  -- ranks: walk the sub-mesh row-major, the other dims fixed at mine
+  local ranks, n = {}, 1
+  for _, s in ipairs(shape) do n = n * s end
+  for i = 0, n - 1 do
+    local sub, c = unravel(i, shape), self:get_coordinate()
+    for k, d in ipairs(dims) do c[d] = sub[k] end
+    ranks[i + 1] = self._ranks[ravel(c, self.shape) + 1]
+  end
+  return M.new(self.device_type, shape, sub_names, ranks, coord, groups)
+end
+
+-- mesh:use(fn, ...): fn runs with this mesh as the ambient one (nestable;
+-- the previous one is restored even when fn raises).
+local stack = {}
+function methods:use(fn, ...)
+  if type(fn) ~= "function" then
+    error("DeviceMesh:use: expected a function, got " .. describe(fn), 2)
+  end
+  stack[#stack + 1] = self
+  local depth = #stack
+  local res = { n = select("#", ...) + 1, pcall(fn, ...) }
+  for i = #stack, depth, -1 do stack[i] = nil end
+  if not res[1] then error(res[2], 0) end
+  return unpack(res, 2, math.max(res.n, table.maxn(res)))
+end
+function M.current_mesh() return stack[#stack] end
+
+DeviceMesh.__index = function(self, k)
+  local m = methods[k]
+  if m then return m end
+  if k == "mesh_dim_names" then return nil end -- unnamed mesh
+  if type(k) == "table" or type(k) == "string" then return methods.slice(self, k) end
+  error(string.format("DeviceMesh: no field or dim named %s", describe(k)), 2)
+end
+
+-- DeviceMesh('cpu', [[0, 1], [2, 3]], mesh_dim_names=('dp', 'tp'))
+function DeviceMesh.__tostring(self)
+  local function show(t)
+    if type(t) ~= "table" then return tostring(t) end
+    local parts = {}
+    for i, v in ipairs(t) do parts[i] = show(v) end
+    return "[" .. table.concat(parts, ", ") .. "]"
+  end
+  local s = string.format("DeviceMesh('%s', %s", self.device_type, show(self:tolist()))
+  if self.mesh_dim_names then
+    s = s .. ", mesh_dim_names=('" .. table.concat(self.mesh_dim_names, "', '") .. "')"
+  end
+  return s .. ")"
+end
+
+function DeviceMesh.__eq(a, b)
+  if a.device_type ~= b.device_type or a.ndim ~= b.ndim then return false end
+  for d = 1, a.ndim do
+    if a.shape[d] ~= b.shape[d] or a._groups[d] ~= b._groups[d] then return false end
+  end
+  return true
+end
+
+return M
