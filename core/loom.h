@@ -77,6 +77,13 @@ const char *lm_op_name(int op);
 int lm_op_call(int op, int nin, lm_tensor *const *in, const lm_attrs *attrs,
                int maxout, lm_tensor **out); /* number of outputs or -1 */
 
+/* Op profiling: time per op, exclusive of the ops it calls (LOOM_PROFILE=1
+ * turns it on and prints a table at exit). */
+void lm_profile_enable(int on);
+void lm_profile_reset(void);
+double lm_profile_seconds(int op);
+int64_t lm_profile_calls(int op);
+
 /* Counter-based RNG (Philox4x32-10). Element i of a random tensor draws
  * counter offset + g(i), where g is its linear index in the global tensor
  * (global_shape/local_start describe the shard; NULL: t is the whole). */

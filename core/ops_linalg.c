@@ -33,9 +33,49 @@ static lm_tensor *as_3d(lm_tensor *x) {
   return v;
 }
 
+/* x (..., K) as a (rows, K) matrix: a view when the leading dims merge
+ * and rows are dense, else a contiguous copy. */
+static lm_tensor *fold_rows(lm_tensor *x) {
+  int nd = x->ndim;
+  int64_t rows = 1, rs = 0, K = x->shape[nd - 1];
+  bool merge = x->stride_[nd - 1] == 1 || K == 1;
+  for (int d = nd - 2; d >= 0 && merge; d--) {
+    if (x->shape[d] == 1) continue;
+    if (rows == 1) rs = x->stride_[d];
+    else if (x->stride_[d] != rs * rows) merge = false;
+    rows *= x->shape[d];
+  }
+  int64_t shape[2] = {x->numel_ / (K ? K : 1), K}, stride[2] = {rows == 1 ? K : rs, 1};
+  if (K == 0) shape[0] = lm_shape_numel(nd - 1, x->shape);
+  if (merge) return lm_view_of(x, 2, shape, stride, x->offset);
+  lm_tensor *c = lm_contiguous(x), *v = c ? lm_view_of(c, 2, shape, NULL, c->offset) : NULL;
+  lm_release(c);
+  return v;
+}
+
+static int fw_matmul(lm_tensor *const *in, int nin, const lm_attrs *at, lm_tensor **out);
+
+/* (..., M, K) @ (K, N): one GEMM over all rows instead of one per batch */
+static int matmul_folded(lm_tensor *a, lm_tensor *b, const lm_attrs *at, lm_tensor **out) {
+  lm_tensor *a2 = fold_rows(a), *r = NULL;
+  if (!a2) return -1;
+  lm_tensor *in2[2] = {a2, b};
+  int rc = fw_matmul(in2, 2, at, &r);
+  lm_release(a2);
+  if (rc < 0) return -1;
+  int64_t shape[LM_MAX_DIMS];
+  memcpy(shape, a->shape, sizeof shape);
+  shape[a->ndim - 1] = b->shape[1];
+  *out = lm_view_of(r, a->ndim, shape, NULL, r->offset);
+  lm_release(r);
+  return *out ? 0 : -1;
+}
+
 static int fw_matmul(lm_tensor *const *in, int nin, const lm_attrs *at, lm_tensor **out) {
   (void)nin, (void)at;
   lm_tensor *a = in[0], *b = in[1];
+  if (a->ndim > 2 && b->ndim == 2 && a->shape[a->ndim - 1] == b->shape[0] && a->numel_ > 0)
+    return matmul_folded(a, b, at, out);
   if (a->ndim == 0 || b->ndim == 0)
     return lm_error("matmul: expected tensors with at least 1 dim, got argument #%d with 0",
                     a->ndim == 0 ? 1 : 2);
@@ -113,7 +153,10 @@ static int bw_matmul(const lm_node *n, lm_tensor *const *gout, lm_tensor **gin) 
     lm_tensor *da = lm_s2(&s, "matmul", g2, lm_sop(&s, "transpose", 1, &b2, &tr));
     if (!(gin[0] = lm_grad_like(da, a))) rc = -1;
   }
-  if (b->needs_grad) {
+  if (b->needs_grad && a->ndim > 2 && b->ndim == 2) { /* rows folded: one GEMM, no batch sum */
+    lm_tensor *af = lm_s(&s, fold_rows(a)), *gf = lm_s(&s, fold_rows(g));
+    if (!(gin[1] = lm_grad_like(lm_s2(&s, "matmul", lm_sop(&s, "transpose", 1, &af, &tr), gf), b))) rc = -1;
+  } else if (b->needs_grad) {
     lm_tensor *db = lm_s2(&s, "matmul", lm_sop(&s, "transpose", 1, &a2, &tr), g2);
     if (b->ndim == 1 && db) db = lm_sop(&s, "squeeze", 1, &db, &last);
     if (!(gin[1] = lm_grad_like(db, b))) rc = -1;

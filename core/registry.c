@@ -48,6 +48,11 @@ static void report(void) {
             prof[idx[k]].self * 1e3, 100 * prof[idx[k]].self / total, (long long)prof[idx[k]].calls);
 }
 
+void lm_profile_enable(int on) { profiling = on != 0; }
+void lm_profile_reset(void) { memset(prof, 0, sizeof prof); }
+double lm_profile_seconds(int op) { return op >= 0 && op < 512 ? prof[op].self : 0; }
+int64_t lm_profile_calls(int op) { return op >= 0 && op < 512 ? prof[op].calls : 0; }
+
 static bool profile_on(void) {
   if (profiling < 0) {
     const char *e = getenv("LOOM_PROFILE");

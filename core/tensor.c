@@ -1,5 +1,8 @@
 /* tensor.c: storages, tensor lifetime and layout helpers. */
 #include "internal.h"
+#ifdef LOOM_HAVE_CUDA
+#include "../kernels/cuda_backend.h"
+#endif
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,6 +52,9 @@ int lm_wrap_dim(const char *op, const char *arg, int64_t dim, int ndim) {
 
 const lm_backend *lm_backend_of(int device) {
   if (device == LM_CPU) return &lm_cpu_backend;
+#ifdef LOOM_HAVE_CUDA
+  if (device >= LM_CUDA0) return lm_cuda_backend_for(device);
+#endif
   char name[32];
   lm_device_name(device, name, sizeof name);
   lm_error("device %s: this build of loom has no kernels for it", name);
@@ -155,8 +161,14 @@ int lm_copy_(lm_tensor *dst, const lm_tensor *src) {
   if (!dst || !src) return lm_error("copy: tensor is NULL");
   if (dst->ndim != src->ndim || memcmp(dst->shape, src->shape, dst->ndim * 8))
     return lm_error("copy: source and destination shapes differ");
-  if (dst->device_ != src->device_)
+  if (dst->device_ != src->device_) {
+#ifdef LOOM_HAVE_CUDA /* the CUDA backend copies to, from and between GPUs */
+    if (!lm_cuda_backend_for(dst->device_ != LM_CPU ? dst->device_ : src->device_)) return -1;
+    return lm_cuda_backend.copy(dst, src);
+#else
     return lm_error("copy: source and destination are on different devices");
+#endif
+  }
   return lm_backend_of(dst->device_)->copy(dst, src);
 }
 

@@ -20,6 +20,7 @@ void lm_comm_stats(int64_t *counts, int64_t *bytes) {
 static const lm_transport *transport_for(const char *op, const lm_tensor *t) {
   if (!t || t->device_ == LM_CPU) return &lm_mpi_transport;
 #ifdef LOOM_HAVE_NCCL
+  (void)op;
   return &lm_nccl_transport;
 #else
   char dev[32];

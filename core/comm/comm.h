@@ -51,6 +51,7 @@ typedef struct lm_transport {
 extern const lm_transport lm_mpi_transport;
 #ifdef LOOM_HAVE_NCCL
 extern const lm_transport lm_nccl_transport;
+void lm_nccl_comm_free(lm_comm *c); /* destroys c->nccl */
 #endif
 
 /* mpi.c helpers for the rest of core/comm/ */

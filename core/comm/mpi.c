@@ -192,6 +192,9 @@ lm_comm *lm_comm_from_ranks(int n, const int32_t *ranks) {
 
 void lm_comm_free(lm_comm *c) {
   if (!c || c == &world) return;
+#ifdef LOOM_HAVE_NCCL
+  lm_nccl_comm_free(c);
+#endif
   if (c->owned && !mpi_finalized()) MPI_Comm_free(&c->mpi);
   free(c->world_ranks);
   free(c);

@@ -10,7 +10,7 @@ static void *cpu_alloc(size_t n) {
   static int tuned;
   if (!tuned) {
     tuned = 1;
-    mallopt(M_MMAP_THRESHOLD, 1 << 30);
+    mallopt(M_MMAP_THRESHOLD, 32 << 20); /* glibc's maximum */
     mallopt(M_TRIM_THRESHOLD, 1 << 30);
   }
   void *p = NULL;

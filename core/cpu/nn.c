@@ -1,10 +1,13 @@
 /* nn.c: row kernels for softmax, layer/rms norm, embedding and its
  * gradient (index_add). Rows are contiguous; f32 and f64 (norm statistics
  * accumulate in double). The ops check shapes, dtypes and ids first. */
+#include "fastmath.h"
 #include "kernels.h"
 #include <math.h>
 #include <string.h>
 
+/* The simd reductions let the compiler vectorize (reordering the sums);
+ * a NaN anywhere in a row reaches every output through exp. */
 #define SOFTMAX(T, NAME, EXP, LOG)                                             \
   static void NAME(T *out, const T *x, int64_t rows, int64_t n, int lg) {      \
     _Pragma("omp parallel for num_threads(lm_threads_for(rows * n)) schedule(static)") \
@@ -12,20 +15,26 @@
       const T *xr = x + r * n;                                                 \
       T *o = out + r * n;                                                      \
       T m = -INFINITY;                                                         \
-      for (int64_t j = 0; j < n; j++) m = xr[j] > m || xr[j] != xr[j] ? xr[j] : m; \
+      _Pragma("omp simd reduction(max:m)")                                     \
+      for (int64_t j = 0; j < n; j++) m = xr[j] > m ? xr[j] : m;               \
+      if (m == -INFINITY) m = 0; /* all -inf: 0/0, NaN as in PyTorch */       \
       double sum = 0;                                                          \
+      _Pragma("omp simd")                                                      \
+      for (int64_t j = 0; j < n; j++) o[j] = EXP(xr[j] - m);                   \
+      _Pragma("omp simd reduction(+:sum)")                                     \
+      for (int64_t j = 0; j < n; j++) sum += o[j];                             \
       if (lg) {                                                                \
-        for (int64_t j = 0; j < n; j++) sum += EXP(xr[j] - m);                 \
         T lse = m + (T)LOG(sum);                                               \
+        _Pragma("omp simd")                                                    \
         for (int64_t j = 0; j < n; j++) o[j] = xr[j] - lse;                    \
       } else {                                                                 \
-        for (int64_t j = 0; j < n; j++) { o[j] = EXP(xr[j] - m); sum += o[j]; }    \
         T inv = (T)(1 / sum);                                                  \
+        _Pragma("omp simd")                                                    \
         for (int64_t j = 0; j < n; j++) o[j] *= inv;                           \
       }                                                                        \
     }                                                                          \
   }
-SOFTMAX(float, softmax_f32, expf, log)
+SOFTMAX(float, softmax_f32, lm_expf, log)
 SOFTMAX(double, softmax_f64, exp, log)
 
 int lm_cpu_softmax(lm_tensor *out, const lm_tensor *x, int log) {
@@ -46,14 +55,17 @@ int lm_cpu_softmax(lm_tensor *out, const lm_tensor *x, int log) {
       T *o = out + r * n;                                                      \
       double mu = 0, var = 0;                                                  \
       if (!rms) {                                                              \
+        _Pragma("omp simd reduction(+:mu)")                                    \
         for (int64_t j = 0; j < n; j++) mu += xr[j];                           \
         mu = n ? mu / n : 0;                                                   \
       }                                                                        \
+      _Pragma("omp simd reduction(+:var)")                                     \
       for (int64_t j = 0; j < n; j++) { double d = xr[j] - mu; var += d * d; } \
       var = n ? var / n : 0;                                                   \
       double rs = 1 / sqrt(var + eps);                                         \
       if (mean) mean[r] = (T)mu;                                               \
       if (rstd) rstd[r] = (T)rs;                                               \
+      _Pragma("omp simd")                                                      \
       for (int64_t j = 0; j < n; j++) {                                        \
         double v = (xr[j] - mu) * rs;                                          \
         if (w) v *= w[j];                                                      \

@@ -1,5 +1,6 @@
 /* pointwise.c: unary, binary and where kernels on strided operands, for the
  * compute dtypes f32, f64 and i64 (bool for the logical kinds). */
+#include "fastmath.h"
 #include "iter.h"
 #include <tgmath.h>
 
@@ -23,6 +24,12 @@ typedef struct { int kind, dtype; const double *p; } pw;
     if (s[0] == sizeof(OT) && s[1] == sizeof(T) && s[2] == sizeof(T)) {        \
       OT *o = (OT *)p[0]; const T *X = (const T *)p[1], *Y = (const T *)p[2];  \
       for (int64_t i = 0; i < n; i++) { T x = X[i], y = Y[i]; o[i] = (OT)(EXPR); } \
+    } else if (s[0] == sizeof(OT) && s[1] == sizeof(T) && s[2] == 0) {         \
+      OT *o = (OT *)p[0]; const T *X = (const T *)p[1], y = *(const T *)p[2];  \
+      for (int64_t i = 0; i < n; i++) { T x = X[i]; o[i] = (OT)(EXPR); }       \
+    } else if (s[0] == sizeof(OT) && s[1] == 0 && s[2] == sizeof(T)) {         \
+      OT *o = (OT *)p[0]; const T x = *(const T *)p[1], *Y = (const T *)p[2];  \
+      for (int64_t i = 0; i < n; i++) { T y = Y[i]; o[i] = (OT)(EXPR); }       \
     } else                                                                     \
       for (int64_t i = 0; i < n; i++) {                                        \
         T x = *(const T *)(p[1] + i * s[1]), y = *(const T *)(p[2] + i * s[2]); \
@@ -40,15 +47,15 @@ typedef struct { int kind, dtype; const double *p; } pw;
     case LM_ABS: ROW1(T, T, fabs(x)); break;                                   \
     case LM_SQRT: ROW1(T, T, sqrt(x)); break;                                  \
     case LM_RSQRT: ROW1(T, T, 1 / sqrt(x)); break;                             \
-    case LM_EXP: ROW1(T, T, exp(x)); break;                                    \
+    case LM_EXP: ROW1(T, T, fexp_##T(x)); break;                               \
     case LM_LOG: ROW1(T, T, log(x)); break;                                    \
     case LM_TANH: ROW1(T, T, tanh(x)); break;                                  \
-    case LM_SIGMOID: ROW1(T, T, 1 / (1 + exp(-x))); break;                     \
+    case LM_SIGMOID: ROW1(T, T, 1 / (1 + fexp_##T(-x))); break;                \
     case LM_RELU: ROW1(T, T, x > 0 ? x : 0); break;                            \
     case LM_GELU: ROW1(T, T, x * (T)0.5 * (1 + erf(x * r2))); break;           \
     case LM_GELU_TANH:                                                         \
       ROW1(T, T, (T)0.5 * x * (1 + tanh(kt * (x + (T)0.044715 * x * x * x)))); break; \
-    case LM_SILU: ROW1(T, T, x / (1 + exp(-x))); break;                        \
+    case LM_SILU: ROW1(T, T, x / (1 + fexp_##T(-x))); break;                   \
     case LM_SIN: ROW1(T, T, sin(x)); break;                                    \
     case LM_COS: ROW1(T, T, cos(x)); break;                                    \
     case LM_POW_SCALAR: ROW1(T, T, k0 == 2 ? x * x : pow(x, k0)); break;       \
@@ -58,11 +65,14 @@ typedef struct { int kind, dtype; const double *p; } pw;
       ROW1(T, T, (T)0.5 * (1 + erf(x * r2)) + x * exp(-x * x / 2) * r2 * (T)0.56418958354775628695); \
       break;                                                                   \
     case LM_GELU_TANH_D: ROW1(T, T, gelu_tanh_d(x)); break;                    \
-    case LM_SILU_D: ROW1(T, T, (1 + x * (1 - 1 / (1 + exp(-x)))) / (1 + exp(-x))); break; \
+    case LM_SILU_D: ROW1(T, T, (1 + x * (1 - 1 / (1 + fexp_##T(-x)))) / (1 + fexp_##T(-x))); break; \
     }                                                                          \
   }
 typedef double f64;
 typedef float f32;
+/* exp for each compute type: the vectorizable one for f32 */
+static inline float fexp_f32(float x) { return lm_expf(x); }
+static inline double fexp_f64(double x) { return exp(x); }
 static inline double gelu_tanh_d(double x) {
   const double k = 0.79788456080286535588, c = 0.044715;
   double t = tanh(k * (x + c * x * x * x));

@@ -1,36 +1,73 @@
 /* reduce.c: reductions of a contiguous (outer, n, inner) tensor over its
  * middle dim into (outer, inner). Sums accumulate in double. */
 #include "kernels.h"
+#include <stdlib.h>
 
-#define REDUCE(T, NAME)                                                        \
+/* Sums: over the last dim a simd reduction; over an inner dim whole rows
+ * are added into a double accumulator, so both loops vectorize. */
+#define SUM(T, NAME)                                                           \
+  static int NAME(T *out, const T *x, int64_t outer, int64_t n, int64_t inner) { \
+    if (inner == 1) {                                                          \
+      _Pragma("omp parallel for num_threads(lm_threads_for(outer * n)) schedule(static)") \
+      for (int64_t o = 0; o < outer; o++) {                                    \
+        const T *p = x + o * n;                                                \
+        double acc = 0;                                                        \
+        _Pragma("omp simd reduction(+:acc)")                                   \
+        for (int64_t j = 0; j < n; j++) acc += p[j];                           \
+        out[o] = (T)acc;                                                       \
+      }                                                                        \
+      return 0;                                                                \
+    }                                                                          \
+    double *acc = malloc(sizeof(double) * inner * outer);                      \
+    if (!acc) return lm_error("sum: out of memory");                           \
+    _Pragma("omp parallel for num_threads(lm_threads_for(outer * n * inner)) schedule(static)") \
+    for (int64_t o = 0; o < outer; o++) {                                      \
+      double *a = acc + o * inner;                                             \
+      for (int64_t i = 0; i < inner; i++) a[i] = 0;                            \
+      for (int64_t j = 0; j < n; j++) {                                        \
+        const T *p = x + (o * n + j) * inner;                                  \
+        _Pragma("omp simd")                                                    \
+        for (int64_t i = 0; i < inner; i++) a[i] += p[i];                      \
+      }                                                                        \
+      for (int64_t i = 0; i < inner; i++) out[o * inner + i] = (T)a[i];        \
+    }                                                                          \
+    free(acc);                                                                 \
+    return 0;                                                                  \
+  }
+SUM(float, sum_f32)
+SUM(double, sum_f64)
+SUM(int64_t, sum_i64)
+
+/* max, min and their indices: NaN wins, the first of equal values wins */
+#define PICK(T, NAME)                                                          \
   static void NAME(int kind, void *out, const T *x, int64_t outer, int64_t n, int64_t inner) { \
     _Pragma("omp parallel for num_threads(lm_threads_for(outer * n * inner)) schedule(static)") \
     for (int64_t o = 0; o < outer; o++)                                        \
       for (int64_t i = 0; i < inner; i++) {                                    \
         const T *p = x + o * n * inner + i;                                    \
-        double acc = kind == LM_SUM ? 0 : (double)p[0];                        \
+        T acc = p[0];                                                          \
         int64_t best = 0;                                                      \
-        for (int64_t j = 0; j < n; j++) {                                      \
-          double v = (double)p[j * inner];                                     \
-          if (kind == LM_SUM) acc += v;                                        \
-          else if (v != v) { if (acc == acc) acc = v, best = j; }              \
-          else if ((kind == LM_MAX || kind == LM_ARGMAX) ? v > acc : v < acc) acc = v, best = j; \
+        for (int64_t j = 1; j < n && acc == acc; j++) {                        \
+          T v = p[j * inner];                                                  \
+          if (v != v || ((kind == LM_MAX || kind == LM_ARGMAX) ? v > acc : v < acc)) acc = v, best = j; \
         }                                                                      \
         if (kind == LM_ARGMAX || kind == LM_ARGMIN) ((int64_t *)out)[o * inner + i] = best; \
-        else ((T *)out)[o * inner + i] = (T)acc;                               \
+        else ((T *)out)[o * inner + i] = acc;                                  \
       }                                                                        \
   }
-REDUCE(float, reduce_f32)
-REDUCE(double, reduce_f64)
-REDUCE(int64_t, reduce_i64)
+PICK(float, pick_f32)
+PICK(double, pick_f64)
+PICK(int64_t, pick_i64)
 
 int lm_cpu_reduce(int kind, lm_tensor *out, const lm_tensor *x, int64_t outer, int64_t n,
                   int64_t inner) {
   void *o = lm_ptr(out);
+  const void *p = lm_ptr(x);
+  bool sum = kind == LM_SUM;
   switch (x->dtype_) {
-  case LM_F32: reduce_f32(kind, o, (const float *)lm_ptr(x), outer, n, inner); return 0;
-  case LM_F64: reduce_f64(kind, o, (const double *)lm_ptr(x), outer, n, inner); return 0;
-  case LM_I64: reduce_i64(kind, o, (const int64_t *)lm_ptr(x), outer, n, inner); return 0;
+  case LM_F32: if (sum) return sum_f32(o, p, outer, n, inner); pick_f32(kind, o, p, outer, n, inner); return 0;
+  case LM_F64: if (sum) return sum_f64(o, p, outer, n, inner); pick_f64(kind, o, p, outer, n, inner); return 0;
+  case LM_I64: if (sum) return sum_i64(o, p, outer, n, inner); pick_i64(kind, o, p, outer, n, inner); return 0;
   default: return lm_error("reduce kernel: no kernel for dtype %s", lm_dtype_name(x->dtype_));
   }
 }

@@ -81,7 +81,7 @@ M.device_id = device_id
 ---------------------------------------------------------------------------
 -- lifetime: tensors from C carry one reference, released by the GC or free()
 
-local gc_threshold, gc_floor = 256 * 2^20, 256 * 2^20
+local gc_threshold, gc_floor = 64 * 2^20, 64 * 2^20
 -- LuaJIT cannot see C memory: collect when live tensor bytes double.
 local function gc_pressure()
   local live = tonumber(C.lm_allocated_bytes())
@@ -466,10 +466,12 @@ function Tensor.to(x, what)
   elseif type(what) == "string" then device = what
   else argerror("to", "argument #1", "a dtype name, a device name or {dtype=, device=}", describe(what)) end
   local y = x
-  if device and device_id(device, "to") ~= x.device_ then
-    error("to: copies between devices need the CUDA backend, which this build lacks", 2)
-  end
   if dtype and dtype_id(dtype, "to") ~= x.dtype_ then y = op1("to", y, { DTYPE_ID[dtype] }) end
+  if device and device_id(device, "to") ~= y.device_ then
+    local dst = empty_of("to", y:size(), { dtype = props.dtype(y), device = device })
+    if C.lm_copy_(dst, y) < 0 then c_error() end
+    y = dst   -- not yet differentiable across devices
+  end
   return y
 end
 function Tensor.float(x) return x:to("f32") end

@@ -74,7 +74,7 @@ function S.diff(got, want, what, out)
   out = out or {}
   local g = got:totable()
   local gs, ws = got:size(), { #want, want[1] and #want[1] or 0 }
-  if gs[1] ~= ws[1] or (gs[2] or 0) ~= ws[2] then
+  if gs[1] ~= ws[1] or (ws[1] > 0 and (gs[2] or 0) ~= ws[2]) then
     out[#out + 1] = string.format("%s: shape {%s}, want {%d, %d}", what, table.concat(gs, ", "),
                                   ws[1], ws[2])
     return out

@@ -7,6 +7,7 @@ local ffi = require "ffi"
 ffi.cdef [[
 int setenv(const char *name, const char *value, int overwrite);
 long sysconf(int name);
+int isatty(int fd);
 ]]
 local SC_NPROCESSORS_ONLN = 84 -- glibc's value
 
@@ -61,14 +62,17 @@ local function repl()
     for i = 1, n do chars[i] = string.char(p[i - 1]) end
     return table.concat(chars)
   end
+  local prompt = ffi.C.isatty(0) == 1 -- no prompts when stdin is a pipe
   local env = setmetatable({ loom = loom, dist = dist }, { __index = _G })
   while true do
     local chunk
     if me == 0 then
       local lines = {}
       repeat
-        io.write(#lines == 0 and "loom> " or "loom>> ")
-        io.stdout:flush()
+        if prompt then
+          io.write(#lines == 0 and "loom> " or "loom>> ")
+          io.stdout:flush()
+        end
         local line = io.read("*l")
         if not line then break end
         lines[#lines + 1] = line
