@@ -62,7 +62,7 @@ typedef struct lm_op_def {
 
 /* Each ops_*.c file exports one table, ended by an entry with name NULL. */
 extern const lm_op_def lm_ops_view[], lm_ops_pointwise[], lm_ops_reduce[],
-    lm_ops_linalg[], lm_ops_nn[];
+    lm_ops_linalg[], lm_ops_nn[], lm_ops_optim[];
 
 const lm_op_def *lm_op_def_of(int op);
 /* Calls an op by name from C (ops built from other ops); returns the first
@@ -150,6 +150,9 @@ typedef struct lm_backend {
   /* out[idx[r]] += src[r] for contiguous out (V, n), idx (rows) i64 (checked
    * by the op) and src (rows, n) of out's dtype, f32 or f64 */
   int (*index_add)(lm_tensor *out, const lm_tensor *idx, const lm_tensor *src);
+  /* one AdamW step in place on contiguous same-dtype (f32 or f64) p, m, v
+   * with gradient g; h = {lr, beta1, beta2, eps, weight_decay, bc1, bc2} */
+  int (*adamw)(lm_tensor *p, const lm_tensor *g, lm_tensor *m, lm_tensor *v, const double *h);
 } lm_backend;
 
 const lm_backend *lm_backend_of(int device);   /* NULL with an error if absent */

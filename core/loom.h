@@ -42,7 +42,7 @@ typedef struct lm_tensor {
 /* Arguments of an op besides its tensors: integers then reals. */
 typedef struct lm_attrs {
   int64_t i[12];
-  double f[4];
+  double f[8];
   int32_t ni, nf;
 } lm_attrs;
 

@@ -13,7 +13,7 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 
 static void build(void) {
   const lm_op_def *groups[] = {lm_ops_view, lm_ops_pointwise, lm_ops_reduce,
-                               lm_ops_linalg, lm_ops_nn};
+                               lm_ops_linalg, lm_ops_nn, lm_ops_optim};
   for (size_t g = 0; g < sizeof groups / sizeof *groups; g++)
     for (const lm_op_def *d = groups[g]; d->name; d++) table[count++] = d;
 }

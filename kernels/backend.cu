@@ -146,7 +146,7 @@ void lm_walk_init(lm_walk *w, int narg, const lm_tensor *const *t) {
 
 /* ---- the table, in lm_backend's order (C++17 has no designated
  * initialisers): a slot added to lm_backend must be added here too. ---- */
-static_assert(sizeof(lm_backend) == 15 * sizeof(void *), "lm_backend changed: update lm_cuda_backend");
+static_assert(sizeof(lm_backend) == 16 * sizeof(void *), "lm_backend changed: update lm_cuda_backend");
 extern "C" const lm_backend lm_cuda_backend = {
     "cuda",
     cuda_alloc,
@@ -163,4 +163,5 @@ extern "C" const lm_backend lm_cuda_backend = {
     lm_cuda_norm,
     lm_cuda_embedding,
     lm_cuda_index_add,
+    lm_cuda_adamw,
 };

@@ -20,4 +20,5 @@ int lm_cuda_norm(lm_tensor *out, lm_tensor *mean, lm_tensor *rstd, const lm_tens
                  const lm_tensor *w, const lm_tensor *b, double eps, int rms);
 int lm_cuda_embedding(lm_tensor *out, const lm_tensor *w, const lm_tensor *idx);
 int lm_cuda_index_add(lm_tensor *out, const lm_tensor *idx, const lm_tensor *src);
+int lm_cuda_adamw(lm_tensor *p, const lm_tensor *g, lm_tensor *m, lm_tensor *v, const double *h);
 #endif

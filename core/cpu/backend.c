@@ -33,4 +33,5 @@ const lm_backend lm_cpu_backend = {
     .norm = lm_cpu_norm,
     .embedding = lm_cpu_embedding,
     .index_add = lm_cpu_index_add,
+    .adamw = lm_cpu_adamw,
 };

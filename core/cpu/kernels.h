@@ -19,4 +19,6 @@ int lm_cpu_norm(lm_tensor *out, lm_tensor *mean, lm_tensor *rstd, const lm_tenso
                 const lm_tensor *w, const lm_tensor *b, double eps, int rms);
 int lm_cpu_embedding(lm_tensor *out, const lm_tensor *w, const lm_tensor *idx);
 int lm_cpu_index_add(lm_tensor *out, const lm_tensor *idx, const lm_tensor *src);
+int lm_cpu_adamw(lm_tensor *p, const lm_tensor *g, lm_tensor *m, lm_tensor *v,
+                 const double *h);                                     /* optim.c */
 #endif

@@ -139,6 +139,7 @@ local function op(name, inputs, ints, floats)
   set_attrs(ints, floats)
   local nout = C.lm_op_call(op_ids[name], n, inbuf, attrs, 4, outbuf)
   if nout < 0 then c_error(2) end
+  if nout == 0 then return end   -- in-place ops (optimizer updates)
   local a = wrap(outbuf[0])
   if nout == 1 then return a end
   return a, wrap(outbuf[1])

@@ -2,6 +2,7 @@
 -- torch.optim.AdamW. Moments are kept in f32 (f64 for f64 parameters), so
 -- bf16 parameters get f32 optimizer state.
 local loom = require "loom"
+local T = require "loom.tensor"
 local Optimizer = require "loom.optim.optimizer"
 
 local AdamW = {}
@@ -23,6 +24,9 @@ function AdamW.new(params, opts)
   return self
 end
 
+-- One fused update per parameter (the _adamw_ op). Parameters that are not
+-- f32/f64 (bf16) keep an f32 master copy in the state; the update runs on
+-- it and is rounded into the parameter.
 function AdamW:step()
   local d = self.defaults
   loom.no_grad(function()
@@ -30,22 +34,19 @@ function AdamW:step()
       local g = p.grad
       if g ~= nil then
         local s = self.state[i]
-        local sd = p.dtype == "f64" and "f64" or "f32"
         if s == nil then
-          s = { step = 0, exp_avg = loom.zeros(p:size(), { dtype = sd }),
-                exp_avg_sq = loom.zeros(p:size(), { dtype = sd }) }
+          local sd = p.dtype == "f64" and "f64" or "f32"
+          s = { step = 0, exp_avg = loom.zeros(p:size(), { dtype = sd, device = p.device }),
+                exp_avg_sq = loom.zeros(p:size(), { dtype = sd, device = p.device }) }
+          if p.dtype ~= sd then s.master = p:to(sd):contiguous() end
           self.state[i] = s
         end
         s.step = s.step + 1
-        g = g:to(sd)
-        s.exp_avg = s.exp_avg * d.beta1 + g * (1 - d.beta1)
-        s.exp_avg_sq = s.exp_avg_sq * d.beta2 + g * g * (1 - d.beta2)
-        local bc1 = 1 - d.beta1 ^ s.step
-        local bc2 = 1 - d.beta2 ^ s.step
-        local denom = s.exp_avg_sq:sqrt() * (1 / math.sqrt(bc2)) + d.eps
-        local master = p:to(sd)
-        if d.weight_decay ~= 0 then master = master * (1 - d.lr * d.weight_decay) end
-        p:copy_(master - s.exp_avg / denom * (d.lr / bc1))
+        local master = s.master or p
+        g = g:to(master.dtype):contiguous()
+        T.op("_adamw_", { master, g, s.exp_avg, s.exp_avg_sq }, nil,
+             { d.lr, d.beta1, d.beta2, d.eps, d.weight_decay, 1 - d.beta1 ^ s.step, 1 - d.beta2 ^ s.step })
+        if s.master then p:copy_(s.master) end
       end
     end
   end)

@@ -1,0 +1,31 @@
+// optim.cu: the fused AdamW update, as core/cpu/optim.c.
+#include "common.cuh"
+#include "kernels.cuh"
+
+template <typename T>
+__global__ void adamw_kernel(T *p, const T *g, T *m, T *v, int64_t n, T b1, T b2, T eps,
+                             T decay, T step, T rbc2) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    T gi = g[i];
+    m[i] = b1 * m[i] + (1 - b1) * gi;
+    v[i] = b2 * v[i] + (1 - b2) * gi * gi;
+    p[i] = p[i] * decay - step * m[i] / (sqrt(v[i]) * rbc2 + eps);
+  }
+}
+
+int lm_cuda_adamw(lm_tensor *p, const lm_tensor *g, lm_tensor *m, lm_tensor *v, const double *h) {
+  if (lm_cuda_use(p) < 0) return -1;
+  int64_t n = p->numel_;
+  if (n == 0) return 0;
+  double decay = 1 - h[0] * h[4], step = h[0] / h[5], rbc2 = 1 / sqrt(h[6]);
+  if (p->dtype_ == LM_F64)
+    adamw_kernel<double><<<lm_blocks(n), LM_THREADS, 0, LM_STREAM>>>(
+        (double *)lm_ptr(p), (const double *)lm_ptr(g), (double *)lm_ptr(m), (double *)lm_ptr(v), n,
+        h[1], h[2], h[3], decay, step, rbc2);
+  else
+    adamw_kernel<float><<<lm_blocks(n), LM_THREADS, 0, LM_STREAM>>>(
+        (float *)lm_ptr(p), (const float *)lm_ptr(g), (float *)lm_ptr(m), (float *)lm_ptr(v), n,
+        (float)h[1], (float)h[2], (float)h[3], (float)decay, (float)step, (float)rbc2);
+  return lm_cuda_launched("adamw");
+}
