@@ -46,8 +46,11 @@ int lm_retain_grad(lm_tensor *t) {
   return 0;
 }
 
+/* An alias without history; a DTensor stays a DTensor. */
 lm_tensor *lm_detach(lm_tensor *t) {
-  return lm_view_of(t, t->ndim, t->shape, t->stride_, t->offset);
+  lm_tensor *d = lm_view_of(t, t->ndim, t->shape, t->stride_, t->offset);
+  if (d && t->dist && lm_attach_spec(d, t->dist) < 0) { lm_release(d); return NULL; }
+  return d;
 }
 
 void lm_node_release(lm_node *n) {
@@ -126,19 +129,26 @@ static int accumulate(lm_tensor **g, lm_tensor *x) {
   return 0;
 }
 
+/* leaf.grad += g (g consumed); a DTensor leaf's gradient gets its spec */
 static int accumulate_leaf(lm_tensor *leaf, lm_tensor *g) {
   if (g->dtype_ != leaf->dtype_) {
     lm_tensor *c = lm_cast(g, leaf->dtype_);
     lm_release(g);
     if (!(g = c)) return -1;
   }
-  if (!leaf->grad_) { leaf->grad_ = g; return 0; }
-  lm_tensor *in[2] = {leaf->grad_, g};
-  lm_tensor *s = lm_call("add", 2, in, NULL);
-  lm_release(g);
-  if (!s) return -1;
+  if (leaf->grad_) {
+    lm_tensor *in[2] = {leaf->grad_, g};
+    lm_tensor *s = lm_call("add", 2, in, NULL);
+    lm_release(g);
+    if (!(g = s)) return -1;
+  }
+  if (leaf->dist) {
+    lm_tensor *d = lm_view_of(g, g->ndim, g->shape, g->stride_, g->offset);
+    lm_release(g);
+    if (!(g = d) || lm_attach_spec(g, leaf->dist) < 0) { lm_release(g); return -1; }
+  }
   lm_release(leaf->grad_);
-  leaf->grad_ = s;
+  leaf->grad_ = g;
   return 0;
 }
 
@@ -250,7 +260,7 @@ int lm_backward(lm_tensor *root, lm_tensor *grad) {
     grad = lm_empty_like(root);
     if (!grad || lm_fill_(grad, 1) < 0) return -1;
   }
-  int old = lm_set_grad_enabled(0);
+  int old = lm_set_grad_enabled(0), old_local = lm_set_dist_local_mode(1);
   int rc;
   if (!root->grad_fn_) {
     rc = accumulate_leaf(root, grad);
@@ -263,5 +273,6 @@ int lm_backward(lm_tensor *root, lm_tensor *grad) {
     free(order.v), free(lv.t), free(lv.left);
   }
   lm_set_grad_enabled(old);
+  lm_set_dist_local_mode(old_local);
   return rc;
 }

@@ -14,11 +14,17 @@ int lm_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 #define LM_TRY(x) do { if ((x) < 0) return -1; } while (0)
 
 /* ---- storage (tensor.c) ---- */
+/* A storage lives in the block of the tensor that made it (owner), which
+ * stays allocated until the storage's last reference goes; small CPU
+ * buffers live in that block too (data_inline), so a new small tensor is
+ * one malloc. Storages built elsewhere (on the stack) have owner NULL. */
 struct lm_storage {
   int32_t refcount;
   int8_t device;
+  uint8_t data_inline;   /* data is inside owner's block, not from the backend */
   size_t nbytes;
   void *data;
+  lm_tensor *owner;      /* the block to free with the storage */
 };
 /* A new tensor sharing t's storage with the given layout (a view). */
 lm_tensor *lm_view_of(const lm_tensor *t, int ndim, const int64_t *shape,
@@ -47,8 +53,71 @@ void lm_store(void *p, int dtype, double v);    /* one element from double */
 int lm_compute_dtype(int dtype);
 int lm_promote(int a, int b);                   /* result dtype of a op b */
 
+/* ---- DTensor (dtensor.c, shard_rules.c) ---- */
+#define LM_MAX_MESH 4
+struct lm_mesh {
+  int32_t refcount;
+  int ndim, device;
+  int64_t shape[LM_MAX_MESH], coord[LM_MAX_MESH];
+  lm_comm *comm[LM_MAX_MESH];
+};
+/* the spec a DTensor's `dist` points to (each tensor owns its copy) */
+typedef struct lm_dspec {
+  lm_mesh *mesh;                     /* retained */
+  int nd;                            /* global ndim */
+  int64_t shape[LM_MAX_DIMS];        /* global shape */
+  lm_placement pl[LM_MAX_MESH];
+} lm_dspec;
+static inline const lm_dspec *lm_spec(const lm_tensor *t) { return (const lm_dspec *)t->dist; }
+int lm_attach_spec(lm_tensor *t, const lm_dspec *s);  /* copies s into t->dist */
+void lm_free_spec(lm_tensor *t);
+bool lm_dist_local_mode(void);     /* inside a forward or backward: no dispatch */
+int lm_set_dist_local_mode(int on); /* returns the old mode */
+
+/* A sharding rule sees the input specs (global shapes, placements) and the
+ * op's attrs. It writes the placements each input must have before the
+ * shard-local op runs (want starts as the inputs' own), attrs for the local
+ * op (local starts as a copy), and the output specs. Rules decide each mesh
+ * dim on its own, as PyTorch's single-dim strategies do. */
+#define LM_RULE_MAX_IN 8
+typedef struct lm_rule {
+  const char *op;
+  int nin, nout;
+  const lm_dspec *in[LM_RULE_MAX_IN];
+  const lm_attrs *a;
+  lm_attrs local;
+  lm_placement want[LM_RULE_MAX_IN][LM_MAX_MESH];
+  lm_dspec out[4];
+} lm_rule;
+typedef int (*lm_shard_rule)(lm_rule *r);
+typedef struct lm_op_def lm_op_def;
+/* Runs op on DTensor inputs (registry.c calls it). */
+int lm_dtensor_call(int op, const lm_op_def *d, int nin, lm_tensor *const *in,
+                    const lm_attrs *a, lm_tensor **out);
+/* rules shared by families of ops (shard_rules.c) */
+int lm_rule_pointwise(lm_rule *r);  /* elementwise with broadcasting */
+int lm_rule_linear_pw(lm_rule *r);  /* elementwise ops linear in each input (add, sub, neg) */
+int lm_rule_mul(lm_rule *r);        /* mul/div: Partial times Replicate stays Partial */
+int lm_rule_local(lm_rule *r);      /* runs on the shards as they are (optimizer updates) */
+int lm_rule_matmul(lm_rule *r);
+int lm_rule_reduce(lm_rule *r);     /* sum, mean (and max/min/arg*: replicate the dim) */
+int lm_rule_rows(lm_rule *r);       /* ops over the last k dims (softmax, norms) */
+int lm_rule_transpose(lm_rule *r);
+int lm_rule_permute(lm_rule *r);
+int lm_rule_view(lm_rule *r);
+int lm_rule_narrow(lm_rule *r);
+int lm_rule_unsqueeze(lm_rule *r);
+int lm_rule_squeeze(lm_rule *r);
+int lm_rule_expand(lm_rule *r);
+int lm_rule_cat(lm_rule *r);
+int lm_rule_embedding(lm_rule *r);
+int lm_rule_cross_entropy(lm_rule *r);
+int lm_rule_sdpa(lm_rule *r);
+int lm_rule_rope(lm_rule *r);
+int lm_rule_last2(lm_rule *r);      /* triu/tril: the last two dims whole */
+
 /* ---- the op registry (registry.c) ---- */
-typedef struct lm_op_def {
+struct lm_op_def {
   const char *name;
   int nin;  /* tensor inputs; -1 for any number */
   int nout;
@@ -57,12 +126,13 @@ typedef struct lm_op_def {
   int (*forward)(lm_tensor *const *in, int nin, const lm_attrs *a, lm_tensor **out);
   /* Gradients of the inputs from those of the outputs (autograd issue). */
   int (*backward)(const lm_node *node, lm_tensor *const *gout, lm_tensor **gin);
-  const void *shard_rule; /* DTensor sharding rule (DTensor issue) */
-} lm_op_def;
+  lm_shard_rule shard_rule; /* how DTensor inputs shard (NULL: not supported) */
+  int native;               /* takes DTensors as they are (the collectives) */
+};
 
 /* Each ops_*.c file exports one table, ended by an entry with name NULL. */
 extern const lm_op_def lm_ops_view[], lm_ops_pointwise[], lm_ops_reduce[],
-    lm_ops_linalg[], lm_ops_nn[], lm_ops_optim[];
+    lm_ops_linalg[], lm_ops_nn[], lm_ops_optim[], lm_ops_dist[];
 
 const lm_op_def *lm_op_def_of(int op);
 /* Calls an op by name from C (ops built from other ops); returns the first

@@ -41,7 +41,7 @@ typedef struct lm_tensor {
 
 /* Arguments of an op besides its tensors: integers then reals. */
 typedef struct lm_attrs {
-  int64_t i[12];
+  int64_t i[24];
   double f[8];
   int32_t ni, nf;
 } lm_attrs;
@@ -171,6 +171,47 @@ void lm_work_free(lm_work *w);        /* waits first if still pending */
 /* Collectives issued so far, by enum lm_coll_kind: counts and bytes of the
  * local input tensors (arrays of LM_NCOLL). */
 void lm_comm_stats(int64_t *counts, int64_t *bytes);
+
+/* ---- DTensor (core/dtensor.c) ---- */
+/* A DTensor is a tensor whose storage and shape are this rank's shard and
+ * whose `dist` field holds a spec: a mesh, one placement per mesh dim and
+ * the global shape. Ops on DTensors first redistribute their inputs as the
+ * op's sharding rule asks, then run on the shards; autograd records the
+ * shard-local computation and the collectives (each differentiable). */
+typedef struct lm_mesh lm_mesh;
+enum lm_placement_kind { LM_REPLICATE = 0, LM_SHARD = 1, LM_PARTIAL = 2 };
+typedef struct lm_placement {
+  int32_t kind;  /* enum lm_placement_kind */
+  int32_t dim;   /* the tensor dim of a shard (0-based) */
+  int32_t op;    /* the reduce op of a partial (enum lm_reduce_op) */
+} lm_placement;
+
+/* A mesh: its shape, this rank's coordinate and one communicator per dim
+ * (made by the Lua DeviceMesh; the comms must outlive the mesh). */
+lm_mesh *lm_mesh_new(int ndim, const int64_t *shape, const int64_t *coord,
+                     lm_comm *const *comms, int device);
+void lm_mesh_release(lm_mesh *m);
+
+/* Shape and global offset of the shard held at coordinate coord (NULL: this
+ * rank's) for a global shape and placements; torch.chunk sizes. */
+int lm_shard_layout(const lm_mesh *m, int nd, const int64_t *global_shape,
+                    const lm_placement *pl, const int64_t *coord, int64_t *local_shape,
+                    int64_t *offset);
+/* from_local: a DTensor viewing `local` (global_shape NULL: computed for
+ * even shards as local size times the mesh size). run_check compares the
+ * shapes across ranks. Differentiable (the gradient passes through). */
+lm_tensor *lm_dtensor_from_local(lm_tensor *local, lm_mesh *m, const lm_placement *pl,
+                                 const int64_t *global_shape, int run_check);
+/* to_local: the shard as a plain tensor (differentiable). */
+lm_tensor *lm_dtensor_to_local(lm_tensor *d);
+/* redistribute to new placements, with the conjugate collectives in backward. */
+lm_tensor *lm_dtensor_redistribute(lm_tensor *d, const lm_placement *pl);
+/* the spec: returns the mesh's ndim (0 for a plain tensor) and fills pl
+ * (mesh ndim entries), global_shape and *mesh when not NULL */
+int lm_dtensor_spec(const lm_tensor *d, lm_placement *pl, int64_t *global_shape, lm_mesh **mesh);
+/* plain 0-dim tensors always mix with DTensors; other plain tensors only
+ * while implicit replication is on (returns the old setting) */
+int lm_set_implicit_replication(int on);
 
 #ifdef __cplusplus
 }

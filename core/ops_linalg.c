@@ -19,6 +19,9 @@ static lm_tensor *as_3d(lm_tensor *x) {
   }
   int64_t rs = x->stride_[nd - 2], cs = x->stride_[nd - 1];
   bool blas_ok = cs == 1 || rs == 1 || x->shape[nd - 1] == 1 || x->shape[nd - 2] == 1;
+  /* an expanded (stride 0) matrix dim is not a BLAS layout, even in a
+   * single row or column (e.g. the gradient of sum() flowing into matmul) */
+  if ((rs == 0 && x->shape[nd - 2] > 1) || (cs == 0 && x->shape[nd - 1] > 1)) blas_ok = false;
   if (merge && blas_ok) {
     int64_t shape[3] = {B, x->shape[nd - 2], x->shape[nd - 1]}, stride[3] = {bs, rs, cs};
     if (shape[2] == 1) stride[2] = 1;
@@ -165,4 +168,4 @@ static int bw_matmul(const lm_node *n, lm_tensor *const *gout, lm_tensor **gin) 
   return rc;
 }
 
-const lm_op_def lm_ops_linalg[] = {{"matmul", 2, 1, fw_matmul, bw_matmul, NULL}, {0}};
+const lm_op_def lm_ops_linalg[] = {{"matmul", 2, 1, fw_matmul, bw_matmul, lm_rule_matmul, 0}, {0}};

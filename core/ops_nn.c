@@ -310,27 +310,53 @@ static int embedding_check(lm_tensor *const *in) {
   return 0;
 }
 
+/* A vocabulary shard (attrs i[0] = its first row, i[1] = 1): ids become
+ * rows of the shard; ids outside it read row 0 and *inside says which to
+ * keep. Without attrs the ids are used as they are. */
+static lm_tensor *shard_ids(lm_scope *s, lm_tensor *idx, const lm_attrs *a, int64_t rows,
+                            lm_tensor **inside) {
+  lm_tensor *ids = cast_(s, idx, LM_I64);
+  *inside = NULL;
+  if (a->ni < 2 || !a->i[1] || !ids) return ids;
+  lm_tensor *shifted = lm_s2(s, "sub", ids, lm_scalar(s, (double)a->i[0], ids));
+  *inside = lm_s2(s, "logical_and", lm_s2(s, "ge", shifted, lm_scalar(s, 0, ids)),
+                  lm_s2(s, "lt", shifted, lm_scalar(s, (double)rows, ids)));
+  lm_tensor *w[3] = {*inside, shifted, lm_scalar(s, 0, ids)};
+  return lm_sop(s, "where", 3, w, NULL);
+}
+
+/* rows of out (ids.shape + (D)) whose id was outside the shard, zeroed */
+static lm_tensor *keep_rows(lm_scope *s, lm_tensor *out, lm_tensor *inside) {
+  if (!inside) return out;
+  lm_attrs last = {.i = {-1}, .ni = 1};
+  lm_tensor *w[3] = {lm_sop(s, "unsqueeze", 1, &inside, &last), out, lm_scalar(s, 0, out)};
+  return lm_sop(s, "where", 3, w, NULL);
+}
+
 static int fw_embedding(lm_tensor *const *in, int nin, const lm_attrs *a, lm_tensor **out) {
-  (void)nin, (void)a;
+  (void)nin;
   LM_TRY(embedding_check(in));
   lm_tensor *w = in[0], *idx = in[1];
-  LM_TRY(check_ids("embedding", 2, "indices", idx, w->shape[0], 0, 0, "id"));
+  bool sharded = a->ni >= 2 && a->i[1];
+  if (!sharded) LM_TRY(check_ids("embedding", 2, "indices", idx, w->shape[0], 0, 0, "id"));
   const lm_backend *be = lm_backend_of(w->device_);
   LM_TRY(KERNEL(be, "embedding", embedding));
   int64_t shape[LM_MAX_DIMS];
   memcpy(shape, idx->shape, idx->ndim * sizeof *shape);
   shape[idx->ndim] = w->shape[1];
+  int old = lm_set_grad_enabled(0);
   lm_scope s = {0};
-  lm_tensor *wc = contig_(&s, w), *ic = contig_(&s, cast_(&s, idx, LM_I64));
-  lm_tensor *o = lm_empty_as(w, idx->ndim + 1, shape, w->dtype_);
+  lm_tensor *inside, *ids = shard_ids(&s, idx, a, w->shape[0], &inside);
+  lm_tensor *wc = contig_(&s, w), *ic = contig_(&s, ids);
+  lm_tensor *o = lm_s(&s, lm_empty_as(w, idx->ndim + 1, shape, w->dtype_));
   int rc = o && wc && ic ? be->embedding(o, wc, ic) : -1;
+  lm_tensor *r = rc == 0 ? keep_rows(&s, o, inside) : NULL;
+  if (r) lm_retain(r);
   lm_scope_end(&s);
-  if (rc < 0) { lm_release(o); return -1; }
-  *out = o;
-  return 0;
+  lm_set_grad_enabled(old);
+  return (*out = r) ? 0 : -1;
 }
 
-/* zeros (V, D) with the rows of g added at their ids */
 static lm_tensor *index_add_rows(lm_scope *s, lm_tensor *g, lm_tensor *idx, int64_t V, int cd) {
   const lm_backend *be = lm_backend_of(g->device_);
   if (KERNEL(be, "embedding", index_add) < 0) return NULL;
@@ -347,7 +373,9 @@ static int bw_embedding(const lm_node *n, lm_tensor *const *gout, lm_tensor **gi
   lm_tensor *w = n->in[0];
   if (!w->needs_grad) return 0;
   lm_scope s = {0};
-  lm_tensor *dw = index_add_rows(&s, gout[0], n->in[1], w->shape[0], lm_compute_dtype(w->dtype_));
+  lm_tensor *inside, *ids = shard_ids(&s, n->in[1], &n->attrs, w->shape[0], &inside);
+  lm_tensor *g = keep_rows(&s, gout[0], inside);
+  lm_tensor *dw = g && ids ? index_add_rows(&s, g, ids, w->shape[0], lm_compute_dtype(w->dtype_)) : NULL;
   int rc = dw ? give(n, gin, 0, dw) : -1;
   lm_scope_end(&s);
   return rc;
@@ -758,16 +786,16 @@ static int bw_rope(const lm_node *n, lm_tensor *const *gout, lm_tensor **gin) {
   return rc;
 }
 
-#define OP(NAME, NIN, BW) {#NAME, NIN, 1, fw_##NAME, BW, NULL}
+#define OP(NAME, NIN, BW, RULE) {#NAME, NIN, 1, fw_##NAME, BW, RULE, 0}
 const lm_op_def lm_ops_nn[] = {
-    OP(softmax, 1, bw_softmax),
-    OP(log_softmax, 1, bw_log_softmax),
-    OP(layer_norm, -1, bw_layer_norm),
-    OP(rms_norm, -1, bw_rms_norm),
-    OP(embedding, 2, bw_embedding),
-    OP(cross_entropy, -1, bw_cross_entropy),
-    OP(triu, 1, bw_triu),
-    OP(tril, 1, bw_tril),
-    OP(scaled_dot_product_attention, -1, bw_scaled_dot_product_attention),
-    OP(rope, 3, bw_rope),
+    OP(softmax, 1, bw_softmax, lm_rule_rows),
+    OP(log_softmax, 1, bw_log_softmax, lm_rule_rows),
+    OP(layer_norm, -1, bw_layer_norm, lm_rule_rows),
+    OP(rms_norm, -1, bw_rms_norm, lm_rule_rows),
+    OP(embedding, 2, bw_embedding, lm_rule_embedding),
+    OP(cross_entropy, -1, bw_cross_entropy, lm_rule_cross_entropy),
+    OP(triu, 1, bw_triu, lm_rule_last2),
+    OP(tril, 1, bw_tril, lm_rule_last2),
+    OP(scaled_dot_product_attention, -1, bw_scaled_dot_product_attention, lm_rule_sdpa),
+    OP(rope, 3, bw_rope, lm_rule_rope),
     {0}};

@@ -32,4 +32,4 @@ static int fw_adamw(lm_tensor *const *in, int nin, const lm_attrs *a, lm_tensor 
   return be->adamw(p, in[1], in[2], in[3], a->f);
 }
 
-const lm_op_def lm_ops_optim[] = {{"_adamw_", 4, 0, fw_adamw, NULL, NULL}, {0}};
+const lm_op_def lm_ops_optim[] = {{"_adamw_", 4, 0, fw_adamw, NULL, lm_rule_local, 0}, {0}};

@@ -34,13 +34,19 @@ static int result_dtype(const lm_tensor *a, const lm_tensor *b) {
   return lm_promote(a->dtype_, b->dtype_);
 }
 
-/* Casts in[k] to dtype cd and broadcasts it to shape (new refs in v). */
+/* Casts in[k] to dtype cd and broadcasts it to shape: v[k] is in[k] itself
+ * (borrowed) when it already is both, else a new ref (see release_all). */
 static int prepare(const char *op, int n, lm_tensor *const *in, int cd, int nd,
                    const int64_t *shape, lm_tensor **v) {
   static const char *names[] = {"argument #1", "argument #2", "argument #3"};
   for (int k = 0; k < n; k++) v[k] = NULL;
   for (int k = 0; k < n; k++) {
-    lm_tensor *c = lm_cast(in[k], cd);
+    lm_tensor *t = in[k];
+    if (t->dtype_ == cd && t->ndim == nd && !memcmp(t->shape, shape, nd * sizeof *shape)) {
+      v[k] = t;
+      continue;
+    }
+    lm_tensor *c = lm_cast(t, cd);
     if (!c) return -1;
     v[k] = lm_broadcast_to(op, names[k], c, nd, shape);
     lm_release(c);
@@ -49,12 +55,14 @@ static int prepare(const char *op, int n, lm_tensor *const *in, int cd, int nd,
   return 0;
 }
 
-static void release_all(int n, lm_tensor **v) {
-  for (int k = 0; k < n; k++) lm_release(v[k]);
+static void release_all(int n, lm_tensor **v, lm_tensor *const *in) {
+  for (int k = 0; k < n; k++)
+    if (v[k] != in[k]) lm_release(v[k]);
 }
 
 /* Runs the kernel into a tensor of the compute dtype, then casts to dtype. */
 static int finish(lm_tensor *tmp, int dtype, lm_tensor **out) {
+  if (tmp->dtype_ == dtype) { *out = tmp; return 0; }
   *out = lm_cast(tmp, dtype);
   lm_release(tmp);
   return *out ? 0 : -1;
@@ -80,7 +88,7 @@ static int binary_forward(int kind, lm_tensor *const *in, lm_tensor **out) {
   int rc = prepare(op, 2, in, cd, nd, shape, v);
   if (rc == 0) rc = (tmp = lm_empty_as(in[0], nd, shape, compare ? LM_BOOL : cd)) ? 0 : -1;
   if (rc == 0) rc = lm_backend_of(in[0]->device_)->binary(kind, tmp, v[0], v[1]);
-  release_all(2, v);
+  release_all(2, v, in);
   if (rc < 0) { lm_release(tmp); return -1; }
   return finish(tmp, compare ? LM_BOOL : dt, out);
 }
@@ -178,11 +186,11 @@ static int unary_forward(int kind, lm_tensor *x, const lm_attrs *a, lm_tensor **
     if (a->nf < 1 || p[0] != p[0]) p[0] = -1.0 / 0.0;
     if (a->nf < 2 || p[1] != p[1]) p[1] = 1.0 / 0.0;
   }
-  lm_tensor *c = lm_cast(x, cd);
+  lm_tensor *c = x->dtype_ == cd ? x : lm_cast(x, cd);
   if (!c) return -1;
   lm_tensor *tmp = lm_empty_as(x, x->ndim, x->shape, cd);
   int rc = tmp ? lm_backend_of(x->device_)->unary(kind, tmp, c, p) : -1;
-  lm_release(c);
+  if (c != x) lm_release(c);
   if (rc < 0) { lm_release(tmp); return -1; }
   return finish(tmp, dt, out);
 }
@@ -284,7 +292,7 @@ static int fw_where(lm_tensor *const *in, int nin, const lm_attrs *a, lm_tensor 
   (void)c;
   if (rc == 0) rc = (tmp = lm_empty_as(in[1], nd, shape, dt)) ? 0 : -1;
   if (rc == 0) rc = lm_backend_of(in[0]->device_)->where(tmp, v[0], v[1], v[2]);
-  release_all(3, v);
+  release_all(3, v, in);
   if (rc < 0) { lm_release(tmp); return -1; }
   *out = tmp;
   return 0;
@@ -300,17 +308,19 @@ static int bw_where(const lm_node *n, lm_tensor *const *gout, lm_tensor **gin) {
   return rc;
 }
 
-#define OP(NAME, NIN, BW) {#NAME, NIN, 1, fw_##NAME, BW, NULL}
+#define OP(NAME, NIN, BW) {#NAME, NIN, 1, fw_##NAME, BW, lm_rule_pointwise, 0}
+#define LIN(NAME, NIN, BW) {#NAME, NIN, 1, fw_##NAME, BW, lm_rule_linear_pw, 0}
+#define MUL(NAME, NIN, BW) {#NAME, NIN, 1, fw_##NAME, BW, lm_rule_mul, 0}
 const lm_op_def lm_ops_pointwise[] = {
-    OP(add, 2, bw_add), OP(sub, 2, bw_sub), OP(mul, 2, bw_mul), OP(div, 2, bw_div),
+    LIN(add, 2, bw_add), LIN(sub, 2, bw_sub), MUL(mul, 2, bw_mul), MUL(div, 2, bw_div),
     OP(pow, 2, bw_pow), OP(maximum, 2, bw_maximum), OP(minimum, 2, bw_minimum),
     OP(eq, 2, NULL), OP(ne, 2, NULL), OP(lt, 2, NULL), OP(le, 2, NULL), OP(gt, 2, NULL),
     OP(ge, 2, NULL), OP(logical_and, 2, NULL), OP(logical_or, 2, NULL),
-    OP(neg, 1, bw_neg), OP(abs, 1, bw_abs), OP(sqrt, 1, bw_sqrt), OP(rsqrt, 1, bw_rsqrt),
+    LIN(neg, 1, bw_neg), OP(abs, 1, bw_abs), OP(sqrt, 1, bw_sqrt), OP(rsqrt, 1, bw_rsqrt),
     OP(exp, 1, bw_exp), OP(log, 1, bw_log), OP(tanh, 1, bw_tanh), OP(sigmoid, 1, bw_sigmoid),
     OP(relu, 1, bw_relu), OP(gelu, 1, bw_gelu), OP(gelu_tanh, 1, bw_gelu_tanh),
     OP(silu, 1, bw_silu), OP(sin, 1, bw_sin), OP(cos, 1, bw_cos),
     OP(pow_scalar, 1, bw_pow_scalar), OP(clamp, 1, bw_clamp), OP(logical_not, 1, NULL),
-    OP(sign, 1, NULL), {"_gelu_d", 1, 1, fw_gelu_d, NULL, NULL},
-    {"_gelu_tanh_d", 1, 1, fw_gelu_tanh_d, NULL, NULL}, {"_silu_d", 1, 1, fw_silu_d, NULL, NULL},
+    OP(sign, 1, NULL), {"_gelu_d", 1, 1, fw_gelu_d, NULL, NULL, 0},
+    {"_gelu_tanh_d", 1, 1, fw_gelu_tanh_d, NULL, NULL, 0}, {"_silu_d", 1, 1, fw_silu_d, NULL, NULL, 0},
     OP(where, 3, bw_where), {0}};

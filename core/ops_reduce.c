@@ -155,8 +155,7 @@ static int bw_minmax(const lm_node *n, lm_tensor *const *gout, lm_tensor **gin) 
   return gin[0] ? 0 : -1;
 }
 
+#define OP(NAME, NOUT, BW) {#NAME, 1, NOUT, fw_##NAME, BW, lm_rule_reduce, 0}
 const lm_op_def lm_ops_reduce[] = {
-    {"sum", 1, 1, fw_sum, bw_sum, NULL},       {"mean", 1, 1, fw_mean, bw_mean, NULL},
-    {"max", 1, 2, fw_max, bw_minmax, NULL},    {"min", 1, 2, fw_min, bw_minmax, NULL},
-    {"argmax", 1, 1, fw_argmax, NULL, NULL},   {"argmin", 1, 1, fw_argmin, NULL, NULL},
-    {0}};
+    OP(sum, 1, bw_sum), OP(mean, 1, bw_mean), OP(max, 2, bw_minmax), OP(min, 2, bw_minmax),
+    OP(argmax, 1, NULL), OP(argmin, 1, NULL), {0}};

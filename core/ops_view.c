@@ -302,10 +302,18 @@ static int bw_cat(const lm_node *n, lm_tensor *const *gout, lm_tensor **gin) {
   return 0;
 }
 
-#define OP(NAME, NIN, BW) {#NAME, NIN, 1, fw_##NAME, BW, NULL}
+#define OP(NAME, NIN, BW, RULE) {#NAME, NIN, 1, fw_##NAME, BW, RULE, 0}
 const lm_op_def lm_ops_view[] = {
-    OP(view, 1, bw_reshape),       OP(reshape, 1, bw_reshape),   OP(transpose, 1, bw_transpose),
-    OP(permute, 1, bw_permute),    OP(narrow, 1, bw_narrow),     OP(expand, 1, bw_identity),
-    OP(contiguous, 1, bw_identity), OP(clone, 1, bw_identity),   OP(to, 1, bw_identity),
-    OP(unsqueeze, 1, bw_reshape),  OP(squeeze, 1, bw_reshape),   OP(cat, -1, bw_cat),
+    OP(view, 1, bw_reshape, lm_rule_view),
+    OP(reshape, 1, bw_reshape, lm_rule_view),
+    OP(transpose, 1, bw_transpose, lm_rule_transpose),
+    OP(permute, 1, bw_permute, lm_rule_permute),
+    OP(narrow, 1, bw_narrow, lm_rule_narrow),
+    OP(expand, 1, bw_identity, lm_rule_expand),
+    OP(contiguous, 1, bw_identity, lm_rule_linear_pw),
+    OP(clone, 1, bw_identity, lm_rule_linear_pw),
+    OP(to, 1, bw_identity, lm_rule_linear_pw),
+    OP(unsqueeze, 1, bw_reshape, lm_rule_unsqueeze),
+    OP(squeeze, 1, bw_reshape, lm_rule_squeeze),
+    OP(cat, -1, bw_cat, lm_rule_cat),
     {0}};

@@ -13,7 +13,7 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 
 static void build(void) {
   const lm_op_def *groups[] = {lm_ops_view, lm_ops_pointwise, lm_ops_reduce,
-                               lm_ops_linalg, lm_ops_nn, lm_ops_optim};
+                               lm_ops_linalg, lm_ops_nn, lm_ops_optim, lm_ops_dist};
   for (size_t g = 0; g < sizeof groups / sizeof *groups; g++)
     for (const lm_op_def *d = groups[g]; d->name; d++) table[count++] = d;
 }
@@ -93,6 +93,9 @@ int lm_op_call(int op, int nin, lm_tensor *const *in, const lm_attrs *attrs,
   }
   static const lm_attrs none;
   if (!attrs) attrs = &none;
+  if (!d->native && !lm_dist_local_mode())
+    for (int i = 0; i < nin; i++)
+      if (in[i]->dist) return lm_dtensor_call(op, d, nin, in, attrs, out) < 0 ? -1 : d->nout;
   for (int k = 0; k < d->nout; k++) out[k] = NULL;
   double t0 = 0, outer_child = 0;
   if (profile_on()) t0 = now(), outer_child = child_time, child_time = 0;

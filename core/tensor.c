@@ -63,10 +63,8 @@ const lm_backend *lm_backend_of(int device) {
 
 int lm_device_available(int device) { return lm_backend_of(device) != NULL; }
 
-static lm_tensor *new_tensor(int ndim, const int64_t *shape, const int64_t *stride,
-                             int dtype, int device) {
-  lm_tensor *t = calloc(1, sizeof *t);
-  if (!t) { lm_error("out of memory"); return NULL; }
+static void init_tensor(lm_tensor *t, int ndim, const int64_t *shape, const int64_t *stride,
+                        int dtype, int device) {
   t->refcount = 1;
   t->ndim = (int8_t)ndim;
   t->dtype_ = (int8_t)dtype;
@@ -75,8 +73,25 @@ static lm_tensor *new_tensor(int ndim, const int64_t *shape, const int64_t *stri
   if (stride && ndim) memcpy(t->stride_, stride, ndim * sizeof *stride);
   else lm_contiguous_strides(ndim, shape, t->stride_);
   t->numel_ = lm_shape_numel(ndim, shape);
+}
+
+static lm_tensor *new_tensor(int ndim, const int64_t *shape, const int64_t *stride,
+                             int dtype, int device) {
+  lm_tensor *t = calloc(1, sizeof *t);
+  if (!t) { lm_error("out of memory"); return NULL; }
+  init_tensor(t, ndim, shape, stride, dtype, device);
   return t;
 }
+
+/* A new tensor and its storage are one block; buffers up to INLINE_BYTES
+ * on the CPU follow them in it (malloc's 16-byte alignment suits every
+ * dtype), so a small op result costs one malloc and one free. */
+typedef struct {
+  lm_tensor t;
+  lm_storage s;
+  _Alignas(16) unsigned char data[];
+} owner_block;
+enum { INLINE_BYTES = 256 };
 
 lm_tensor *lm_empty(int ndim, const int64_t *shape, int dtype, int device) {
   if (ndim > 0 && !shape) { lm_error("empty: shape is NULL"); return NULL; }
@@ -87,20 +102,23 @@ lm_tensor *lm_empty(int ndim, const int64_t *shape, int dtype, int device) {
   }
   const lm_backend *be = lm_backend_of(device);
   if (!be) return NULL;
-  lm_tensor *t = new_tensor(ndim, shape, NULL, dtype, device);
-  lm_storage *s = calloc(1, sizeof *s);
-  size_t nbytes = (size_t)t->numel_ * lm_dtype_size(dtype);
-  void *data = be->alloc(nbytes ? nbytes : 1);
-  if (!s || !data) {
-    free(s); free(t);
+  size_t nbytes = (size_t)lm_shape_numel(ndim, shape) * lm_dtype_size(dtype);
+  bool inl = device == LM_CPU && nbytes <= INLINE_BYTES;
+  owner_block *b = malloc(sizeof *b + (inl ? nbytes : 0));
+  void *data = !b ? NULL : inl ? b->data : be->alloc(nbytes ? nbytes : 1);
+  if (!data) {
+    free(b);
     lm_error("empty: out of memory allocating %zu bytes", nbytes);
     return NULL;
   }
-  *s = (lm_storage){.refcount = 1, .device = (int8_t)device, .nbytes = nbytes, .data = data};
-  t->storage = s;
+  memset(b, 0, sizeof *b);
+  init_tensor(&b->t, ndim, shape, NULL, dtype, device);
+  b->s = (lm_storage){.refcount = 1, .device = (int8_t)device, .data_inline = inl,
+                      .nbytes = nbytes, .data = data, .owner = &b->t};
+  b->t.storage = &b->s;
   live_bytes += (int64_t)nbytes;
   live_storages++;
-  return t;
+  return &b->t;
 }
 
 lm_tensor *lm_view_of(const lm_tensor *t, int ndim, const int64_t *shape,
@@ -124,21 +142,32 @@ void lm_retain(lm_tensor *t) {
   if (t) __atomic_add_fetch(&t->refcount, 1, __ATOMIC_RELAXED);
 }
 
+/* Drops one of the references counted at rc; true when it was the last.
+ * A count of 1 needs no atomic: it is ours, so no one else can see it. */
+static bool drop(int32_t *rc) {
+  return __atomic_load_n(rc, __ATOMIC_ACQUIRE) == 1 ||
+         __atomic_sub_fetch(rc, 1, __ATOMIC_ACQ_REL) == 0;
+}
+
+/* The last reference frees the buffer and the block holding the storage
+ * (its owner tensor, which is dead by then: it held a reference). */
 static void release_storage(lm_storage *s) {
-  if (__atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) > 0) return;
-  lm_backend_of(s->device)->free(s->data);
+  if (!drop(&s->refcount)) return;
+  if (!s->data_inline) lm_backend_of(s->device)->free(s->data);
   live_bytes -= (int64_t)s->nbytes;
   live_storages--;
-  free(s);
+  free(s->owner);
 }
 
 void lm_release(lm_tensor *t) {
-  if (!t || __atomic_sub_fetch(&t->refcount, 1, __ATOMIC_ACQ_REL) > 0) return;
-  if (t->storage) release_storage(t->storage);
+  if (!t || !drop(&t->refcount)) return;
   lm_release(t->grad_);
   lm_forget_retained(t);
+  lm_free_spec(t);
   lm_node_release(t->grad_fn_);
-  free(t);
+  lm_storage *s = t->storage;
+  if (!s || s->owner != t) free(t); /* else the storage frees t's block */
+  if (s) release_storage(s);
 }
 
 void *lm_data(const lm_tensor *t) { return t && t->storage ? lm_ptr(t) : NULL; }

@@ -8,6 +8,7 @@ local M = {}            -- the functions `loom` exports from this file
 local Tensor = {}       -- methods
 local props = {}        -- computed fields: x.dtype, x.grad, ...
 M.Tensor = Tensor
+M.props = props
 
 local tensor_ct = ffi.typeof("lm_tensor")
 local function is_tensor(x) return type(x) == "cdata" and ffi.istype(tensor_ct, x) end
@@ -154,6 +155,15 @@ local function op1(name, x, ints, floats)
   return wrap(outbuf[0])
 end
 M.op1 = op1
+
+-- two tensors (already checked), no attributes: binary ops and operators
+local function op2(name, a, b)
+  inbuf[0], inbuf[1] = a, b
+  attrs.ni, attrs.nf = 0, 0
+  if C.lm_op_call(op_ids[name], 2, inbuf, attrs, 4, outbuf) < 0 then c_error(3) end
+  return wrap(outbuf[0])
+end
+M.op2 = op2
 
 ---------------------------------------------------------------------------
 -- creation
