@@ -27,6 +27,7 @@ local FLAGS = {
   { "log", "", "write one JSON object per line (step, loss, val_loss, tokens_per_s)" },
   { "save", "", "save a checkpoint into this directory at the end (and at each eval)" },
   { "resume", "", "resume from the checkpoint in this directory" },
+  { "stop-after", 0, "stop after this step, as if interrupted, saving a checkpoint (0: run all steps)" },
   { "sample", 200, "characters to generate at the end (0: none)" },
   { "quiet", false, "no live progress line" },
 }
@@ -64,7 +65,8 @@ local function json_line(t)
   local parts = {}
   for _, k in ipairs(t.__order) do
     local v = t[k]
-    if type(v) == "string" then v = string.format("%q", v) end
+    if type(v) == "string" then v = string.format("%q", v)
+    elseif type(v) == "number" then v = string.format("%.17g", v) end   -- exact: resumed runs compare bit for bit
     if v ~= nil then parts[#parts + 1] = string.format("%q: %s", k, tostring(v)) end
   end
   return "{" .. table.concat(parts, ", ") .. "}"
@@ -140,7 +142,8 @@ local function main(argv)
                       o.layers, o.dim, o.heads, nparams, o.steps, o.batch, o.seq))
   local sched = { lr = o.lr, warmup = o.warmup, total = o.steps, min_lr = o.lr / 10 }
   local t0, tokens, last_loss, last_val = now(), 0, nil, nil
-  for step = start_step + 1, o.steps do
+  local last_step = o["stop-after"] > 0 and math.min(o["stop-after"], o.steps) or o.steps
+  for step = start_step + 1, last_step do
     opt:set_lr(loom.optim.lr_scheduler.cosine_lr(step, sched))
     local x, y = sampler:next()
     local loss = loom.F.cross_entropy(model(x), y)
@@ -158,7 +161,7 @@ local function main(argv)
       last_val = val_loss()
       entry.val_loss = last_val
       save(step)
-    end
+    elseif step == last_step then save(step) end
     if log then log:write(json_line(entry), "\n") log:flush() end
     local eta = (o.steps - step) * elapsed / (step - start_step)
     local line = string.format("step %d/%d | loss %.4f%s | %.0f tok/s | ETA %s", step, o.steps, last_loss,
@@ -168,7 +171,7 @@ local function main(argv)
   end
   if log then log:close() end
   local wall = now() - t0
-  print(string.format("\ndone: %d steps in %s, %.0f tokens/s, final loss %.4f, val loss %s", o.steps - start_step,
+  print(string.format("\ndone: %d steps in %s, %.0f tokens/s, final loss %.4f, val loss %s", last_step - start_step,
                       fmt_time(wall), tokens / math.max(wall, 1e-9), last_loss or 0 / 0,
                       last_val and string.format("%.4f", last_val) or "n/a"))
   if o.sample > 0 then

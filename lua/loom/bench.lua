@@ -83,4 +83,26 @@ function M.table(header, rows)
   for _, r in ipairs(rows) do line(r) end
 end
 
+-- json(value): tables with string keys become objects, arrays stay arrays
+function M.json(v)
+  local t = type(v)
+  if t == "number" then
+    if v ~= v or math.abs(v) == math.huge then return "null" end
+    return string.format("%.6g", v)
+  end
+  if t == "string" then return string.format("%q", v) end
+  if t == "boolean" then return tostring(v) end
+  if t ~= "table" then return "null" end
+  local parts = {}
+  if #v > 0 or next(v) == nil then
+    for i = 1, #v do parts[i] = M.json(v[i]) end
+    return "[" .. table.concat(parts, ", ") .. "]"
+  end
+  local keys = {}
+  for k in pairs(v) do keys[#keys + 1] = tostring(k) end
+  table.sort(keys)
+  for i, k in ipairs(keys) do parts[i] = string.format("%q: %s", k, M.json(v[k])) end
+  return "{" .. table.concat(parts, ", ") .. "}"
+end
+
 return M

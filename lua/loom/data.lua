@@ -72,10 +72,23 @@ Sampler.__index = Sampler
 -- slice of a global batch of batch * world rows (data parallelism).
 function M.Sampler(ids, opts)
   T.check_tensor(ids, "Sampler", "ids")
+  if ids.dtype ~= "i64" or ids:dim() ~= 1 or not ids:is_contiguous() or ids.device ~= "cpu" then
+    T.argerror("Sampler", "ids", "a contiguous 1-D i64 CPU tensor",
+               string.format("a %d-D %s tensor on %s", ids:dim(), ids.dtype, ids.device))
+  end
   opts = opts or {}
   local self = setmetatable({ ids = ids, batch = opts.batch or 12, seq = opts.seq or 64,
     seed = opts.seed or 1337, counter = opts.counter or 0, rank = opts.rank or 0,
     world = opts.world or 1 }, Sampler)
+  for _, k in ipairs { "batch", "seq", "world" } do
+    local v = self[k]
+    if type(v) ~= "number" or v < 1 or v ~= math.floor(v) then
+      T.argerror("Sampler", k, "a positive integer", T.describe(v))
+    end
+  end
+  if type(self.rank) ~= "number" or self.rank < 0 or self.rank >= self.world or self.rank ~= math.floor(self.rank) then
+    T.argerror("Sampler", "rank", "an integer in [0, world)", T.describe(self.rank))
+  end
   if ids:numel() <= self.seq + 1 then
     error(string.format("Sampler: %d tokens are too few for sequences of %d", ids:numel(), self.seq), 2)
   end

@@ -77,6 +77,9 @@ local REDUCTION = { none = 0, mean = 1, sum = 2 }
 function F.cross_entropy(logits, target, opts)
   check(logits, "cross_entropy", "input")
   check(target, "cross_entropy", "target")
+  if logits.dist ~= nil and F.parallel_cross_entropy then   -- inside loss_parallel
+    return F.parallel_cross_entropy(logits, target, opts)
+  end
   opts = opts or {}
   local red = REDUCTION[opts.reduction or "mean"]
   if not red then T.argerror("cross_entropy", "reduction", "\"none\", \"mean\" or \"sum\"", T.describe(opts.reduction)) end

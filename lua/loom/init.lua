@@ -6,6 +6,7 @@ local T = require "loom.tensor"
 local ops = require "loom.tensor_ops"
 
 T.install()
+require "loom.autograd_hooks"   -- p:register_grad_ready_hook(fn)
 
 local loom = {
   C = lib.C,

@@ -1,20 +1,46 @@
 -- serialize.lua: loom.save / loom.load, one file holding a Lua value made of
--- tables, strings, numbers, booleans and tensors.
+-- tables, strings, numbers, booleans, 64-bit integer cdata and tensors.
 --
--- Format (little endian): "LOOM\1\n", then one record, then the FNV-1a
--- checksum (u64) of every byte before it. A record is a tag byte and data:
---   'n' f64 | 's' u32 length + bytes | 'b' u8 | 't' u32 count + count (key, value) records
---   'T' u8 dtype id, u8 ndim, i64 size per dim, then the elements, contiguous
--- Files are written under a temporary name and renamed, so a crash never
--- leaves a half-written file where a good one was.
+-- Format, version 2 (little endian):
+--   "LOOM" u8 version (2) "\n"      the magic
+--   u64 the file's total length in bytes
+--   one record
+--   u64 FNV-1a checksum (lm_fnv1a) of every byte before it
+-- A record is a tag byte and its data:
+--   'n' f64 | 's' u32 length + bytes | 'b' u8 (0 or 1)
+--   'i' int64_t cdata (8 bytes) | 'u' uint64_t cdata (8 bytes)
+--   't' u32 count, then count (key, value) records; keys are 'n' or 's'
+--   'T' u8 dtype id (lm_dtype: f32 f64 bf16 f16 i32 i64 bool = 0..6),
+--       u8 ndim (<= 8), i64 size per dim, then the elements, contiguous
+-- Table keys are written sorted (numbers first), so equal values make equal
+-- files. A file is written to PATH.tmp, flushed to disk and renamed over
+-- PATH, so a crash never leaves a half-written file where a good one was.
+-- load tells a truncated file (shorter than its header says) from a
+-- corrupt one (checksum mismatch) and from a file that is not loom's.
 local ffi = require "ffi"
 local T = require "loom.tensor"
 local C = require("loom.lib").C
+local libc = ffi.C
 
 local M = {}
-local MAGIC = "LOOM\1\n"
+local MAGIC = "LOOM\2\n"
+local HEAD = #MAGIC + 8           -- magic and length
+local MIN_SIZE = HEAD + 1 + 8     -- one record tag and the checksum
+
+for _, decl in ipairs {
+  "typedef struct FILE FILE;",
+  "FILE *fopen(const char *path, const char *mode);",
+  "size_t fwrite(const void *p, size_t size, size_t n, FILE *f);",
+  "int fflush(FILE *f);",
+  "int fileno(FILE *f);",
+  "int fsync(int fd);",
+  "int fclose(FILE *f);",
+} do pcall(ffi.cdef, decl) end
+
+local i64_ct, u64_ct = ffi.typeof("int64_t"), ffi.typeof("uint64_t")
 
 local function u32(n) local b = ffi.new("uint32_t[1]", n) return ffi.string(b, 4) end
+local function u64(n) local b = ffi.new("uint64_t[1]", n) return ffi.string(b, 8) end
 local function f64(n) local b = ffi.new("double[1]", n) return ffi.string(b, 8) end
 
 local function encode(v, out, path)
@@ -28,7 +54,12 @@ local function encode(v, out, path)
     local dims = ffi.new("int64_t[?]", math.max(1, c:dim()))
     for d = 1, c:dim() do dims[d - 1] = c:size(d) end
     out[#out + 1] = "T" .. string.char(c.dtype_, c:dim()) .. ffi.string(dims, 8 * c:dim())
-    out[#out + 1] = ffi.string(C.lm_data(c), c:numel() * C.lm_dtype_size(c.dtype_))
+    local nbytes = c:numel() * C.lm_dtype_size(c.dtype_)
+    if nbytes > 0 then out[#out + 1] = ffi.string(C.lm_data(c), nbytes) end
+  elseif tv == "cdata" and ffi.istype(i64_ct, v) then
+    out[#out + 1] = "i" .. ffi.string(ffi.new("int64_t[1]", v), 8)
+  elseif tv == "cdata" and ffi.istype(u64_ct, v) then
+    out[#out + 1] = "u" .. u64(v)
   elseif tv == "table" then
     local keys = {}
     for k in pairs(v) do
@@ -51,60 +82,87 @@ local function encode(v, out, path)
   end
 end
 
--- save(obj, path)
+-- writes s to path and flushes it to the disk; returns true or nil, err
+local function write_file(path, s)
+  local f = libc.fopen(path, "wb")
+  if f == nil then return nil, "cannot open for writing", false end
+  local ok = libc.fwrite(s, 1, #s, f) == #s and libc.fflush(f) == 0 and libc.fsync(libc.fileno(f)) == 0
+  if libc.fclose(f) ~= 0 then ok = false end
+  if not ok then return nil, "write failed (disk full?)", true end
+  return true
+end
+
+-- save(obj, path): the whole file is built in memory, written to path.tmp
+-- and renamed over path.
 function M.save(obj, path)
   if type(path) ~= "string" then T.argerror("save", "path", "a file name", T.describe(path)) end
-  local out = { MAGIC }
+  local out = {}
   encode(obj, out, "obj")
-  local body = table.concat(out)
-  local sum = ffi.new("uint64_t[1]", C.lm_fnv1a(body, #body, 0))
+  local rec = table.concat(out)
+  local body = MAGIC .. u64(HEAD + #rec + 8) .. rec
+  local sum = u64(C.lm_fnv1a(body, #body, 0))
   local tmp = path .. ".tmp"
-  local f, err = io.open(tmp, "wb")
-  if not f then error("save: cannot write " .. tmp .. ": " .. tostring(err), 2) end
-  local ok, werr = f:write(body, ffi.string(sum, 8))
-  f:close()
-  if not ok then os.remove(tmp) error("save: writing " .. tmp .. " failed: " .. tostring(werr), 2) end
+  local ok, err, created = write_file(tmp, body .. sum)
+  if not ok then
+    if created then os.remove(tmp) end
+    error("save: " .. tmp .. ": " .. err, 2)
+  end
   local rok, rerr = os.rename(tmp, path)
-  if not rok then error("save: cannot rename " .. tmp .. " to " .. path .. ": " .. tostring(rerr), 2) end
+  if not rok then
+    os.remove(tmp)
+    error("save: cannot rename " .. tmp .. " to " .. path .. ": " .. tostring(rerr), 2)
+  end
 end
 
 local function decoder(s, path)
-  local pos = #MAGIC + 1
-  local function need(n)
-    if pos + n - 1 > #s - 8 then error("load: " .. path .. " is truncated or corrupt", 0) end
-  end
+  local pos, stop = HEAD + 1, #s - 8
+  local function corrupt(what) error("load: " .. path .. " is corrupt (" .. what .. ")", 0) end
   local function take(n)
-    need(n)
+    if pos + n - 1 > stop then corrupt("a record runs past the end") end
     local chunk = s:sub(pos, pos + n - 1)
     pos = pos + n
     return chunk
   end
   local function rd(ct, n) return ffi.cast(ct, take(n))[0] end
-  local function decode()
+  local function decode(depth)
+    if depth > 200 then corrupt("tables nested too deep") end
     local tag = take(1)
     if tag == "n" then return tonumber(rd("double*", 8))
     elseif tag == "s" then return take(tonumber(rd("uint32_t*", 4)))
     elseif tag == "b" then return take(1) == "\1"
+    elseif tag == "i" then return ffi.new(i64_ct, rd("int64_t*", 8))
+    elseif tag == "u" then return ffi.new(u64_ct, rd("uint64_t*", 8))
     elseif tag == "t" then
       local t = {}
       for _ = 1, tonumber(rd("uint32_t*", 4)) do
-        local k = decode()
-        t[k] = decode()
+        local k = decode(depth + 1)
+        if type(k) ~= "string" and type(k) ~= "number" or k ~= k then corrupt("bad table key") end
+        t[k] = decode(depth + 1)
       end
       return t
     elseif tag == "T" then
       local dt, nd = take(1):byte(), take(1):byte()
-      if dt >= #T.dtypes or nd > 8 then error("load: " .. path .. " is corrupt (bad tensor header)", 0) end
+      if dt >= #T.dtypes or nd > 8 then corrupt("bad tensor header") end
       local size = {}
-      for d = 1, nd do size[d] = tonumber(rd("int64_t*", 8)) end
+      for d = 1, nd do
+        size[d] = tonumber(rd("int64_t*", 8))
+        if size[d] < 0 then corrupt("negative tensor size") end
+      end
+      local numel = 1
+      for d = 1, nd do numel = numel * size[d] end
+      local nbytes = numel * C.lm_dtype_size(dt)
+      if pos + nbytes - 1 > stop then corrupt("tensor data runs past the end") end
       local t = T.empty(size, { dtype = T.dtypes[dt + 1] })
-      local nbytes = t:numel() * C.lm_dtype_size(dt)
-      ffi.copy(C.lm_data(t), take(nbytes), nbytes)
+      if nbytes > 0 then ffi.copy(C.lm_data(t), take(nbytes), nbytes) end
       return t
     end
-    error("load: " .. path .. " is corrupt (unknown record)", 0)
+    corrupt(string.format("unknown record tag 0x%02x at byte %d", tag:byte(), pos - 1))
   end
-  return decode
+  return function()
+    local v = decode(0)
+    if pos ~= stop + 1 then corrupt("trailing bytes after the value") end
+    return v
+  end
 end
 
 -- load(path) -> obj
@@ -114,12 +172,24 @@ function M.load(path)
   if not f then error("load: cannot open " .. path .. ": " .. tostring(err), 2) end
   local s = f:read("*a")
   f:close()
-  if #s < #MAGIC + 9 or s:sub(1, #MAGIC) ~= MAGIC then
-    error("load: " .. path .. " is not a loom file (or is truncated)", 2)
+  if s:sub(1, 4) ~= "LOOM" then
+    if #s < 4 and s == ("LOOM"):sub(1, #s) then
+      error(string.format("load: %s is truncated (%d bytes)", path, #s), 2)
+    end
+    error("load: " .. path .. " is not a loom file (no LOOM header)", 2)
+  end
+  if #s >= #MAGIC and s:sub(1, #MAGIC) ~= MAGIC then
+    error(string.format("load: %s has an unsupported format version %d (this loom reads version %d)",
+                        path, s:byte(5), MAGIC:byte(5)), 2)
+  end
+  if #s < MIN_SIZE then error(string.format("load: %s is truncated (%d bytes)", path, #s), 2) end
+  local declared = tonumber(ffi.cast("uint64_t*", s:sub(#MAGIC + 1, HEAD))[0])
+  if #s < declared then
+    error(string.format("load: %s is truncated (%d of %d bytes)", path, #s, declared), 2)
   end
   local stored = ffi.cast("uint64_t*", s:sub(-8))[0]
-  if C.lm_fnv1a(s, #s - 8, 0) ~= stored then
-    error("load: " .. path .. " is corrupt or truncated (checksum mismatch)", 2)
+  if #s ~= declared or C.lm_fnv1a(s, #s - 8, 0) ~= stored then
+    error("load: " .. path .. " is corrupt (checksum mismatch)", 2)
   end
   local ok, v = pcall(decoder(s, path))
   if not ok then error(v, 2) end

@@ -1,7 +1,7 @@
 -- tensor_ops.lua: the math methods of Tensor and its Lua operators, each a
 -- thin call of one registry op.
 local T = require "loom.tensor"
-local Tensor, op, op1, cdim = T.Tensor, T.op, T.op1, T.cdim
+local Tensor, op, op1, op2, cdim = T.Tensor, T.op, T.op1, T.op2, T.cdim
 local as_tensor, check_tensor = T.as_tensor, T.check_tensor
 
 local M = {}
@@ -11,7 +11,7 @@ local function binary(name)
   return function(a, b)
     if type(a) == "number" then a = as_tensor(a, check_tensor(b, name, "argument #2"), name, "argument #1")
     else b = as_tensor(b, check_tensor(a, name, "argument #1"), name, "argument #2") end
-    return op(name, { a, b })
+    return op2(name, a, b)
   end
 end
 

@@ -222,10 +222,10 @@ end
 -- as replicated inside fn.
 function M.implicit_replication(fn, ...)
   local old = C.lm_set_implicit_replication(1)
-  local res = { n = select("#", ...), pcall(fn, ...) }
+  local res = (function(...) return { n = select("#", ...), ... } end)(pcall(fn, ...))
   C.lm_set_implicit_replication(old)
   if not res[1] then error(res[2], 0) end
-  return unpack(res, 2, res.n + 1)
+  return unpack(res, 2, res.n)
 end
 
 ---------------------------------------------------------------------------

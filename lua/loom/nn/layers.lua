@@ -117,7 +117,9 @@ function M.Sequential:forward(x)
   for _, kv in ipairs(self:named_children()) do x = kv[2](x) end
   return x
 end
-function M.Sequential:__len() return #self:named_children() end
+-- LuaJIT (Lua 5.1) ignores __len on tables: s:len() is the child count
+function M.Sequential:len() return #self:named_children() end
+M.Sequential.__len = M.Sequential.len
 
 -- ModuleList({m1, m2, ...}): children named 1, 2, ...; list[i] indexes
 M.ModuleList = Module:extend("ModuleList")
@@ -128,7 +130,8 @@ function M.ModuleList:append(m)
   self:register_module(tostring(#self:named_children() + 1), m)
   return self
 end
-function M.ModuleList:__len() return #self:named_children() end
+function M.ModuleList:len() return #self:named_children() end
+M.ModuleList.__len = M.ModuleList.len
 function M.ModuleList:at(i) return rawget(self, "_modules")[tostring(i)] end
 function M.ModuleList:ipairs()
   local children, i = self:named_children(), 0

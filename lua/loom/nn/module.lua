@@ -9,6 +9,8 @@ local Module = { __name = "Module" }
 
 -- Instances keep registered children in ordered tables; every other field
 -- is a plain Lua field.
+-- Children are named by strings: m[1] finds the child "1" (Sequential,
+-- ModuleList).
 local function index(self, k)
   local p = rawget(self, "_parameters")
   if p then
@@ -16,7 +18,7 @@ local function index(self, k)
     if v ~= nil then return v end
     v = rawget(self, "_buffers")[k]
     if v ~= nil then return v end
-    v = rawget(self, "_modules")[k]
+    v = rawget(self, "_modules")[type(k) == "number" and tostring(k) or k]
     if v ~= nil then return v end
   end
   return getmetatable(self)[k]
@@ -36,6 +38,7 @@ local function register(self, kind, name, v)
 end
 
 local function newindex(self, k, v)
+  if type(k) == "number" and is_module(v) then k = tostring(k) end
   local params, mods, bufs = rawget(self, "_parameters"), rawget(self, "_modules"), rawget(self, "_buffers")
   if params[k] ~= nil and (v == nil or T.is_tensor(v)) then params[k] = v return end
   if bufs[k] ~= nil and (v == nil or T.is_tensor(v)) then bufs[k] = v return end
@@ -47,14 +50,16 @@ end
 
 local function call(self, ...)
   local args = { n = select("#", ...), ... }
-  for _, hook in ipairs(rawget(self, "_pre_hooks")) do
-    local r = hook(self, args)
+  local pre, post = rawget(self, "_pre_hooks"), rawget(self, "_hooks")
+  -- copies, so that a hook may remove itself while they run
+  for _, hook in ipairs(#pre > 0 and { unpack(pre) } or pre) do
+    local r = hook[1](self, args)
     if r ~= nil then args = type(r) == "table" and not T.is_tensor(r) and r or { n = 1, r } end
     args.n = args.n or #args
   end
   local out = self:forward(unpack(args, 1, args.n))
-  for _, hook in ipairs(rawget(self, "_hooks")) do
-    local r = hook(self, args, out)
+  for _, hook in ipairs(#post > 0 and { unpack(post) } or post) do
+    local r = hook[1](self, args, out)
     if r ~= nil then out = r end
   end
   return out
@@ -119,12 +124,14 @@ end
 
 function Module:named_children() return ordered(self, "_modules") end
 
-local function named(self, kind)
+-- keep_duplicates: a tensor registered under several names (tied
+-- weights) is listed under each; otherwise once, under its first name.
+local function named(self, kind, keep_duplicates)
   local out, seen = {}, {}
   for _, mm in ipairs(self:named_modules()) do
     for _, kv in ipairs(ordered(mm[2], kind)) do
       local addr = tostring(ffi.cast("void*", kv[2]))
-      if not seen[addr] then   -- a tied parameter is listed once
+      if keep_duplicates or not seen[addr] then
         seen[addr] = true
         out[#out + 1] = { mm[1] == "" and kv[1] or mm[1] .. "." .. kv[1], kv[2] }
       end
@@ -156,11 +163,12 @@ function Module:get_submodule(fqn)
   return m
 end
 
--- state_dict(): FQN -> tensor (parameters and buffers, sharing storage)
+-- state_dict(): FQN -> tensor (parameters and buffers, sharing storage).
+-- As in PyTorch, a tied parameter appears under each of its names.
 function Module:state_dict()
   local sd = {}
-  for _, kv in ipairs(named(self, "_parameters")) do sd[kv[1]] = kv[2]:detach() end
-  for _, kv in ipairs(named(self, "_buffers")) do sd[kv[1]] = kv[2]:detach() end
+  for _, kv in ipairs(named(self, "_parameters", true)) do sd[kv[1]] = kv[2]:detach() end
+  for _, kv in ipairs(named(self, "_buffers", true)) do sd[kv[1]] = kv[2]:detach() end
   return sd
 end
 
@@ -170,8 +178,8 @@ function Module:load_state_dict(sd, opts)
   local strict = not (opts and opts.strict == false)
   if type(sd) ~= "table" then T.argerror("load_state_dict", "state_dict", "a table", T.describe(sd)) end
   local own, missing, unexpected, bad = {}, {}, {}, {}
-  for _, kv in ipairs(named(self, "_parameters")) do own[kv[1]] = kv[2] end
-  for _, kv in ipairs(named(self, "_buffers")) do own[kv[1]] = kv[2] end
+  for _, kv in ipairs(named(self, "_parameters", true)) do own[kv[1]] = kv[2] end
+  for _, kv in ipairs(named(self, "_buffers", true)) do own[kv[1]] = kv[2] end
   for k, t in pairs(own) do
     local v = sd[k]
     if v == nil then missing[#missing + 1] = k
@@ -210,9 +218,10 @@ end
 -- may return a new output. Each returns a handle with :remove().
 local function add_hook(list, fn)
   if type(fn) ~= "function" then T.argerror("register hook", "fn", "a function", T.describe(fn), 3) end
-  list[#list + 1] = fn
+  local entry = { fn }   -- removal finds this registration, not any equal fn
+  list[#list + 1] = entry
   return { remove = function()
-    for i, f in ipairs(list) do if f == fn then table.remove(list, i) return end end
+    for i, e in ipairs(list) do if e == entry then table.remove(list, i) return end end
   end }
 end
 function Module:register_forward_pre_hook(fn) return add_hook(rawget(self, "_pre_hooks"), fn) end

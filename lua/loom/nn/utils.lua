@@ -19,11 +19,11 @@ end
 -- global L2 norm is at most max_norm (PyTorch's rule: coef = max_norm /
 -- (norm + 1e-6), capped at 1); returns the norm before clipping.
 function M.clip_grad_norm_(params, max_norm)
+  if T.is_tensor(params) then params = { params } end
   if type(params) ~= "table" then T.argerror("clip_grad_norm_", "parameters", "a table of tensors", T.describe(params)) end
   if type(max_norm) ~= "number" or max_norm <= 0 then
     T.argerror("clip_grad_norm_", "max_norm", "a positive number", T.describe(max_norm))
   end
-  if T.is_tensor(params) then params = { params } end
   local norm = math.sqrt(M.grad_norm_squared(params))
   local coef = max_norm / (norm + 1e-6)
   if coef < 1 then

@@ -1,0 +1,102 @@
+-- autograd_hooks.lua: p:register_grad_ready_hook(fn), called once per
+-- backward when the gradient of the leaf p is complete (data parallelism
+-- starts p's all-reduce from it while backward goes on).
+--
+-- One C callback (lm_set_grad_ready_callback) serves every hook: it looks
+-- the leaf's address up in a Lua table. The callback is installed only while
+-- some hook is registered, so backward without hooks never calls into Lua.
+-- A hook table entry holds the tensor itself, so its address cannot be
+-- reused by another tensor while a hook is registered. An error raised by a
+-- hook is kept and re-raised by backward() once the C pass is over (errors
+-- must not unwind through C frames).
+local ffi = require "ffi"
+local jit = require "jit"
+local T = require "loom.tensor"
+local C = require("loom.lib").C
+
+local Tensor = T.Tensor
+
+-- The state lives in the Lua registry, so that a second load of this file
+-- (busted reloads modules between spec files, while the tensor metatype,
+-- and so the methods tensors see, stays the first load's) shares it.
+local REG = debug.getregistry()
+local S = REG["loom.autograd_hooks"]
+if not S then
+  S = { hooks = {},         -- address -> { tensor = p, fns = { {fn = f}, ... } }
+        count = 0,          -- registered hooks, all tensors together
+        callback = nil,     -- the one ffi callback, created on first use
+        pending_error = nil }
+  REG["loom.autograd_hooks"] = S
+end
+local hooks = S.hooks
+
+local function address(t) return tostring(ffi.cast("void*", t)) end
+
+local function dispatch(leaf)
+  local entry = hooks[address(leaf)]
+  if not entry then return end
+  local fns = { unpack(entry.fns) }   -- a hook may remove hooks
+  for _, h in ipairs(fns) do
+    if not h.removed then
+      local ok, err = pcall(h.fn, entry.tensor)
+      if not ok and S.pending_error == nil then S.pending_error = err end
+    end
+  end
+end
+
+local function install(on)
+  if on then
+    S.callback = S.callback or ffi.cast("lm_grad_ready_fn", dispatch)
+    C.lm_set_grad_ready_callback(S.callback)
+  else
+    C.lm_set_grad_ready_callback(nil)
+  end
+end
+
+-- p:register_grad_ready_hook(fn) -> handle with :remove(); fn(p) runs
+-- after p.grad holds this backward's complete gradient.
+function Tensor.register_grad_ready_hook(p, fn)
+  T.check_tensor(p, "register_grad_ready_hook", "self")
+  if type(fn) ~= "function" then
+    T.argerror("register_grad_ready_hook", "fn", "a function", T.describe(fn))
+  end
+  if not p.requires_grad or not p.is_leaf then
+    T.argerror("register_grad_ready_hook", "self", "a leaf tensor that requires grad",
+               p.requires_grad and "a non-leaf tensor" or "a tensor that does not require grad")
+  end
+  local key = address(p)
+  local entry = hooks[key]
+  if not entry then
+    entry = { tensor = p, fns = {} }
+    hooks[key] = entry
+  end
+  local h = { fn = fn }
+  entry.fns[#entry.fns + 1] = h
+  S.count = S.count + 1
+  if S.count == 1 then install(true) end
+  return { remove = function()
+    if h.removed then return end
+    h.removed = true
+    for i, x in ipairs(entry.fns) do if x == h then table.remove(entry.fns, i) break end end
+    if #entry.fns == 0 and hooks[key] == entry then hooks[key] = nil end
+    S.count = S.count - 1
+    if S.count == 0 then install(false) end
+  end }
+end
+
+-- backward runs the C pass from the interpreter (a C->Lua callback from a
+-- JIT-compiled FFI call is not allowed), then re-raises a hook's error.
+local backward = Tensor.backward
+jit.off(backward)
+function Tensor.backward(x, grad)
+  S.pending_error = nil
+  backward(x, grad)
+  if S.pending_error ~= nil then
+    local err = S.pending_error
+    S.pending_error = nil
+    error(err, 0)
+  end
+end
+jit.off(Tensor.backward)
+
+return { count = function() return S.count end }

@@ -1,0 +1,101 @@
+-- loom.parallel: tensor parallelism with the semantics of PyTorch's
+-- torch.distributed.tensor.parallel: parallelize_module resolves a plan and
+-- calls each style's apply; the styles do the rest.
+local T = require "loom.tensor"
+local S = require "loom.parallel.style"
+local styles = require "loom.parallel.styles"
+local prepare = require "loom.parallel.prepare"
+
+local M = { ParallelStyle = S.ParallelStyle }
+for k, v in pairs(styles) do M[k] = v end
+for k, v in pairs(prepare) do M[k] = v end
+
+local function warn(msg)
+  local C = require("loom").C
+  if C.lm_dist_rank() == 0 then io.stderr:write("loom warning: ", msg, "\n") end
+end
+
+-- fnmatch on one FQN atom: * ? [seq] [!seq]
+local function fnmatch(name, pattern)
+  local p = pattern:gsub("[%^%$%(%)%%%.%+%-]", "%%%0")
+  p = p:gsub("%[!", "[^"):gsub("%*", ".*"):gsub("%?", ".")
+  return name:match("^" .. p .. "$") ~= nil
+end
+M.fnmatch = fnmatch
+
+local function is_style(v) return type(v) == "table" and getmetatable(v) and v.apply ~= nil and v.__name ~= nil end
+
+local function apply(style, module, mesh, fqn, src)
+  S.claim(module, style, fqn)
+  style._src_data_rank = src
+  style:apply(module, mesh, fqn)
+end
+
+-- Applies style to every submodule of `module` whose path matches the
+-- atoms; returns the number matched.
+local function walk(module, atoms, i, style, mesh, prefix, src)
+  if i > #atoms then
+    apply(style, module, mesh, prefix, src)
+    return 1
+  end
+  local n = 0
+  for _, kv in ipairs(module:named_children()) do
+    if fnmatch(kv[1], atoms[i]) then
+      n = n + walk(kv[2], atoms, i + 1, style, mesh, prefix == "" and kv[1] or prefix .. "." .. kv[1], src)
+    end
+  end
+  return n
+end
+
+-- parallelize_module(module, device_mesh, plan, {src_data_rank=0}):
+-- plan is a ParallelStyle (for module itself) or a table from FQN pattern
+-- ("layers.*.attention.wq", "" for the root) to ParallelStyle. The mesh
+-- must be 1-D (pass mesh["tp"]); nil uses the ambient mesh (mesh:use).
+-- src_data_rank = false distributes with no communication.
+function M.parallelize_module(module, mesh, plan, opts)
+  local Module = require "loom.nn.module"
+  if not Module.is_module(module) then T.argerror("parallelize_module", "module", "an nn.Module", T.describe(module)) end
+  local dist = require "loom.distributed"
+  mesh = mesh or dist.current_mesh()
+  if mesh == nil then error("parallelize_module: no device_mesh given and no ambient mesh (mesh:use)", 2) end
+  if not dist.is_mesh(mesh) then T.argerror("parallelize_module", "device_mesh", "a DeviceMesh", T.describe(mesh)) end
+  if mesh.ndim ~= 1 then
+    error(string.format("parallelize_module: expected a 1-D device mesh, got a %d-D one; pass the tensor-parallel "
+                        .. "sub-mesh, e.g. mesh[\"tp\"]", mesh.ndim), 2)
+  end
+  opts = opts or {}
+  local src = opts.src_data_rank
+  if src == nil then src = 0 elseif src == false then src = nil end
+  if plan == nil then
+    warn("parallelize_module: no parallelize_plan given; the module is unchanged")
+    return module
+  end
+  if is_style(plan) then
+    apply(plan, module, mesh, "", src)
+    return module
+  end
+  if type(plan) ~= "table" then
+    T.argerror("parallelize_module", "parallelize_plan", "a ParallelStyle or a table of FQN = ParallelStyle",
+               T.describe(plan))
+  end
+  local keys = {}
+  for k, v in pairs(plan) do
+    if type(k) ~= "string" then T.argerror("parallelize_module", "parallelize_plan", "string keys (FQN patterns)", T.describe(k)) end
+    if not is_style(v) then T.argerror("parallelize_module", "parallelize_plan[" .. k .. "]", "a ParallelStyle", T.describe(v)) end
+    keys[#keys + 1] = k
+  end
+  table.sort(keys) -- parents before children: "" < "layers" < "layers.1"
+  for _, k in ipairs(keys) do
+    local atoms = {}
+    for atom in k:gmatch("[^.]+") do atoms[#atoms + 1] = atom end
+    if walk(module, atoms, 1, plan[k], mesh, "", src) == 0 then
+      warn(string.format("parallelize_module: the plan key %q matches no submodule", k))
+    end
+  end
+  return module
+end
+
+M.loss_parallel = require("loom.parallel.loss").loss_parallel
+M.replicate = function(...) return require("loom.parallel.data").replicate(...) end
+
+return M

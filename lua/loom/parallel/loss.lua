@@ -1,0 +1,94 @@
+-- loss.lua: loss_parallel: cross_entropy on logits sharded on the class dim
+-- without gathering them (Megatron's vocab-parallel cross entropy). Forward
+-- all-reduces the row max, the sum of exponentials and the target logit
+-- (and, with label smoothing, the logit sum); backward needs none.
+local ffi = require "ffi"
+local loom = require "loom"
+local T = require "loom.tensor"
+local dt = require "loom.distributed.dtensor"
+local F = require "loom.functional"
+local C = loom.C
+
+local M = {}
+local SUM, MAX = 0, 2
+
+local function vocab_parallel_cross_entropy(logits, target, opts)
+  local fname = "cross_entropy (loss_parallel)"
+  local mesh = logits.device_mesh
+  local nd = logits:dim()
+  if mesh.ndim ~= 1 or not logits.placements[1]:is_shard(nd) then
+    error(fname .. ": expected logits sharded on the class dim (Shard(-1)) of a 1-D mesh, got "
+          .. tostring(logits.placements[1]), 3)
+  end
+  if dt.is_dtensor(target) then target = target:full_tensor() end
+  if target.dtype ~= "i64" and target.dtype ~= "i32" then
+    error(fname .. ": loss_parallel expects class ids as targets (i64), got " .. target.dtype, 3)
+  end
+  opts = opts or {}
+  local reduction = opts.reduction or "mean"
+  if reduction ~= "mean" and reduction ~= "sum" and reduction ~= "none" then
+    T.argerror(fname, "reduction", "\"none\", \"mean\" or \"sum\"", T.describe(reduction), 3)
+  end
+  local eps, ignore = opts.label_smoothing or 0, opts.ignore_index or -100
+  local ncls = logits:size(nd)
+  local comm = tonumber(ffi.cast("intptr_t", mesh:get_group(1).comm))
+  local function all_reduce(x, op) return T.op("_dist_all_reduce", { x }, { comm, op }) end
+  local k, r = mesh:size(1), mesh:get_local_rank(1)
+  local offset, nloc = tonumber(C.lm_chunk_offset(ncls, k, r)), tonumber(C.lm_chunk_size(ncls, k, r))
+
+  local lead = logits:size()
+  table.remove(lead)
+  local l = logits:to_local():reshape(-1, nloc)              -- (N, C_local)
+  local ids = target:reshape(-1):to("i64")
+  if ids:numel() ~= l:size(1) then
+    error(string.format("%s: %d targets for %d rows of logits", fname, ids:numel(), l:size(1)), 3)
+  end
+  local valid = ids:ne(ignore)
+  local z
+  do -- shift by the global row max (no gradient: the loss does not depend on it)
+    local m = loom.no_grad(function()
+      local lm = nloc > 0 and l:detach():max(2, true) or loom.full({ l:size(1), 1 }, -math.huge, { dtype = l.dtype })
+      return all_reduce(lm, MAX)
+    end)
+    z = l - m
+  end
+  local lse = all_reduce(z:exp():sum(2, true), SUM):log():reshape(-1)          -- (N)
+  local cls = loom.arange(offset + 1, offset + nloc + 1, { dtype = "i64" }):view(1, nloc)
+  local onehot = cls:eq(ids:view(-1, 1)):to(z.dtype)                           -- (N, C_local)
+  local picked = all_reduce((z * onehot):sum(2), SUM)                          -- (N)
+  local w_local, w_target = nil, nil
+  if opts.weight ~= nil then
+    local w = dt.is_dtensor(opts.weight) and opts.weight:full_tensor() or opts.weight
+    w_local = w:narrow(1, offset + 1, nloc):to(z.dtype):view(1, nloc)
+    w_target = loom.no_grad(function() return all_reduce((onehot * w_local):sum(2), SUM) end)
+  end
+  local vf = valid:to(z.dtype)
+  local nll = (lse - picked) * (w_target or 1) * vf
+  local loss = nll
+  local smooth = nil
+  if eps > 0 then -- sum_c w_c (lse - z_c) = lse * sum(w) - sum_c w_c z_c
+    local wz = all_reduce((w_local and z * w_local or z):sum(2), SUM)
+    local wsum = w_local and loom.no_grad(function() return all_reduce(w_local:sum(), SUM) end) or ncls
+    smooth = (lse * wsum - wz) * vf
+    loss = nll * (1 - eps) + smooth * (eps / ncls)
+  end
+  if reduction == "none" then return loss:reshape(lead) end
+  local total = loss:sum()
+  if reduction == "sum" then return total end
+  local denom = w_target and (w_target * vf):sum() or vf:sum()
+  return total / denom
+end
+
+-- loss_parallel(fn, ...): runs fn with F.cross_entropy taking logits that
+-- are DTensors sharded on the class dim. Plain logits behave as usual.
+function M.loss_parallel(fn, ...)
+  if type(fn) ~= "function" then T.argerror("loss_parallel", "fn", "a function", T.describe(fn)) end
+  local old = F.parallel_cross_entropy
+  F.parallel_cross_entropy = vocab_parallel_cross_entropy
+  local res = { n = select("#", ...), pcall(fn, ...) }
+  F.parallel_cross_entropy = old
+  if not res[1] then error(res[2], 0) end
+  return unpack(res, 2, res.n + 1)
+end
+
+return M

@@ -1,0 +1,118 @@
+-- prepare.lua: PrepareModuleInput, PrepareModuleOutput and
+-- PrepareModuleInputOutput: lay out a module's inputs or outputs without
+-- sharding its parameters. Named inputs arrive in a trailing table argument.
+local T = require "loom.tensor"
+local S = require "loom.parallel.style"
+
+local M = {}
+
+local function check_lengths(style, a_name, a, b_name, b)
+  if (a == nil) ~= (b == nil) then
+    error(string.format("%s: %s and %s must be given together", style, a_name, b_name), 4)
+  end
+  if a and a.n ~= b.n then
+    error(string.format("%s: %s has %d entries but %s has %d", style, a_name, a.n, b_name, b.n), 4)
+  end
+end
+
+-- named layouts: { name = placement }
+local function named(style, name, v)
+  if v == nil then return nil end
+  if type(v) ~= "table" then T.argerror(style, name, "a table of name = placement", T.describe(v), 4) end
+  return v
+end
+
+local function input_hook(self, mesh)
+  return function(_, args)
+    local n = args.n or #args
+    local kwargs = n > 0 and type(args[n]) == "table" and not T.is_tensor(args[n]) and args[n] or nil
+    local npos = kwargs and n - 1 or n
+    if self.input_layouts then
+      if npos < self.input_layouts.n then
+        error(string.format("PrepareModuleInput: the module got %d inputs, input_layouts has %d", npos,
+                            self.input_layouts.n), 3)
+      end
+      for i = 1, self.input_layouts.n do
+        if self.input_layouts[i] ~= nil then
+          args[i] = S.prepare(args[i], mesh, self.input_layouts[i], self.desired_input_layouts[i], self.use_local_output)
+        end
+      end
+    end
+    if self.input_kwarg_layouts and kwargs then
+      for k, from in pairs(self.input_kwarg_layouts) do
+        kwargs[k] = S.prepare(kwargs[k], mesh, from, self.desired_input_kwarg_layouts[k], self.use_local_output)
+      end
+    end
+    return args
+  end
+end
+
+local function output_hook(self, mesh)
+  return function(_, _, out)
+    local single = T.is_tensor(out)
+    local outs = single and { out } or out
+    if type(outs) ~= "table" then return out end
+    if #outs ~= self.output_layouts.n then
+      error(string.format("PrepareModuleOutput: the module returned %d outputs, output_layouts has %d", #outs,
+                          self.output_layouts.n), 3)
+    end
+    for i = 1, self.output_layouts.n do
+      if self.output_layouts[i] ~= nil then
+        outs[i] = S.prepare(outs[i], mesh, self.output_layouts[i], self.desired_output_layouts[i], self.use_local_output)
+      end
+    end
+    return single and outs[1] or outs
+  end
+end
+
+-- PrepareModuleInput{input_layouts, desired_input_layouts, input_kwarg_layouts,
+-- desired_input_kwarg_layouts, use_local_output=false}
+M.PrepareModuleInput = S.ParallelStyle:extend("PrepareModuleInput")
+function M.PrepareModuleInput:__init(o)
+  local n = "PrepareModuleInput"
+  self.input_layouts = S.layouts(n, "input_layouts", o.input_layouts)
+  self.desired_input_layouts = S.layouts(n, "desired_input_layouts", o.desired_input_layouts)
+  check_lengths(n, "input_layouts", self.input_layouts, "desired_input_layouts", self.desired_input_layouts)
+  self.input_kwarg_layouts = named(n, "input_kwarg_layouts", o.input_kwarg_layouts)
+  self.desired_input_kwarg_layouts = named(n, "desired_input_kwarg_layouts", o.desired_input_kwarg_layouts) or {}
+  self.use_local_output = o.use_local_output == true
+end
+function M.PrepareModuleInput:apply(module, mesh)
+  module:register_forward_pre_hook(input_hook(self, mesh))
+  return module
+end
+
+-- PrepareModuleOutput{output_layouts, desired_output_layouts, use_local_output=true}
+M.PrepareModuleOutput = S.ParallelStyle:extend("PrepareModuleOutput")
+function M.PrepareModuleOutput:__init(o)
+  local n = "PrepareModuleOutput"
+  self.output_layouts = S.layouts(n, "output_layouts", o.output_layouts)
+  self.desired_output_layouts = S.layouts(n, "desired_output_layouts", o.desired_output_layouts)
+  if not self.output_layouts then error(n .. ": output_layouts is required", 3) end
+  check_lengths(n, "output_layouts", self.output_layouts, "desired_output_layouts", self.desired_output_layouts)
+  self.use_local_output = o.use_local_output ~= false
+end
+function M.PrepareModuleOutput:apply(module, mesh)
+  module:register_forward_hook(output_hook(self, mesh))
+  return module
+end
+
+-- PrepareModuleInputOutput{...both sets...; use_local_input=false, use_local_output=true}
+M.PrepareModuleInputOutput = S.ParallelStyle:extend("PrepareModuleInputOutput")
+function M.PrepareModuleInputOutput:__init(o)
+  self._input = M.PrepareModuleInput{ input_layouts = o.input_layouts, desired_input_layouts = o.desired_input_layouts,
+    input_kwarg_layouts = o.input_kwarg_layouts, desired_input_kwarg_layouts = o.desired_input_kwarg_layouts,
+    use_local_output = o.use_local_input }
+  self._output = M.PrepareModuleOutput{ output_layouts = o.output_layouts,
+    desired_output_layouts = o.desired_output_layouts, use_local_output = o.use_local_output }
+end
+function M.PrepareModuleInputOutput:apply(module, mesh)
+  self._input:apply(module, mesh)
+  self._output:apply(module, mesh)
+  return module
+end
+function M.PrepareModuleInputOutput:repr()
+  return "PrepareModuleInputOutput(" .. self._input:repr() .. ", " .. self._output:repr() .. ")"
+end
+
+return M

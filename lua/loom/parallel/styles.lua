@@ -1,0 +1,135 @@
+-- styles.lua: ColwiseParallel, RowwiseParallel, SequenceParallel and
+-- PairwiseParallel, with PyTorch's defaults and semantics (dims are Lua's:
+-- PyTorch Shard(0) is Shard(1) here, sequence_dim 1 is 2).
+local dt = require "loom.distributed.dtensor"
+local S = require "loom.parallel.style"
+
+local Shard, Replicate = dt.Shard, dt.Replicate
+local M = {}
+
+local function kind(module) return module.__name end
+
+local function distribute(style, mesh, placement)
+  return function(_, p)
+    return dt.distribute_tensor(p, mesh, { placement }, { src_data_rank = style._src_data_rank })
+  end
+end
+
+-- input hook: the first input laid out as input_layout, moved to desired
+local function input_hook(mesh, from, to)
+  return function(_, args)
+    args[1] = S.prepare(args[1], mesh, from, to, false)
+    return args
+  end
+end
+
+local function output_hook(mesh, to, use_local)
+  return function(_, _, out) return S.prepare(out, mesh, nil, to, use_local) end
+end
+
+local function unsupported(style, module, fqn)
+  error(string.format("%s: %s is a %s; it supports Linear and Embedding", style.__name,
+                      fqn ~= "" and fqn or "the module", kind(module)), 4)
+end
+
+---------------------------------------------------------------------------
+-- ColwiseParallel{input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=true}
+-- Linear: weight (out, in) sharded on out (Shard(1)), bias too; Embedding:
+-- the embedding dim (Shard(2)).
+M.ColwiseParallel = S.ParallelStyle:extend("ColwiseParallel")
+function M.ColwiseParallel:__init(o)
+  self.input_layouts = S.layout("ColwiseParallel", "input_layouts", o.input_layouts, Replicate())
+  self.output_layouts = S.layout("ColwiseParallel", "output_layouts", o.output_layouts, Shard(-1))
+  self.use_local_output = o.use_local_output ~= false
+end
+function M.ColwiseParallel:apply(module, mesh, fqn)
+  local k = kind(module)
+  if k ~= "Linear" and k ~= "Embedding" then unsupported(self, module, fqn or "") end
+  S.shard_parameters(module, distribute(self, mesh, k == "Embedding" and Shard(2) or Shard(1)))
+  module:register_forward_pre_hook(input_hook(mesh, self.input_layouts, Replicate()))
+  module:register_forward_hook(output_hook(mesh, self.output_layouts, self.use_local_output))
+  return module
+end
+
+---------------------------------------------------------------------------
+-- RowwiseParallel{input_layouts=Shard(-1), output_layouts=Replicate(), use_local_output=true}
+-- Linear: weight sharded on in (Shard(2)), bias replicated and added once;
+-- Embedding: the vocabulary (Shard(1)), out-of-shard ids masked; input
+-- Replicate. The product is Partial until the output layout reduces it.
+M.RowwiseParallel = S.ParallelStyle:extend("RowwiseParallel")
+function M.RowwiseParallel:__init(o)
+  self.input_layouts = S.layout("RowwiseParallel", "input_layouts", o.input_layouts, nil)
+  self.output_layouts = S.layout("RowwiseParallel", "output_layouts", o.output_layouts, Replicate())
+  self.use_local_output = o.use_local_output ~= false
+end
+function M.RowwiseParallel:apply(module, mesh, fqn)
+  local k = kind(module)
+  if k ~= "Linear" and k ~= "Embedding" then unsupported(self, module, fqn or "") end
+  local linear = k == "Linear"
+  S.shard_parameters(module, function(name, p)
+    local pl = linear and (name == "bias" and Replicate() or Shard(2)) or Shard(1)
+    return distribute(self, mesh, pl)(name, p)
+  end)
+  local from = self.input_layouts or (linear and Shard(-1) or Replicate())
+  module:register_forward_pre_hook(input_hook(mesh, from, linear and Shard(-1) or Replicate()))
+  module:register_forward_hook(output_hook(mesh, self.output_layouts, self.use_local_output))
+  return module
+end
+
+---------------------------------------------------------------------------
+-- SequenceParallel{sequence_dim=2, use_local_output=false}: LayerNorm,
+-- RMSNorm, Dropout run on sequence shards; their parameters are replicated
+-- (from_local: they must already be equal on every rank, as their ones /
+-- zeros initialisation makes them).
+M.SequenceParallel = S.ParallelStyle:extend("SequenceParallel")
+function M.SequenceParallel:__init(o)
+  local d = o.sequence_dim or 2
+  if type(d) ~= "number" or d == 0 or d ~= math.floor(d) then
+    error("SequenceParallel: sequence_dim expected a non-zero integer (1-based), got " .. tostring(d), 3)
+  end
+  self.sequence_dim = d
+  self.use_local_output = o.use_local_output == true
+end
+local SP_OK = { LayerNorm = true, RMSNorm = true, Dropout = true }
+function M.SequenceParallel:apply(module, mesh, fqn)
+  if not SP_OK[kind(module)] then
+    error(string.format("SequenceParallel: %s is a %s; it supports LayerNorm, RMSNorm and Dropout",
+                        (fqn or "") ~= "" and fqn or "the module", kind(module)), 3)
+  end
+  S.shard_parameters(module, function(_, p)
+    local d = dt.from_local(p:detach(), mesh, { Replicate() })
+    return d:requires_grad_(p.requires_grad)
+  end)
+  local seq = Shard(self.sequence_dim)
+  module:register_forward_pre_hook(function(_, args)
+    local x = args[1]
+    if dt.is_dtensor(x) then args[1] = S.prepare(x, mesh, nil, seq, false)
+    elseif x ~= nil then args[1] = dt.from_local(x, mesh, { seq }) end
+    return args
+  end)
+  module:register_forward_hook(output_hook(mesh, nil, self.use_local_output))
+  return module
+end
+
+---------------------------------------------------------------------------
+-- PairwiseParallel (PyTorch's original API): on a two-layer MLP, the first
+-- Linear Colwise and the second Rowwise; input and output replicated.
+M.PairwiseParallel = S.ParallelStyle:extend("PairwiseParallel")
+function M.PairwiseParallel:__init() end
+function M.PairwiseParallel:apply(module, mesh, fqn)
+  local linears = {}
+  for _, kv in ipairs(module:named_children()) do
+    if kind(kv[2]) == "Linear" then linears[#linears + 1] = kv[2] end
+  end
+  if #linears ~= 2 then
+    error(string.format("PairwiseParallel: %s must have exactly two Linear children, it has %d",
+                        (fqn or "") ~= "" and fqn or "the module", #linears), 3)
+  end
+  local col, row = M.ColwiseParallel{}, M.RowwiseParallel{}
+  col._src_data_rank, row._src_data_rank = self._src_data_rank, self._src_data_rank
+  col:apply(linears[1], mesh)
+  row:apply(linears[2], mesh)
+  return module
+end
+
+return M
