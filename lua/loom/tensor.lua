@@ -341,6 +341,27 @@ local function scalar_for(v, like)
 end
 M.scalar_for = scalar_for
 
+-- x (op) v, or v (op) x when swap, for a Lua number v: v becomes a 0-dim
+-- tensor in the dtype the op computes in (f64 for f64 tensors, else f32;
+-- the integer rules of scalar_for), freed right after the call: no
+-- finalizer, no cast.
+local function op2n(name, x, v, swap)
+  if v == true or v == false then v = v and 1 or 0 end
+  local dt = x.dtype_
+  if dt >= 4 and v ~= math.floor(v) then dt = 1 end
+  if dt == 6 then dt = 5 end
+  local s = C.lm_empty(0, nil, (dt == 2 or dt == 3) and 0 or dt, x.device_)
+  if s == nil then c_error(3) end
+  C.lm_fill_(s, v)
+  if swap then inbuf[0], inbuf[1] = s, x else inbuf[0], inbuf[1] = x, s end
+  attrs.ni, attrs.nf = 0, 0
+  local n = C.lm_op_call(op_ids[name], 2, inbuf, attrs, 4, outbuf)
+  C.lm_release(s)
+  if n < 0 then c_error(3) end
+  return wrap(outbuf[0])
+end
+M.op2n = op2n
+
 local function as_tensor(v, like, fname, argname)
   if type(v) == "number" then return scalar_for(v, like) end
   if type(v) == "boolean" then return scalar_for(v and 1 or 0, like) end
@@ -568,6 +589,7 @@ function props.grad_fn(x)
 end
 
 local function pack(...) return { n = select("#", ...), ... } end
+M.pack = pack
 
 -- Runs fn(...) without recording autograd; the mode is restored on error.
 function M.no_grad(fn, ...)

@@ -131,6 +131,50 @@ end
 
 function M.new(cfg) return Transformer(cfg) end
 
+-- tp_plan({sequence_parallel, loss_parallel, tp}): the tensor-parallel plan of
+-- the model, as in PyTorch's Llama example: the embedding Rowwise (vocab
+-- parallel), wq/wk/wv and w1/w3 Colwise, wo and w2 Rowwise, the norms
+-- SequenceParallel when asked, the output Colwise (kept as a DTensor sharded
+-- on the vocabulary for loss_parallel). With tp given, the head counts are
+-- checked against it.
+function M.tp_plan(opts, model)
+  opts = opts or {}
+  local tp = require "loom.parallel"
+  local dt = require "loom.distributed.dtensor"
+  local Shard, Replicate = dt.Shard, dt.Replicate
+  if model and opts.tp then
+    local c = model.config
+    for _, kv in ipairs { { "n_heads", c.n_heads }, { "n_kv_heads", c.n_kv_heads } } do
+      if kv[2] % opts.tp ~= 0 then
+        error(string.format("tp_plan: %s (%d) must divide by the tensor-parallel degree (%d)", kv[1], kv[2], opts.tp), 2)
+      end
+    end
+  end
+  local sp, lp = opts.sequence_parallel, opts.loss_parallel
+  local plan = {
+    ["layers.*.attention.wq"] = tp.ColwiseParallel{},
+    ["layers.*.attention.wk"] = tp.ColwiseParallel{},
+    ["layers.*.attention.wv"] = tp.ColwiseParallel{},
+    ["layers.*.attention.wo"] = tp.RowwiseParallel{ output_layouts = sp and Shard(2) or nil },
+    ["layers.*.feed_forward.w1"] = tp.ColwiseParallel{},
+    ["layers.*.feed_forward.w2"] = tp.RowwiseParallel{ output_layouts = sp and Shard(2) or nil },
+    ["layers.*.feed_forward.w3"] = tp.ColwiseParallel{},
+    tok_embeddings = tp.RowwiseParallel{ input_layouts = Replicate(), output_layouts = sp and Shard(2) or Replicate() },
+    output = tp.ColwiseParallel{ input_layouts = sp and Shard(2) or Replicate(),
+                                 output_layouts = lp and Shard(-1) or Replicate(), use_local_output = not lp },
+  }
+  if sp then
+    plan["layers.*.attention_norm"] = tp.SequenceParallel{}
+    plan["layers.*.ffn_norm"] = tp.SequenceParallel{}
+    plan.norm = tp.SequenceParallel{}
+    plan["layers.*.attention"] = tp.PrepareModuleInput{ input_layouts = { Shard(2), n = 3 },
+                                                         desired_input_layouts = { Replicate(), n = 3 } }
+    plan["layers.*.feed_forward"] = tp.PrepareModuleInput{ input_layouts = { Shard(2) },
+                                                            desired_input_layouts = { Replicate() } }
+  end
+  return plan
+end
+
 -- generate(model, ids (1, T), n, {temperature=1, top_k}): appends n sampled
 -- ids; the draws come from loom's RNG (loom.manual_seed reproduces them).
 function M.generate(model, ids, n, opts)

@@ -32,6 +32,10 @@ function AdamW:step()
   loom.no_grad(function()
     for i, p in ipairs(self.params) do
       local g = p.grad
+      if p.dist ~= nil then   -- DTensors update shard by shard
+        p = p:to_local()
+        g = g and g:to_local()
+      end
       if g ~= nil then
         local s = self.state[i]
         if s == nil then

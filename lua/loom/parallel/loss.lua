@@ -85,10 +85,10 @@ function M.loss_parallel(fn, ...)
   if type(fn) ~= "function" then T.argerror("loss_parallel", "fn", "a function", T.describe(fn)) end
   local old = F.parallel_cross_entropy
   F.parallel_cross_entropy = vocab_parallel_cross_entropy
-  local res = { n = select("#", ...), pcall(fn, ...) }
+  local res = T.pack(pcall(fn, ...))
   F.parallel_cross_entropy = old
   if not res[1] then error(res[2], 0) end
-  return unpack(res, 2, res.n + 1)
+  return unpack(res, 2, res.n)
 end
 
 return M
