@@ -25,7 +25,8 @@ if not S then
   S = { hooks = {},         -- address -> { tensor = p, fns = { {fn = f}, ... } }
         count = 0,          -- registered hooks, all tensors together
         callback = nil,     -- the one ffi callback, created on first use
-        pending_error = nil }
+        pending_error = nil,
+        queued = {} }       -- callbacks to run once the current backward ends
   REG["loom.autograd_hooks"] = S
 end
 local hooks = S.hooks
@@ -91,6 +92,12 @@ jit.off(backward)
 function Tensor.backward(x, grad)
   S.pending_error = nil
   backward(x, grad)
+  local queued = S.queued
+  S.queued = {}
+  for _, fn in ipairs(queued) do   -- e.g. data parallelism waits for its reductions
+    local ok, err = pcall(fn)
+    if not ok and S.pending_error == nil then S.pending_error = err end
+  end
   if S.pending_error ~= nil then
     local err = S.pending_error
     S.pending_error = nil
@@ -99,4 +106,11 @@ function Tensor.backward(x, grad)
 end
 jit.off(Tensor.backward)
 
-return { count = function() return S.count end }
+-- queue_callback(fn): fn() runs once when the backward in progress ends
+-- (PyTorch's engine queue_callback); hooks use it to finish their work.
+local function queue_callback(fn)
+  S.queued = S.queued or {}
+  S.queued[#S.queued + 1] = fn
+end
+
+return { count = function() return S.count end, queue_callback = queue_callback }

@@ -1,0 +1,75 @@
+-- data.lua: data parallelism composed with tensor parallelism. replicate()
+-- broadcasts the parameters over the data-parallel mesh once, then averages
+-- gradients over it with bucketed all-reduces launched from the grad-ready
+-- hooks while backward goes on; the last waits run when backward ends.
+local loom = require "loom"
+local T = require "loom.tensor"
+local dist = require "loom.distributed"
+local hooks = require "loom.autograd_hooks"
+
+local M = {}
+
+local function shard(t) return t.dist ~= nil and t:to_local() or t end
+
+-- replicate(model, dp_mesh, {bucket_cap_mb=25}): call it before or after
+-- parallelize_module on the tp mesh; dp_mesh is 1-D (mesh["dp"]).
+function M.replicate(model, mesh, opts)
+  local Module = require "loom.nn.module"
+  if not Module.is_module(model) then T.argerror("replicate", "module", "an nn.Module", T.describe(model)) end
+  if not dist.is_mesh(mesh) or mesh.ndim ~= 1 then
+    T.argerror("replicate", "device_mesh", "a 1-D DeviceMesh (e.g. mesh[\"dp\"])", T.describe(mesh))
+  end
+  opts = opts or {}
+  local cap = (opts.bucket_cap_mb or 25) * 2^20
+  local params = {}
+  for _, p in ipairs(model:parameters()) do if p.requires_grad then params[#params + 1] = p end end
+  -- the same starting point on every data-parallel rank
+  loom.no_grad(function()
+    for _, p in ipairs(model:parameters()) do
+      local s = shard(p)
+      s:copy_(dist.broadcast(s, 0, mesh, 1))
+    end
+  end)
+  local state = { bucket = {}, bytes = 0, inflight = {}, queued = false }
+
+  local function launch()
+    if #state.bucket == 0 then return end
+    local grads = {}
+    for i, p in ipairs(state.bucket) do grads[i] = shard(p.grad):reshape(-1) end
+    local flat = #grads == 1 and grads[1] or loom.cat(grads, 1)
+    table.insert(state.inflight, { params = state.bucket,
+                                   work = dist.all_reduce(flat, "avg", mesh, 1, { async_op = true }) })
+    state.bucket, state.bytes = {}, 0
+  end
+
+  local function finish()
+    launch()
+    loom.no_grad(function()
+      for _, b in ipairs(state.inflight) do
+        local flat, at = b.work:wait(), 1
+        for _, p in ipairs(b.params) do
+          local g = shard(p.grad)
+          local n = g:numel()
+          g:copy_(flat:narrow(1, at, n):view(g:size()))
+          at = at + n
+        end
+      end
+    end)
+    state.inflight, state.queued = {}, false
+  end
+
+  local handles = {}
+  for _, p in ipairs(params) do
+    handles[#handles + 1] = p:register_grad_ready_hook(function(leaf)
+      if not state.queued then hooks.queue_callback(finish) state.queued = true end
+      table.insert(state.bucket, leaf)
+      local g = shard(leaf.grad)
+      state.bytes = state.bytes + g:numel() * 4
+      if state.bytes >= cap then launch() end
+    end)
+  end
+  rawset(model, "_dp", { mesh = mesh, handles = handles })
+  return model
+end
+
+return M
