@@ -30,6 +30,12 @@ local FLAGS = {
   { "stop-after", 0, "stop after this step, as if interrupted, saving a checkpoint (0: run all steps)" },
   { "sample", 200, "characters to generate at the end (0: none)" },
   { "quiet", false, "no live progress line" },
+  { "tp", 0, "tensor-parallel degree (0: the world size over --dp)" },
+  { "dp", 0, "data-parallel degree (0: the world size over --tp); tp * dp = world size" },
+  { "sequence-parallel", false, "shard norms and residuals on the sequence (with --tp > 1)" },
+  { "loss-parallel", true, "cross entropy on vocabulary-sharded logits (with --tp > 1)" },
+  { "no-loss-parallel", false, "gather the logits instead" },
+  { "dtype", "f32", "f32 or bf16 (bf16: parameters and activations in bf16, master weights f32)" },
 }
 
 local function parse_args(argv)
@@ -85,73 +91,176 @@ local function now()
   return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
 end
 
+-- The world: tp x dp ranks on a {dp, tp} mesh.
+local function layout(o, dist)
+  local world = dist.world_size()
+  local tp, dp = o.tp, o.dp
+  if tp == 0 and dp == 0 then tp, dp = world, 1
+  elseif tp == 0 then tp = world / dp
+  elseif dp == 0 then dp = world / tp end
+  if tp * dp ~= world or tp < 1 or dp < 1 or tp % 1 ~= 0 or dp % 1 ~= 0 then
+    error(string.format("train.lua: --tp %s x --dp %s must equal the world size %d", o.tp, o.dp, world), 0)
+  end
+  if o.batch % dp ~= 0 then error(string.format("train.lua: --batch %d must divide by --dp %d", o.batch, dp), 0) end
+  local mesh = dist.init_device_mesh("cpu", { dp, tp }, { mesh_dim_names = { "dp", "tp" } })
+  return { world = world, tp = tp, dp = dp, mesh = mesh, dp_rank = mesh:get_local_rank("dp"),
+           rank = dist.rank() }
+end
+
+-- the model, in bf16 if asked, tensor- and data-parallel as laid out
+local function build_model(o, cfg, w, dist)
+  local tp = require "loom.parallel"
+  loom.manual_seed(o.seed)   -- the same full weights on every rank, at any layout
+  local model = transformer.new(cfg)
+  if o.dtype ~= "f32" then
+    model:apply(function(m)
+      for name, p in pairs(rawget(m, "_parameters")) do m[name] = loom.nn.Parameter(p:to(o.dtype)) end
+    end)
+  end
+  if w.tp > 1 then
+    tp.parallelize_module(model, w.mesh["tp"], transformer.tp_plan(
+      { sequence_parallel = o["sequence-parallel"], loss_parallel = o.lp, tp = w.tp }, model), { src_data_rank = false })
+  end
+  if w.dp > 1 then tp.replicate(model, w.mesh["dp"]) end
+  return model
+end
+
+-- the loss curve as a PNG next to the log, through gnuplot when it is there
+local function plot(log_path)
+  if os.execute("command -v gnuplot >/dev/null 2>&1") ~= 0 then
+    print("gnuplot is not installed: skipping the loss plot (apt-get install gnuplot-nox)")
+    return
+  end
+  local png = log_path:gsub("%.[^./]*$", "") .. ".png"
+  local csv = os.tmpname()
+  local f = assert(io.open(csv, "w"))
+  for line in io.lines(log_path) do
+    local step, loss = line:match('"step": ([%d.]+), "loss": ([%d.e+-]+)')
+    local val = line:match('"val_loss": ([%d.e+-]+)')
+    if step then f:write(step, " ", loss, " ", val or "NaN", "\n") end
+  end
+  f:close()
+  local script = string.format([[set terminal png size 800,480; set output '%s'; set xlabel 'step'; set ylabel 'loss';
+set datafile missing 'NaN'; plot '%s' using 1:2 with lines title 'train', '' using 1:3 with linespoints title 'val']], png, csv)
+  local ok = os.execute("gnuplot -e \"" .. script:gsub("\n", " ") .. "\" 2>/dev/null")
+  os.remove(csv)
+  print(ok == 0 and "loss curve: " .. png or "gnuplot failed: no plot")
+end
+
 local function main(argv)
   local o = parse_args(argv)
+  if o.dtype ~= "f32" and o.dtype ~= "bf16" then error("train.lua: --dtype expects f32 or bf16, got " .. o.dtype, 0) end
+  local dist = require "loom.distributed"
+  local w = layout(o, dist)
+  o.lp = w.tp > 1 and o["loss-parallel"] and not o["no-loss-parallel"]
+  local main_rank = w.rank == 0
+  local say = main_rank and print or function() end
   local text = data.read_file(o.data)
   local tok = data.CharTokenizer(text)
   local ids = tok:encode(text)
   local train_ids, val_ids = data.split(ids, 0.9)
 
-  loom.manual_seed(o.seed)
   local cfg = { vocab_size = tok.vocab_size, dim = o.dim, n_layers = o.layers, n_heads = o.heads,
                 n_kv_heads = o["kv-heads"] > 0 and o["kv-heads"] or nil, max_seq_len = o.seq,
                 dropout = o.dropout }
-  local model = transformer.new(cfg)
+  local model = build_model(o, cfg, w, dist)
   local nparams = 0
   for _, p in ipairs(model:parameters()) do nparams = nparams + p:numel() end
   local opt = loom.optim.AdamW(model:parameters(), { lr = o.lr, betas = { 0.9, 0.95 },
                                                      weight_decay = o["weight-decay"] })
-  local sampler = data.Sampler(train_ids, { batch = o.batch, seq = o.seq, seed = o.seed })
+  local local_batch = o.batch / w.dp
+  local sampler = data.Sampler(train_ids, { batch = local_batch, seq = o.seq, seed = o.seed,
+                                            rank = w.dp_rank, world = w.dp })
   local start_step = 0
 
-  if o.resume ~= "" then
-    local ck = loom.load(o.resume .. "/checkpoint.loom")
-    if ck.vocab ~= tok.vocab then error("train.lua: the checkpoint's vocabulary differs from this corpus", 0) end
-    model:load_state_dict(ck.model)
-    opt:load_state_dict(ck.optim)
-    sampler:set_state(ck.sampler)
-    loom.set_rng_state(ck.rng)
-    start_step = ck.step
-    print(string.format("resumed from %s at step %d", o.resume, start_step))
+  -- the loss of a batch on this layout (loss_parallel keeps logits sharded),
+  -- with backward when asked; returns the loss averaged over dp ranks
+  local tpmod = require "loom.parallel"
+  local function step_loss(x, y, backward)
+    local function run()
+      local loss = loom.F.cross_entropy(model(x), y)
+      if backward then loss:backward() end
+      return loss
+    end
+    local loss = o.lp and tpmod.loss_parallel(run) or run()
+    local v = loss:detach():to("f64"):reshape(1)
+    if w.dp > 1 then v = dist.all_reduce(v, "avg", w.mesh, "dp") end
+    return v:item()
   end
 
+  -- checkpoints: one file in one process; per-rank shards and a manifest
+  -- (loom.distributed.checkpoint) in a distributed run
+  local function ckpt() return require "loom.distributed.checkpoint" end
+  local function extras(step)
+    return { sampler = sampler:state(), rng = loom.get_rng_state(), step = step, vocab = tok.vocab, config = cfg }
+  end
+  if o.resume ~= "" then
+    local extra
+    local function check(e)
+      if e.vocab ~= tok.vocab then error("train.lua: the checkpoint's vocabulary differs from this corpus", 0) end
+    end
+    if w.world == 1 then
+      extra = loom.load(o.resume .. "/checkpoint.loom")
+      check(extra)
+      model:load_state_dict(extra.model)
+      opt:load_state_dict(extra.optim)
+    else
+      extra = ckpt().load({ model = model:state_dict(), optim = ckpt().optim_state_dict(opt) }, o.resume)
+      check(extra)
+      ckpt().load_optim_state_dict(opt, extra.optim)
+    end
+    sampler:set_state(extra.sampler)
+    loom.set_rng_state(extra.rng)
+    start_step = extra.step
+    say(string.format("resumed from %s at step %d", o.resume, start_step))
+  end
   local function save(step)
     if o.save == "" then return end
-    os.execute("mkdir -p '" .. o.save .. "'")
-    loom.save({ model = model:state_dict(), optim = opt:state_dict(), sampler = sampler:state(),
-                rng = loom.get_rng_state(), step = step, vocab = tok.vocab, config = cfg },
-              o.save .. "/checkpoint.loom")
+    local sd = extras(step)
+    if w.world == 1 then
+      os.execute("mkdir -p '" .. o.save .. "'")
+      sd.model, sd.optim = model:state_dict(), opt:state_dict()
+      loom.save(sd, o.save .. "/checkpoint.loom")
+    else
+      sd.model, sd.optim = model:state_dict(), ckpt().optim_state_dict(opt)
+      ckpt().save(sd, o.save)
+    end
   end
 
   local function val_loss()
-    local vs = data.Sampler(val_ids, { batch = o.batch, seq = o.seq, seed = 7 })
+    local vs = data.Sampler(val_ids, { batch = local_batch, seq = o.seq, seed = 7, rank = w.dp_rank, world = w.dp })
     model:eval()
     local total = 0
     loom.no_grad(function()
       for _ = 1, o["eval-iters"] do
         local x, y = vs:next()
-        total = total + loom.F.cross_entropy(model(x), y):item()
+        total = total + step_loss(x, y, false)
       end
     end)
     model:train()
     return total / o["eval-iters"]
   end
 
-  local log = o.log ~= "" and assert(io.open(o.log, start_step > 0 and "a" or "w")) or nil
-  print(string.format("model: %d layers, dim %d, %d heads, %d parameters; %d steps of %dx%d tokens",
-                      o.layers, o.dim, o.heads, nparams, o.steps, o.batch, o.seq))
+  local log = main_rank and o.log ~= "" and assert(io.open(o.log, start_step > 0 and "a" or "w")) or nil
+  if log and start_step == 0 then
+    log:write(string.format('{"world": %d, "tp": %d, "dp": %d, "sequence_parallel": %s, "loss_parallel": %s, '
+                            .. '"dtype": "%s", "threads_per_rank": %d}\n', w.world, w.tp, w.dp,
+                            tostring(o["sequence-parallel"]), tostring(o.lp), o.dtype, loom.num_threads()))
+  end
+  say(string.format("model: %d layers, dim %d, %d heads, %d parameters; %d steps of %dx%d tokens; "
+                    .. "world %d = tp %d x dp %d%s%s, %s", o.layers, o.dim, o.heads, nparams, o.steps, o.batch,
+                    o.seq, w.world, w.tp, w.dp, o["sequence-parallel"] and ", sequence parallel" or "",
+                    o.lp and ", loss parallel" or "", o.dtype))
   local sched = { lr = o.lr, warmup = o.warmup, total = o.steps, min_lr = o.lr / 10 }
   local t0, tokens, last_loss, last_val = now(), 0, nil, nil
   local last_step = o["stop-after"] > 0 and math.min(o["stop-after"], o.steps) or o.steps
   for step = start_step + 1, last_step do
     opt:set_lr(loom.optim.lr_scheduler.cosine_lr(step, sched))
     local x, y = sampler:next()
-    local loss = loom.F.cross_entropy(model(x), y)
     opt:zero_grad()
-    loss:backward()
+    last_loss = step_loss(x, y, true)
     if o["grad-clip"] > 0 then loom.nn.utils.clip_grad_norm_(model:parameters(), o["grad-clip"]) end
     opt:step()
-    last_loss = loss:item()
     tokens = tokens + o.batch * o.seq
     local elapsed = now() - t0
     local tps = tokens / elapsed
@@ -166,19 +275,20 @@ local function main(argv)
     local eta = (o.steps - step) * elapsed / (step - start_step)
     local line = string.format("step %d/%d | loss %.4f%s | %.0f tok/s | ETA %s", step, o.steps, last_loss,
       last_val and string.format(" | val %.4f", last_val) or "", tps, fmt_time(eta))
-    if not o.quiet then io.write("\r", line, "   ") io.flush() end
-    if entry.val_loss then io.write(o.quiet and "" or "\n", o.quiet and line .. "\n" or "") end
+    if main_rank and not o.quiet then io.write("\r", line, "   ") io.flush() end
+    if main_rank and entry.val_loss then io.write(o.quiet and "" or "\n", o.quiet and line .. "\n" or "") end
   end
   if log then log:close() end
   local wall = now() - t0
-  print(string.format("\ndone: %d steps in %s, %.0f tokens/s, final loss %.4f, val loss %s", last_step - start_step,
-                      fmt_time(wall), tokens / math.max(wall, 1e-9), last_loss or 0 / 0,
-                      last_val and string.format("%.4f", last_val) or "n/a"))
-  if o.sample > 0 then
+  say(string.format("\ndone: %d steps in %s, %.0f tokens/s, final loss %.4f, val loss %s", last_step - start_step,
+                    fmt_time(wall), tokens / math.max(wall, 1e-9), last_loss or 0 / 0,
+                    last_val and string.format("%.4f", last_val) or "n/a"))
+  if main_rank and o.log ~= "" then plot(o.log) end
+  if o.sample > 0 then   -- every rank runs the model; rank 0 prints
     loom.manual_seed(o.seed)
     local out = transformer.generate(model, loom.tensor({ { tok.stoi["\n"] or 1 } }, { dtype = "i64" }), o.sample,
                                      { temperature = 0.8 })
-    print("---- sample ----\n" .. tok:decode(out) .. "\n----------------")
+    say("---- sample ----\n" .. tok:decode(out) .. "\n----------------")
   end
   return { loss = last_loss, val_loss = last_val }
 end

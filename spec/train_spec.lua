@@ -18,14 +18,17 @@ local function sh(cmd)
   return rc, out:gsub("@@rc=%d+%s*$", "")
 end
 
--- the "loss" field of each JSON line, as printed (a string), by step
+-- the "loss" field of each JSON line, as printed (a string), by step; the
+-- first line of a fresh log describes the world layout
 local function losses(path)
   local out = {}
   for line in io.lines(path) do
+    if line:find('"world"', 1, true) then goto continue end
     local step = tonumber(line:match('"step": (%d+)'))
     local loss = line:match('"loss": ([^,}]+)')
     assert(step and loss, "bad log line: " .. line)
     out[step] = loss
+    ::continue::
   end
   return out
 end

@@ -188,6 +188,7 @@ function M.generate(model, ids, n, opts)
       local ctx = { unpack(out, math.max(1, #out - model.config.max_seq_len + 1)) }
       local logits = model(loom.tensor({ ctx }, { dtype = "i64" }))
       local last = logits:narrow(2, #ctx, 1):reshape(-1)
+      if last.dist ~= nil then last = last:full_tensor() end   -- vocabulary-sharded logits
       local probs = (last * (1 / temp)):softmax(1):totable()
       if opts.top_k then
         local sorted = { unpack(probs) }
