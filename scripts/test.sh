@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # test.sh: sets up (scripts/setup.sh), then runs every test: the C tests
-# (ctest), the single-process busted specs, and the multi-rank specs on 2
-# and 4 ranks. Ends with one "N passed, N failed" line; exits non-zero on
-# any failure.
+# (ctest), the single-process busted specs, the leak check under valgrind
+# (scripts/leakcheck.sh), and the multi-rank specs on 2 and 4 ranks. Ends
+# with one "N passed, N failed" line; exits non-zero on any failure.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh || exit 1
@@ -46,6 +46,16 @@ export OMP_WAIT_POLICY=PASSIVE
 single=$(ls spec/*_spec.lua 2>/dev/null)
 suite "specs, 1 process" timeout 1200 luajit scripts/run_specs.lua -o plainTerminal $single
 count_busted
+
+# leaks and memory errors under valgrind: test_core, a Lua workload, errors_spec
+suite "leak check (valgrind)" bash scripts/leakcheck.sh
+lc=$(grep -oE 'leakcheck: [0-9]+ passed, [0-9]+ failed' "$log" | tail -1)
+if [ -n "$lc" ]; then
+  passed=$((passed + $(grep -oE '[0-9]+ passed' <<<"$lc" | grep -oE '[0-9]+')))
+  failed=$((failed + $(grep -oE '[0-9]+ failed' <<<"$lc" | grep -oE '[0-9]+')))
+else
+  failed=$((failed + 1))
+fi
 
 if [ -d spec/dist ] && [ -x scripts/loomrun ]; then
   for n in 2 4; do

@@ -147,12 +147,18 @@ local function op(name, inputs, ints, floats)
 end
 M.op = op
 
--- fast paths for the common shapes of a call
+-- Fast paths for the common shapes of a call. They wrap their result
+-- themselves rather than through wrap(): a small helper called from every
+-- op gets hot in the interpreter before the loops that call it do, and when
+-- LuaJIT's traces starting there abort often (returns through __add's
+-- frame, finalizers running while recording) it blacklists it, after which
+-- no loop that makes a tensor compiles.
 local function op1(name, x, ints, floats)
   inbuf[0] = x
   set_attrs(ints, floats)
   if C.lm_op_call(op_ids[name], 1, inbuf, attrs, 4, outbuf) < 0 then c_error(3) end
-  return wrap(outbuf[0])
+  gc_pressure()
+  return ffi.gc(outbuf[0][0], C.lm_release)
 end
 M.op1 = op1
 
@@ -161,7 +167,8 @@ local function op2(name, a, b)
   inbuf[0], inbuf[1] = a, b
   attrs.ni, attrs.nf = 0, 0
   if C.lm_op_call(op_ids[name], 2, inbuf, attrs, 4, outbuf) < 0 then c_error(3) end
-  return wrap(outbuf[0])
+  gc_pressure()
+  return ffi.gc(outbuf[0][0], C.lm_release)
 end
 M.op2 = op2
 
@@ -358,7 +365,8 @@ local function op2n(name, x, v, swap)
   local n = C.lm_op_call(op_ids[name], 2, inbuf, attrs, 4, outbuf)
   C.lm_release(s)
   if n < 0 then c_error(3) end
-  return wrap(outbuf[0])
+  gc_pressure()
+  return ffi.gc(outbuf[0][0], C.lm_release)
 end
 M.op2n = op2n
 

@@ -6,12 +6,19 @@ local as_tensor, check_tensor = T.as_tensor, T.check_tensor
 
 local M = {}
 
--- binary ops take tensors or Lua numbers on either side
+-- binary ops take tensors or Lua numbers (or booleans) on either side
+local is_tensor, op2n = T.is_tensor, T.op2n
 local function binary(name)
   return function(a, b)
-    if type(a) == "number" then a = as_tensor(a, check_tensor(b, name, "argument #2"), name, "argument #1")
-    else b = as_tensor(b, check_tensor(a, name, "argument #1"), name, "argument #2") end
-    return op2(name, a, b)
+    if is_tensor(a) then
+      if is_tensor(b) then return op2(name, a, b) end
+      local tb = type(b)
+      if tb == "number" or tb == "boolean" then return op2n(name, a, b, false) end
+    end
+    check_tensor(b, name, "argument #2")
+    local ta = type(a)
+    if ta == "number" or ta == "boolean" then return op2n(name, b, a, true) end
+    check_tensor(a, name, "argument #1")
   end
 end
 

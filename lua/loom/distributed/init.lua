@@ -9,11 +9,8 @@ local C = loom.C
 
 local M = {}
 
-local function cerr(level) error(ffi.string(C.lm_last_error()), (level or 1) + 1) end
-local function describe(v)
-  if type(v) == "string" then return string.format("%q", v) end
-  return type(v) == "table" and "a table" or tostring(v)
-end
+local function cerr(level) T.c_error((level or 1) + 1) end
+local describe = T.describe
 
 ---------------------------------------------------------------------------
 -- runtime
@@ -286,5 +283,8 @@ do
     end
   end
 end
+
+-- dist.checkpoint (distributed checkpoints), loaded on first use
+setmetatable(M, { __index = function(t, k) if k == "checkpoint" then rawset(t, k, require "loom.distributed.checkpoint") return rawget(t, k) end end })
 
 return M

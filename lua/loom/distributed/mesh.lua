@@ -3,16 +3,14 @@
 -- and Group, the Lua face of an lm_comm.
 local ffi = require "ffi"
 local loom = require "loom"
+local T = require "loom.tensor"
 local C = loom.C
 
 local M = {}
 
-local function cerr(level) error(ffi.string(C.lm_last_error()), (level or 1) + 1) end
+local function cerr(level) T.c_error((level or 1) + 1) end
 
-local function describe(v)
-  if type(v) == "string" then return string.format("%q", v) end
-  return type(v) == "table" and "a table" or tostring(v)
-end
+local describe = T.describe
 
 ---------------------------------------------------------------------------
 -- Group: a communicator (the world, or one mesh dim's slice of it)
