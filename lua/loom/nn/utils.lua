@@ -4,13 +4,50 @@ local T = require "loom.tensor"
 
 local M = {}
 
--- The squared L2 norm of each gradient, summed in f64. A hook lets the
--- distributed layer add the reduction across shards.
+-- The squared L2 norm of all the gradients, summed in f64, global over
+-- sharded ones: a DTensor gradient adds the squares of its local shard,
+-- all-reduced over the mesh dims where it is sharded (a replicated dim
+-- counts it once; a Partial one is reduced first). One all-reduce per
+-- (mesh, sharded dims) group; every rank must pass the same parameters,
+-- as SPMD code does.
 function M.grad_norm_squared(params)
   local total = 0
+  local groups, order = {}, {}
   for _, p in ipairs(params) do
     local g = p.grad
-    if g ~= nil then total = total + (g:to("f64") ^ 2):sum():item() end
+    if g ~= nil and g.dist ~= nil then
+      local pl, mesh = g.placements, g.device_mesh
+      local partial, dims = false, {}
+      for k, q in ipairs(pl) do
+        if q:is_partial() then partial = true end
+        if q:is_shard() then dims[#dims + 1] = k end
+      end
+      if partial then
+        local to = {}
+        for k, q in ipairs(pl) do to[k] = q:is_partial() and require("loom.distributed").Replicate() or q end
+        g = g:redistribute(mesh, to)
+      end
+      local sq = (g:to_local():to("f64") ^ 2):sum():item()
+      local key = table.concat(dims, ",")
+      groups[mesh] = groups[mesh] or {}
+      local grp = groups[mesh][key]
+      if not grp then
+        grp = { mesh = mesh, dims = dims, sum = 0 }
+        groups[mesh][key] = grp
+        order[#order + 1] = grp
+      end
+      grp.sum = grp.sum + sq
+    elseif g ~= nil then
+      total = total + (g:to("f64") ^ 2):sum():item()
+    end
+  end
+  if #order > 0 then
+    local dist = require "loom.distributed"
+    for _, grp in ipairs(order) do
+      local t = loom.tensor({ grp.sum }, { dtype = "f64" })
+      for _, d in ipairs(grp.dims) do t = dist.all_reduce(t, "sum", grp.mesh, d) end
+      total = total + t:item()
+    end
   end
   return total
 end

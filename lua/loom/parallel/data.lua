@@ -21,15 +21,6 @@ function M.replicate(model, mesh, opts)
   end
   opts = opts or {}
   local cap = (opts.bucket_cap_mb or 25) * 2^20
-  local params = {}
-  for _, p in ipairs(model:parameters()) do if p.requires_grad then params[#params + 1] = p end end
-  -- the same starting point on every data-parallel rank
-  loom.no_grad(function()
-    for _, p in ipairs(model:parameters()) do
-      local s = shard(p)
-      s:copy_(dist.broadcast(s, 0, mesh, 1))
-    end
-  end)
   local state = { bucket = {}, bytes = 0, inflight = {}, queued = false }
 
   local function launch()
@@ -58,16 +49,38 @@ function M.replicate(model, mesh, opts)
     state.inflight, state.queued = {}, false
   end
 
-  local handles = {}
-  for _, p in ipairs(params) do
-    handles[#handles + 1] = p:register_grad_ready_hook(function(leaf)
-      if not state.queued then hooks.queue_callback(finish) state.queued = true end
-      table.insert(state.bucket, leaf)
-      local g = shard(leaf.grad)
-      state.bytes = state.bytes + g:numel() * 4
-      if state.bytes >= cap then launch() end
-    end)
+  local function ready(leaf)
+    if not state.queued then hooks.queue_callback(finish) state.queued = true end
+    table.insert(state.bucket, leaf)
+    local g = shard(leaf.grad)
+    state.bytes = state.bytes + g:numel() * 4
+    if state.bytes >= cap then launch() end
   end
+
+  -- Parameters seen so far. parallelize_module replaces parameters with
+  -- DTensors, before or after this call: a forward pre-hook takes on the
+  -- new ones (broadcast from dp rank 0, then hooked), so the two calls
+  -- compose in either order.
+  local handles, seen = {}, setmetatable({}, { __mode = "k" })
+  local function adopt()
+    local fresh = {}
+    for _, p in ipairs(model:parameters()) do
+      if not seen[p] then fresh[#fresh + 1] = p seen[p] = true end
+    end
+    if #fresh == 0 then return end
+    -- the same starting point on every data-parallel rank
+    loom.no_grad(function()
+      for _, p in ipairs(fresh) do
+        local s = shard(p)
+        s:copy_(dist.broadcast(s, 0, mesh, 1))
+      end
+    end)
+    for _, p in ipairs(fresh) do
+      if p.requires_grad then handles[#handles + 1] = p:register_grad_ready_hook(ready) end
+    end
+  end
+  adopt()
+  handles[#handles + 1] = model:register_forward_pre_hook(function() adopt() end)
   rawset(model, "_dp", { mesh = mesh, handles = handles })
   return model
 end

@@ -15,11 +15,42 @@ local function warn(msg)
   if C.lm_dist_rank() == 0 then io.stderr:write("loom warning: ", msg, "\n") end
 end
 
--- fnmatch on one FQN atom: * ? [seq] [!seq]
+-- fnmatch on one FQN atom: * ? [seq] [!seq] (ranges a-z inside brackets);
+-- every other character is literal
+local function fnmatch_pattern(pattern)
+  local out, i, n = { "^" }, 1, #pattern
+  while i <= n do
+    local c = pattern:sub(i, i)
+    local close = c == "[" and pattern:find("]", i + (pattern:sub(i + 1, i + 1) == "!" and 3 or 2), true)
+    if c == "*" then out[#out + 1] = ".*"
+    elseif c == "?" then out[#out + 1] = "."
+    elseif close then
+      local body, cls = pattern:sub(i + 1, close - 1), { "[" }
+      if body:sub(1, 1) == "!" then cls[2] = "^" body = body:sub(2) end
+      local j = 1
+      while j <= #body do
+        local a = body:sub(j, j)
+        if body:sub(j + 1, j + 1) == "-" and j + 2 <= #body then
+          cls[#cls + 1] = "%" .. a .. "-%" .. body:sub(j + 2, j + 2)
+          -- Lua ranges take plain chars: unescape alphanumerics
+          cls[#cls] = cls[#cls]:gsub("%%(%w)", "%1")
+          j = j + 3
+        else
+          cls[#cls + 1] = a:match("%w") and a or "%" .. a
+          j = j + 1
+        end
+      end
+      out[#out + 1] = table.concat(cls) .. "]"
+      i = close
+    else
+      out[#out + 1] = c:match("%w") and c or "%" .. c
+    end
+    i = i + 1
+  end
+  return table.concat(out) .. "$"
+end
 local function fnmatch(name, pattern)
-  local p = pattern:gsub("[%^%$%(%)%%%.%+%-]", "%%%0")
-  p = p:gsub("%[!", "[^"):gsub("%*", ".*"):gsub("%?", ".")
-  return name:match("^" .. p .. "$") ~= nil
+  return name:match(fnmatch_pattern(pattern)) ~= nil
 end
 M.fnmatch = fnmatch
 
@@ -50,12 +81,15 @@ end
 -- parallelize_module(module, device_mesh, plan, {src_data_rank=0}):
 -- plan is a ParallelStyle (for module itself) or a table from FQN pattern
 -- ("layers.*.attention.wq", "" for the root) to ParallelStyle. The mesh
--- must be 1-D (pass mesh["tp"]); nil uses the ambient mesh (mesh:use).
+-- must be 1-D (pass mesh["tp"]); nil uses the ambient mesh (mesh:use),
+-- where parallelize_module(module, plan) may omit it altogether.
 -- src_data_rank = false distributes with no communication.
 function M.parallelize_module(module, mesh, plan, opts)
   local Module = require "loom.nn.module"
   if not Module.is_module(module) then T.argerror("parallelize_module", "module", "an nn.Module", T.describe(module)) end
   local dist = require "loom.distributed"
+  -- parallelize_module(module, plan) inside mesh:use(...): the mesh omitted
+  if plan == nil and mesh ~= nil and not dist.is_mesh(mesh) and type(mesh) == "table" then mesh, plan = nil, mesh end
   mesh = mesh or dist.current_mesh()
   if mesh == nil then error("parallelize_module: no device_mesh given and no ambient mesh (mesh:use)", 2) end
   if not dist.is_mesh(mesh) then T.argerror("parallelize_module", "device_mesh", "a DeviceMesh", T.describe(mesh)) end
@@ -64,8 +98,13 @@ function M.parallelize_module(module, mesh, plan, opts)
                         .. "sub-mesh, e.g. mesh[\"tp\"]", mesh.ndim), 2)
   end
   opts = opts or {}
+  -- handed to distribute_tensor as is: a rank, or false for no communication
   local src = opts.src_data_rank
-  if src == nil then src = 0 elseif src == false then src = nil end
+  if src == nil then src = 0 end
+  if src ~= false and (type(src) ~= "number" or src ~= math.floor(src) or src < 0 or src >= mesh:size(1)) then
+    T.argerror("parallelize_module", "src_data_rank", string.format("a rank of the mesh (0 to %d) or false", mesh:size(1) - 1),
+               T.describe(src))
+  end
   if plan == nil then
     warn("parallelize_module: no parallelize_plan given; the module is unchanged")
     return module

@@ -63,8 +63,9 @@ function M.layouts(style, name, v)
   if v == nil then return nil end
   if dt.is_placement(v) then v = { v } end
   if type(v) ~= "table" then T.argerror(style, name, "a table of placements", T.describe(v), 4) end
-  local n = v.n or 0
-  for k in pairs(v) do if type(k) == "number" and k > n then n = k end end
+  -- table.maxn, not a pairs() loop: LuaJIT 2.1's compiled next() gave a
+  -- count that compared unequal to an equal one in a later trace
+  local n = math.max(v.n or 0, table.maxn(v))
   local out = { n = n }
   for i = 1, n do
     if v[i] ~= nil and not dt.is_placement(v[i]) then
@@ -85,11 +86,39 @@ function M.prepare(x, mesh, from, to, use_local)
   return x
 end
 
--- parameters of module replaced by DTensors made by fn(name, param)
-function M.shard_parameters(module, fn)
+-- Parameters already distributed, by the plain tensor they replaced: a
+-- tied parameter (one tensor registered in two modules, e.g. the embedding
+-- and the output projection) stays one parameter when both modules are
+-- parallelized, provided both styles place it alike.
+local distributed = setmetatable({}, { __mode = "k" })
+
+local function pl_string(d)
+  local t = {}
+  for i, p in ipairs(d.placements) do t[i] = tostring(p) end
+  return "(" .. table.concat(t, ", ") .. ")"
+end
+
+-- parameters of module replaced by DTensors made by fn(name, param);
+-- what names the style and module for errors
+function M.shard_parameters(module, fn, what)
   for _, kv in ipairs(module:named_parameters()) do
     local name, p = kv[1], kv[2]
-    if not name:find(".", 1, true) then module[name] = fn(name, p) end
+    if not name:find(".", 1, true) then
+      local d = fn(name, p)
+      local prev = distributed[p]
+      if prev ~= nil then
+        if pl_string(prev) ~= pl_string(d) or prev.device_mesh ~= d.device_mesh then
+          error(string.format("%s: parameter %s is tied to a parameter already distributed as %s on %s, "
+                              .. "this style places it as %s; tied parameters must be placed alike",
+                              what or "parallelize_module", name, pl_string(prev), tostring(prev.device_mesh),
+                              pl_string(d)), 4)
+        end
+        d = prev
+      else
+        distributed[p] = d
+      end
+      module[name] = d
+    end
   end
 end
 

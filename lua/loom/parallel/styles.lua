@@ -45,7 +45,7 @@ end
 function M.ColwiseParallel:apply(module, mesh, fqn)
   local k = kind(module)
   if k ~= "Linear" and k ~= "Embedding" then unsupported(self, module, fqn or "") end
-  S.shard_parameters(module, distribute(self, mesh, k == "Embedding" and Shard(2) or Shard(1)))
+  S.shard_parameters(module, distribute(self, mesh, k == "Embedding" and Shard(2) or Shard(1)), self.__name)
   module:register_forward_pre_hook(input_hook(mesh, self.input_layouts, Replicate()))
   module:register_forward_hook(output_hook(mesh, self.output_layouts, self.use_local_output))
   return module
@@ -62,6 +62,11 @@ function M.RowwiseParallel:__init(o)
   self.output_layouts = S.layout("RowwiseParallel", "output_layouts", o.output_layouts, Replicate())
   self.use_local_output = o.use_local_output ~= false
 end
+function M.RowwiseParallel:repr()
+  return string.format("RowwiseParallel(input_layouts=%s, output_layouts=%s, use_local_output=%s)",
+                       self.input_layouts and tostring(self.input_layouts) or "Shard(dim=-1) (Replicate() on Embedding)",
+                       tostring(self.output_layouts), tostring(self.use_local_output))
+end
 function M.RowwiseParallel:apply(module, mesh, fqn)
   local k = kind(module)
   if k ~= "Linear" and k ~= "Embedding" then unsupported(self, module, fqn or "") end
@@ -69,7 +74,7 @@ function M.RowwiseParallel:apply(module, mesh, fqn)
   S.shard_parameters(module, function(name, p)
     local pl = linear and (name == "bias" and Replicate() or Shard(2)) or Shard(1)
     return distribute(self, mesh, pl)(name, p)
-  end)
+  end, self.__name)
   local from = self.input_layouts or (linear and Shard(-1) or Replicate())
   module:register_forward_pre_hook(input_hook(mesh, from, linear and Shard(-1) or Replicate()))
   module:register_forward_hook(output_hook(mesh, self.output_layouts, self.use_local_output))
@@ -99,7 +104,7 @@ function M.SequenceParallel:apply(module, mesh, fqn)
   S.shard_parameters(module, function(_, p)
     local d = dt.from_local(p:detach(), mesh, { Replicate() })
     return d:requires_grad_(p.requires_grad)
-  end)
+  end, self.__name)
   local seq = Shard(self.sequence_dim)
   module:register_forward_pre_hook(function(_, args)
     local x = args[1]

@@ -1,0 +1,101 @@
+-- tp_support.lua: shared by the tensor-parallel specs (tp_*_spec.lua). The
+-- ground truth is the unsharded model, built on every rank from the same
+-- seed; the parallel model is built from the same seed and parallelized.
+-- Tolerances: f32 rtol 1.3e-6 / atol 1e-5 (PyTorch's defaults for float32
+-- in assert_close, with atol loosened for sums over ranks); f64 rtol 1e-12 /
+-- atol 1e-12.
+local loom = require "loom"
+local dist = require "loom.distributed"
+
+local H = {}
+H.ws, H.rank = dist.world_size(), dist.rank()
+H.RTOL, H.ATOL = 1.3e-6, 1e-5
+H.RTOL64, H.ATOL64 = 1e-12, 1e-12
+
+-- a plain tensor: DTensors are gathered (collective: every rank calls it)
+function H.full(x)
+  if x == nil then return nil end
+  if dist.is_dtensor(x) then return x:full_tensor() end
+  return x
+end
+
+local function sizes(t) return "{" .. table.concat(t:size(), ", ") .. "}" end
+
+-- got (tensor or DTensor) close to want (plain): |got - want| <= atol + rtol |want|
+-- elementwise; appends a message to bad otherwise. Collective when got is a DTensor.
+function H.close(bad, what, got, want, rtol, atol)
+  rtol, atol = rtol or H.RTOL, atol or H.ATOL
+  if got == nil or want == nil then
+    if got ~= want then bad[#bad + 1] = what .. ": one side is nil" end
+    return bad
+  end
+  got = H.full(got)
+  if table.concat(got:size(), ",") ~= table.concat(want:size(), ",") then
+    bad[#bad + 1] = string.format("%s: size %s, want %s", what, sizes(got), sizes(want))
+    return bad
+  end
+  if want:numel() == 0 then return bad end
+  local g, w = got:detach():to("f64"), want:detach():to("f64")
+  local excess = ((g - w):abs() - w:abs() * rtol):max():item()
+  if not (excess <= atol) then
+    bad[#bad + 1] = string.format("%s: max (|diff| - rtol |want|) = %g > atol %g (max |diff| %g)", what, excess, atol,
+                                  (g - w):abs():max():item())
+  end
+  return bad
+end
+
+-- the parameter at fqn ("a.b.weight") of module m
+function H.param(m, fqn)
+  local path, leaf = fqn:match("^(.*)%.([^.]+)$")
+  if not path then return m[fqn] end
+  return m:get_submodule(path)[leaf]
+end
+
+-- every parameter of the parallel model m against ref's (values, and
+-- gradients with grads=true); collective.
+function H.compare_params(bad, what, m, ref, grads, rtol, atol)
+  for _, kv in ipairs(ref:named_parameters()) do
+    local p = H.param(m, kv[1])
+    if grads then
+      if (p.grad == nil) ~= (kv[2].grad == nil) then
+        bad[#bad + 1] = string.format("%s %s: grad is %s, want %s", what, kv[1], tostring(p.grad ~= nil),
+                                      tostring(kv[2].grad ~= nil))
+      elseif p.grad ~= nil then
+        H.close(bad, what .. " grad " .. kv[1], p.grad, kv[2].grad, rtol, atol)
+      end
+    else
+      H.close(bad, what .. " " .. kv[1], p, kv[2], rtol, atol)
+    end
+  end
+  return bad
+end
+
+-- captures what fn writes to io.stderr (on this rank); returns text, fn's results
+function H.capture_stderr(fn)
+  local real = io.stderr
+  local buf = {}
+  local fake = setmetatable({}, { __index = function(_, k)
+    if k == "write" then return function(self, ...) for _, s in ipairs { ... } do buf[#buf + 1] = tostring(s) end return self end end
+    local v = real[k]
+    if type(v) == "function" then return function(_, ...) return v(real, ...) end end
+    return v
+  end })
+  io.stderr = fake
+  local res = { pcall(fn) }
+  io.stderr = real
+  if not res[1] then error(res[2], 0) end
+  return table.concat(buf), unpack(res, 2)
+end
+
+-- a 1-D mesh over the whole world
+function H.world_mesh() return dist.init_device_mesh("cpu", { H.ws }, { mesh_dim_names = { "tp" } }) end
+
+-- this rank's chunk (torch.chunk) along dim d of a plain tensor
+function H.chunk_of(t, d, k, q)
+  local n = t:size(d)
+  local c = math.ceil(n / k)
+  local len, off = math.max(0, math.min(c, n - q * c)), math.min(q * c, n)
+  return t:narrow(d, off + 1, len):contiguous()
+end
+
+return H
