@@ -143,10 +143,19 @@ static int fw_reduce_scatter(lm_tensor *const *in, int nin, const lm_attrs *a, l
   return (*out = lm_reduce_scatter(comm_of(a), in[0], (int)a->i[1], (int)a->i[2])) ? 0 : -1;
 }
 static int bw_reduce_scatter(const lm_node *n, lm_tensor *const *g, lm_tensor **gin) {
-  if (n->attrs.i[1] != LM_RED_SUM) return lm_error("redistribute: only Partial(sum) to Shard is differentiable");
+  int op = (int)n->attrs.i[1];
+  if (op != LM_RED_SUM && op != LM_RED_AVG)
+    return lm_error("redistribute: Partial(max/min) to Shard is not differentiable");
   lm_attrs a = {.i = {n->attrs.i[0], n->attrs.i[2], n->in[0]->shape[n->attrs.i[2]]}, .ni = 3};
   lm_tensor *x = g[0];
-  return (gin[0] = lm_call("_dist_all_gather", 1, &x, &a)) ? 0 : -1;
+  if (!(gin[0] = lm_call("_dist_all_gather", 1, &x, &a))) return -1;
+  if (op == LM_RED_SUM) return 0;
+  lm_scope s = {0}; /* an average's terms each count 1/size */
+  lm_tensor *full = lm_s(&s, gin[0]);
+  gin[0] = lm_s2(&s, "div", full, lm_scalar(&s, (double)lm_comm_size(comm_of(&n->attrs)), full));
+  if (gin[0]) lm_retain(gin[0]);
+  lm_scope_end(&s);
+  return gin[0] ? 0 : -1;
 }
 
 /* _dist_all_to_all(x; comm, split_dim, cat_dim, full size of cat_dim) */
@@ -155,8 +164,8 @@ static int fw_all_to_all(lm_tensor *const *in, int nin, const lm_attrs *a, lm_te
   return (*out = lm_all_to_all(comm_of(a), in[0], (int)a->i[1], (int)a->i[2], a->i[3])) ? 0 : -1;
 }
 static int bw_all_to_all(const lm_node *n, lm_tensor *const *g, lm_tensor **gin) {
-  lm_attrs a = {.i = {n->attrs.i[0], n->attrs.i[2], n->attrs.i[1], n->in[0]->shape[n->attrs.i[2]]}, .ni = 4};
-  a.i[3] = n->out[0]->shape[n->attrs.i[1]];
+  /* split the old cat dim, gather the old split dim to the input's size */
+  lm_attrs a = {.i = {n->attrs.i[0], n->attrs.i[2], n->attrs.i[1], n->in[0]->shape[n->attrs.i[1]]}, .ni = 4};
   lm_tensor *x = g[0];
   return (gin[0] = lm_call("_dist_all_to_all", 1, &x, &a)) ? 0 : -1;
 }
@@ -301,17 +310,26 @@ lm_tensor *lm_dtensor_redistribute(lm_tensor *d, const lm_placement *pl) {
   int nm = s->mesh->ndim;
   lm_dspec cur = *s;
   lm_tensor *x = call1("_dist_alias", d, NULL);
-  /* Gathers to Replicate go from the last mesh dim to the first (an inner
-   * shard is whole before an outer one gathers); the other moves then go
-   * from the first mesh dim to the last. */
+  /* As PyTorch: from the last mesh dim to the first, move each dim to its
+   * target, except that a target Shard whose tensor dim is sharded
+   * differently by the earlier mesh dims (now vs in the target) goes to
+   * Replicate first, so nested shards are never split in another order;
+   * then from the first mesh dim to the last, Replicate -> target (local). */
   for (int pass = 0; pass < 2; pass++)
     for (int j = 0; j < nm && x; j++) {
       int k = pass == 0 ? nm - 1 - j : j;
-      if (!memcmp(&cur.pl[k], &pl[k], sizeof *pl) || (pass == 0 && pl[k].kind != LM_REPLICATE)) continue;
-      lm_tensor *y = move(x, &cur, k, cur.pl[k], pl[k]);
+      lm_placement want = pl[k];
+      if (pass == 0 && want.kind == LM_SHARD)
+        for (int e = 0; e < k; e++) {
+          bool now = cur.pl[e].kind == LM_SHARD && cur.pl[e].dim == want.dim;
+          bool then = pl[e].kind == LM_SHARD && pl[e].dim == want.dim;
+          if (now != then) want = (lm_placement){LM_REPLICATE, 0, 0};
+        }
+      if (!memcmp(&cur.pl[k], &want, sizeof want)) continue;
+      lm_tensor *y = move(x, &cur, k, cur.pl[k], want);
       lm_release(x);
       x = y;
-      cur.pl[k] = pl[k];
+      cur.pl[k] = want;
     }
   if (x && lm_attach_spec(x, &cur) < 0) { lm_release(x); return NULL; }
   return x;
@@ -355,7 +373,13 @@ int lm_dtensor_call(int op, const lm_op_def *d, int nin, lm_tensor *const *in, c
   const lm_mesh *m = first->mesh;
   for (int i = 0; i < nin && rc == 0; i++) {
     lm_tensor *x = args[i];
-    if (!lm_spec(x)) { args[i] = x; continue; }
+    if (!lm_spec(x)) { /* a plain (replicated) input: a DTensor when it must move or guard */
+      bool moves = memcmp(r.want[i], r.in[i]->pl, m->ndim * sizeof(lm_placement)) != 0, varies = false;
+      for (int o = 0; o < r.nout; o++)
+        for (int k = 0; k < m->ndim; k++) varies |= !is_replicated_on(&r.out[o], k);
+      if (!moves && !(varies && x->needs_grad && lm_is_grad_enabled())) continue;
+      if (!(x = lm_s(&s, lm_dtensor_from_local(x, (lm_mesh *)m, r.in[i]->pl, x->shape, 0)))) { rc = -1; break; }
+    }
     if (memcmp(r.want[i], r.in[i]->pl, m->ndim * sizeof(lm_placement)))
       x = lm_s(&s, lm_dtensor_redistribute(x, r.want[i]));
     for (int k = 0; x && k < m->ndim; k++) {

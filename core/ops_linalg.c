@@ -101,7 +101,7 @@ static int fw_matmul(lm_tensor *const *in, int nin, const lm_attrs *at, lm_tenso
     if (sa != sb && sa != 1 && sb != 1)
       return lm_error("matmul: batch dims cannot broadcast: %lld against %lld in batch dim %d",
                       (long long)sa, (long long)sb, d + 1);
-    shape[d] = sa > sb ? sa : sb;
+    shape[d] = sa == 1 ? sb : sa; /* 0 against 1 is 0 */
   }
   int cd = lm_compute_dtype(lm_promote(a->dtype_, b->dtype_));
   int64_t sa[LM_MAX_DIMS], sb[LM_MAX_DIMS];

@@ -150,7 +150,7 @@ int lm_rule_matmul(lm_rule *r) {
   for (int d = 0; d < nb; d++) {
     int da = d - (nb - (a->nd - 2)), db = d - (nb - (b->nd - 2));
     int64_t sa = da >= 0 ? a->shape[da] : 1, sb = db >= 0 ? b->shape[db] : 1;
-    shape[d] = sa > sb ? sa : sb;
+    shape[d] = sa == 1 ? sb : sa; /* 0 against 1 is 0 */
   }
   shape[nb] = a->shape[a->nd - 2], shape[nb + 1] = b->shape[b->nd - 1];
   if (a->shape[a->nd - 1] != b->shape[b->nd - 2])
@@ -431,10 +431,10 @@ int lm_rule_embedding(lm_rule *r) {
     if (is(pw, LM_PARTIAL)) r->want[0][k] = pw = R_;
     if (is(pw, LM_SHARD) && is(pi, LM_SHARD)) r->want[1][k] = pi = R_;
     if (is(pw, LM_SHARD) && pw.dim == 1) r->out[0].pl[k] = S_(ids->nd);
-    else if (is(pw, LM_SHARD)) r->out[0].pl[k] = P_(LM_RED_SUM), vocab_shards++;
+    else if (is(pw, LM_SHARD) && !vocab_shards) r->out[0].pl[k] = P_(LM_RED_SUM), vocab_shards++;
+    else if (is(pw, LM_SHARD)) r->want[0][k] = R_, r->out[0].pl[k] = pi; /* one vocab shard at a time */
     else r->out[0].pl[k] = pi;
   }
-  if (vocab_shards > 1) return lm_error("embedding: the vocabulary is sharded on more than one mesh dim");
   if (vocab_shards) {
     int64_t lshape[LM_MAX_DIMS], off[LM_MAX_DIMS];
     lm_shard_layout(w->mesh, 2, w->shape, r->want[0], NULL, lshape, off);

@@ -114,6 +114,16 @@ function H.randn(seed, ...)
   return loom.randn(...)
 end
 
+-- A DTensor with placements pl (Partials among them) whose terms are
+-- random but sum to zero: each Partial mesh dim k adds N_k * (c_k - mean).
+function H.zero_terms(mesh, pl, size)
+  local coord, z = mesh:get_coordinate(), loom.zeros(size)
+  for k, p in ipairs(pl) do
+    if p:is_partial() then z = z + H.randn(900 + k, size) * (coord[k] - (mesh.shape[k] - 1) / 2) end
+  end
+  return dist.DTensor.from_local(H.slice(z, mesh, pl), mesh, pl, { shape = size })
+end
+
 -- Runs f on full plain tensors and on DTensors made from them, and checks
 -- the output and the gradient of every input against the full ones.
 -- args[i] = {full = tensor, pl = placements (nil: passed as is),
@@ -124,14 +134,22 @@ function H.op_case(bad, what, mesh, f, args, opts)
   opts = opts or {}
   local tol = opts.tol or 1e-4
   -- full reference
-  local fl, dl = {}, {}
+  local fl, dl, leaves = {}, {}, {}
   for i, a in ipairs(args) do
     local g = a.grad ~= false and not opts.nograd and a.full.dtype:match("^f")
     fl[i] = a.full:clone()
     if g then fl[i]:requires_grad_(true) end
     if a.pl then
-      dl[i] = dist.distribute_tensor(a.full:clone(), mesh, a.pl)
-      if g then dl[i]:requires_grad_(true) end
+      local rpl, partial = {}, false
+      for k, p in ipairs(a.pl) do
+        rpl[k] = p:is_partial() and dist.Replicate() or p
+        partial = partial or p:is_partial()
+      end
+      -- a Partial argument: a leaf with Replicate there, moved to Partial
+      -- and made non-degenerate by adding terms that sum to zero
+      leaves[i] = dist.distribute_tensor(a.full:clone(), mesh, rpl)
+      if g then leaves[i]:requires_grad_(true) end
+      dl[i] = partial and leaves[i]:redistribute(mesh, a.pl) + H.zero_terms(mesh, a.pl, a.full:size()) or leaves[i]
     else
       dl[i] = a.full:clone()
     end
@@ -153,12 +171,12 @@ function H.op_case(bad, what, mesh, f, args, opts)
   ;(got:full_tensor() * w):sum():backward()
   for i, a in ipairs(args) do
     if fl[i].requires_grad then
-      local g, ref = dl[i].grad, fl[i].grad
+      local g, ref = (leaves[i] or dl[i]).grad, fl[i].grad
       if ref == nil then ref = loom.zeros(a.full:size()) end
       if g == nil then
         bad[#bad + 1] = string.format("%s: argument #%d has no gradient", what, i)
       elseif a.pl then
-        H.check_dt(bad, string.format("%s: grad of #%d", what, i), g, ref, opts.gtol or tol, a.pl)
+        H.check_dt(bad, string.format("%s: grad of #%d", what, i), g, ref, opts.gtol or tol, leaves[i].placements)
       else
         H.check(bad, string.format("%s: grad of #%d", what, i), g, ref, opts.gtol or tol)
       end

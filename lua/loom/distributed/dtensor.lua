@@ -13,7 +13,9 @@ local Tensor = T.Tensor
 ---------------------------------------------------------------------------
 -- placements
 
-local Placement = {}
+-- one Placement class per process, in the registry (see meshes below)
+local Placement = debug.getregistry()["loom.Placement"] or {}
+debug.getregistry()["loom.Placement"] = Placement
 Placement.__index = Placement
 local KIND = { Replicate = 0, Shard = 1, Partial = 2 }
 local REDUCE = { sum = 0, avg = 1, max = 2, min = 3 }
@@ -77,7 +79,12 @@ end
 ---------------------------------------------------------------------------
 -- meshes in C: one lm_mesh per DeviceMesh, found back by address
 
-local meshes = setmetatable({}, { __mode = "v" })
+-- C mesh address -> DeviceMesh. Meshes live as long as the program; the
+-- table sits in the Lua registry so that a second load of this module
+-- (busted reloads modules per spec file) sees the same meshes.
+local REG = debug.getregistry()
+REG["loom.meshes"] = REG["loom.meshes"] or {}
+local meshes = REG["loom.meshes"]
 
 local function c_mesh(mesh)
   local dist = require "loom.distributed"
