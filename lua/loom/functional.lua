@@ -32,7 +32,16 @@ function F.dropout(x, p, training)
   if type(p) ~= "number" or p < 0 or p > 1 then T.argerror("dropout", "p", "a probability in [0, 1]", T.describe(p)) end
   if training == false or p == 0 then return x end
   if p == 1 then return x * 0 end
-  local keep = loom.rand(x:size(), { dtype = "f32", device = x.device }):ge(p)
+  local keep
+  if x.dist ~= nil then   -- a DTensor: the mask's shards are slices of one global draw
+    local dist = require "loom.distributed"
+    local placements = {}
+    for i, pl in ipairs(x.placements) do placements[i] = pl:is_partial() and dist.Replicate() or pl end
+    x = x:redistribute(x.device_mesh, placements)
+    keep = dist.rand(x:size(), x.device_mesh, placements):ge(p)
+  else
+    keep = loom.rand(x:size(), { dtype = "f32", device = x.device }):ge(p)
+  end
   return x * keep:to(x.dtype) * (1 / (1 - p))
 end
 
