@@ -114,12 +114,39 @@ static void test_errors(void) {
   lm_release(t), lm_release(u);
 }
 
+/* Shard layout follows torch.chunk: 6 rows on 4 ranks are 2, 2, 2, 0;
+ * nested shards on a 2x2 mesh split the shard of the outer mesh dim. */
+static void test_shard_layout(void) {
+  int64_t mshape[1] = {4}, coord[1] = {0}, gshape[2] = {6, 5}, ls[2], off[2];
+  lm_comm *comms[1] = {NULL}; /* layout math needs no communicator */
+  lm_mesh *m = lm_mesh_new(1, mshape, coord, comms, LM_CPU);
+  lm_placement shard0[1] = {{LM_SHARD, 0, 0}};
+  const int64_t want[4] = {2, 2, 2, 0}, want_off[4] = {0, 2, 4, 6};
+  for (int r = 0; r < 4; r++) {
+    int64_t c[1] = {r};
+    CHECK(lm_shard_layout(m, 2, gshape, shard0, c, ls, off) == 0);
+    CHECK(ls[0] == want[r] && off[0] == want_off[r] && ls[1] == 5 && off[1] == 0);
+  }
+  lm_mesh_release(m);
+  int64_t m2[2] = {2, 2}, c2[2] = {1, 1};
+  lm_comm *comms2[2] = {NULL, NULL};
+  lm_mesh *mm = lm_mesh_new(2, m2, c2, comms2, LM_CPU);
+  lm_placement nested[2] = {{LM_SHARD, 0, 0}, {LM_SHARD, 0, 0}}, mixed[2] = {{LM_REPLICATE, 0, 0}, {LM_SHARD, 1, 0}};
+  int64_t g7[2] = {7, 5};
+  CHECK(lm_shard_layout(mm, 2, g7, nested, NULL, ls, off) == 0); /* rows 4..6 -> second half: 6 */
+  CHECK(ls[0] == 1 && off[0] == 6);
+  CHECK(lm_shard_layout(mm, 2, g7, mixed, NULL, ls, off) == 0); /* cols 3..4 */
+  CHECK(ls[0] == 7 && ls[1] == 2 && off[1] == 3);
+  lm_mesh_release(mm);
+}
+
 int main(void) {
   test_philox();
   test_random_shards();
   test_layout();
   test_refcount();
   test_errors();
+  test_shard_layout();
   printf("%d passed, %d failed\n", passed, failed);
   return failed != 0;
 }

@@ -101,6 +101,14 @@ function M.SequenceParallel:apply(module, mesh, fqn)
     error(string.format("SequenceParallel: %s is a %s; it supports LayerNorm, RMSNorm and Dropout",
                         (fqn or "") ~= "" and fqn or "the module", kind(module)), 3)
   end
+  if #module:parameters() > 0 and not M._warned_sp then
+    M._warned_sp = true
+    local C = require("loom").C
+    if C.lm_dist_rank() == 0 then
+      io.stderr:write("loom warning: SequenceParallel replicates parameters as they are (from_local); "
+                      .. "they must already be equal on every rank (as a seeded or ones/zeros init makes them)\n")
+    end
+  end
   S.shard_parameters(module, function(_, p)
     local d = dt.from_local(p:detach(), mesh, { Replicate() })
     return d:requires_grad_(p.requires_grad)
