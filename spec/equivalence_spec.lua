@@ -55,4 +55,18 @@ describe("tensor-parallel training", function()
     assert.is_nil(other[5])   -- the TP=4 run really started from the checkpoint
     os.execute("rm -rf " .. dir)
   end)
+
+  it("trains in bf16 (f32 master weights) with the same losses at TP=1 and TP=2, up to bf16 rounding", function()
+    local dir = os.tmpname()
+    os.remove(dir)
+    os.execute("mkdir -p " .. dir)
+    local a = run(1, "--dtype bf16", dir .. "/bf1.json")
+    local b = run(2, "--dtype bf16 --tp 2", dir .. "/bf2.json")
+    assert.is_true(a[20] < a[1] - 0.1)   -- it learns in bf16
+    for step = 1, 20 do
+      assert(math.abs(a[step] - b[step]) <= 2e-2 * math.abs(a[step]),
+             string.format("bf16 step %d: TP=2 loss %.6g vs TP=1 %.6g", step, b[step], a[step]))
+    end
+    os.execute("rm -rf " .. dir)
+  end)
 end)
