@@ -339,6 +339,60 @@ lm_tensor *lm_dtensor_redistribute(lm_tensor *d, const lm_placement *pl) {
 
 static bool is_replicated_on(const lm_dspec *s, int k) { return s->pl[k].kind == LM_REPLICATE; }
 
+/* Sharding decisions are cached by (op, input specs, attrs): a key of
+ * plain integers (no struct padding), direct-mapped by its hash. */
+#define KEY_MAX (3 + LM_RULE_MAX_IN * (2 + LM_MAX_DIMS + 3 * LM_MAX_MESH) + 2 + 24 + 8)
+typedef struct {
+  int n;
+  uint64_t key[KEY_MAX];
+  lm_placement want[LM_RULE_MAX_IN][LM_MAX_MESH];
+  lm_dspec out[4];
+  lm_attrs local;
+} rule_entry;
+static _Thread_local rule_entry rule_cache[128];
+static _Thread_local int64_t rule_hits, rule_misses;
+
+static int rule_key(int op, const lm_rule *r, uint64_t *k) {
+  int n = 0;
+  k[n++] = (uint64_t)op, k[n++] = (uint64_t)r->nin, k[n++] = (uint64_t)(uintptr_t)r->in[0]->mesh;
+  for (int i = 0; i < r->nin; i++) {
+    const lm_dspec *s = r->in[i];
+    k[n++] = (uint64_t)(uintptr_t)s->mesh, k[n++] = (uint64_t)s->nd;
+    for (int d = 0; d < s->nd; d++) k[n++] = (uint64_t)s->shape[d];
+    for (int m = 0; m < s->mesh->ndim; m++)
+      k[n++] = (uint64_t)s->pl[m].kind, k[n++] = (uint64_t)s->pl[m].dim, k[n++] = (uint64_t)s->pl[m].op;
+  }
+  k[n++] = (uint64_t)r->a->ni;
+  for (int j = 0; j < r->a->ni; j++) k[n++] = (uint64_t)r->a->i[j];
+  k[n++] = (uint64_t)r->a->nf;
+  for (int j = 0; j < r->a->nf; j++) memcpy(&k[n++], &r->a->f[j], 8);
+  return n;
+}
+
+static int cached_rule(int op, const lm_op_def *d, lm_rule *r) {
+  uint64_t key[KEY_MAX];
+  int n = rule_key(op, r, key);
+  rule_entry *e = &rule_cache[lm_fnv1a(key, n * sizeof *key, 0) % 128];
+  if (e->n == n && !memcmp(e->key, key, n * sizeof *key)) {
+    memcpy(r->want, e->want, sizeof r->want);
+    memcpy(r->out, e->out, sizeof r->out);
+    r->local = e->local;
+    rule_hits++;
+    return 0;
+  }
+  LM_TRY(d->shard_rule(r));
+  rule_misses++;
+  e->n = n;
+  memcpy(e->key, key, n * sizeof *key);
+  memcpy(e->want, r->want, sizeof e->want);
+  memcpy(e->out, r->out, sizeof e->out);
+  e->local = r->local;
+  return 0;
+}
+
+void lm_dtensor_rule_stats(int64_t *hits, int64_t *misses) { *hits = rule_hits, *misses = rule_misses; }
+void lm_dtensor_rule_cache_clear(void) { memset(rule_cache, 0, sizeof rule_cache); }
+
 int lm_dtensor_call(int op, const lm_op_def *d, int nin, lm_tensor *const *in, const lm_attrs *a,
                     lm_tensor **out) {
   if (!d->shard_rule) return lm_error("%s: no sharding rule for DTensor arguments yet", d->name);
@@ -367,7 +421,7 @@ int lm_dtensor_call(int op, const lm_op_def *d, int nin, lm_tensor *const *in, c
     r.in[i] = si;
     memcpy(r.want[i], si->pl, sizeof r.want[i]);
   }
-  if (rc == 0) rc = d->shard_rule(&r);
+  if (rc == 0) rc = cached_rule(op, d, &r);
   /* inputs as the rule wants them, and guards for replicated inputs of
    * outputs that differ across ranks (their gradient is a sum of terms) */
   const lm_mesh *m = first->mesh;

@@ -212,6 +212,9 @@ int lm_dtensor_spec(const lm_tensor *d, lm_placement *pl, int64_t *global_shape,
 /* plain 0-dim tensors always mix with DTensors; other plain tensors only
  * while implicit replication is on (returns the old setting) */
 int lm_set_implicit_replication(int on);
+/* the sharding-decision cache of this thread: hits and misses so far; clear */
+void lm_dtensor_rule_stats(int64_t *hits, int64_t *misses);
+void lm_dtensor_rule_cache_clear(void);
 
 #ifdef __cplusplus
 }

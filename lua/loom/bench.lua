@@ -30,7 +30,8 @@ function M.args(argv, defaults)
 end
 
 function M.median(t)
-  local s = { unpack(t) }
+  local s = {}
+  for i = 1, #t do s[i] = t[i] end   -- (unpack overflows the stack on long lists)
   table.sort(s)
   local n = #s
   if n == 0 then return 0 / 0 end
