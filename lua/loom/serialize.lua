@@ -27,6 +27,7 @@ local MAGIC = "LOOM\2\n"
 local HEAD = #MAGIC + 8           -- magic and length
 local MIN_SIZE = HEAD + 1 + 8     -- one record tag and the checksum
 
+-- stdio for durable writes (loom.distributed.checkpoint uses them too)
 for _, decl in ipairs {
   "typedef struct FILE FILE;",
   "FILE *fopen(const char *path, const char *mode);",

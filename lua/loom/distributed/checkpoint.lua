@@ -37,17 +37,7 @@ local loom = require "loom"
 local T = require "loom.tensor"
 local serialize = require "loom.serialize"
 local C = loom.C
-local libc = ffi.C
-
-for _, decl in ipairs {
-  "typedef struct FILE FILE;",
-  "FILE *fopen(const char *path, const char *mode);",
-  "size_t fwrite(const void *p, size_t size, size_t n, FILE *f);",
-  "int fflush(FILE *f);",
-  "int fileno(FILE *f);",
-  "int fsync(int fd);",
-  "int fclose(FILE *f);",
-} do pcall(ffi.cdef, decl) end
+local libc = ffi.C   -- fopen/fwrite/fsync as declared by loom.serialize
 
 local M = {}
 
