@@ -39,12 +39,26 @@ typedef struct lm_tensor {
   void *dist;             /* DTensor spec, NULL for a plain tensor */
 } lm_tensor;
 
-/* Arguments of an op besides its tensors: integers then reals. */
+/* Arguments of an op besides its tensors: integers, reals, and handles
+ * (a communicator, a generator), each handle tagged with its kind so an op
+ * can check it got what it expects. ni, nf, nh count the used entries. */
+enum lm_handle_kind { LM_HANDLE_NONE = 0, LM_HANDLE_COMM = 1 };
 typedef struct lm_attrs {
   int64_t i[24];
   double f[8];
-  int32_t ni, nf;
+  void *h[2];
+  int32_t hk[2];   /* enum lm_handle_kind of h[k] */
+  int32_t ni, nf, nh;
 } lm_attrs;
+
+/* Op ids: one per line of ops/op_list.h, the single list of ops (Lua reads
+ * them as C.LM_OP_<ID>). */
+enum lm_op_id {
+#define LM_OP(ID, ...) LM_OP_##ID,
+#include "ops/op_list.h"
+#undef LM_OP
+  LM_NOPS
+};
 
 /* Errors: a failing call returns NULL or -1 and leaves a message here. */
 const char *lm_last_error(void);
@@ -70,10 +84,20 @@ int lm_copy_(lm_tensor *dst, const lm_tensor *src); /* same shape, any dtypes */
 int64_t lm_allocated_bytes(void);    /* bytes held by live storages */
 int64_t lm_storage_count(void);      /* live storages, for leak checks */
 
-/* Ops: looked up once by name, then called by id. */
-int lm_op_find(const char *name);    /* -1 when unknown */
+/* Ops: called by id (enum lm_op_id); names are for messages and tools. */
+int lm_op_find(const char *name);    /* id, or -1 when unknown */
 int lm_op_count(void);
 const char *lm_op_name(int op);
+/* What the table says of an op; -1 for an unknown id. */
+typedef struct lm_op_info {
+  const char *name;
+  int32_t nin, nout;     /* nin -1: any number of tensors */
+  int32_t differentiable, sharded, inplace;
+} lm_op_info;
+int lm_op_info_of(int op, lm_op_info *info);
+/* 1 when device's backend has the kernel op runs on (ops built from other
+ * ops count as present), 0 when not or when the device has no backend. */
+int lm_op_has_kernel(int op, int device);
 int lm_op_call(int op, int nin, lm_tensor *const *in, const lm_attrs *attrs,
                int maxout, lm_tensor **out); /* number of outputs or -1 */
 

@@ -1,6 +1,6 @@
-/* backend.cu: the CUDA backend table (lm_cuda_backend), device discovery
- * and selection, the stream-ordered allocator, and the helpers the kernel
- * files share (errors, the strided walk's setup). */
+/* backend.cu: the CUDA backend: device discovery and selection, the
+ * stream-ordered allocator, the helpers the kernel files share (errors, the
+ * strided walk's setup), and the table registered for CUDA devices. */
 #include "common.cuh"
 #include "kernels.cuh"
 #include <stdio.h>
@@ -22,7 +22,7 @@ static int device_count = -1;              /* -1: not asked yet */
 static char no_device_reason[256];
 static bool pool_ready[MAX_DEVICES], use_pool[MAX_DEVICES];
 
-int lm_cuda_device_count(void) {
+static int devices(void) {
   if (device_count < 0) {
     int n = 0; /* left untouched when there is no driver or GPU */
     cudaError_t e = cudaGetDeviceCount(&n);
@@ -41,15 +41,6 @@ int lm_cuda_device_count(void) {
   return device_count;
 }
 
-int lm_cuda_available(int device) {
-  int k = device - LM_CUDA0, n = lm_cuda_device_count();
-  if (n == 0) return 0;
-  if (k < 0 || k >= n) {
-    lm_error("cuda:%d: expected a device in cuda:0..cuda:%d", k, n - 1);
-    return 0;
-  }
-  return 1;
-}
 
 static int set_device(int k) {
   int cur = -1;
@@ -71,9 +62,12 @@ static int set_device(int k) {
   return 0;
 }
 
-const lm_backend *lm_cuda_backend_for(int device) {
-  if (!lm_cuda_available(device)) return NULL;
-  return set_device(device - LM_CUDA0) < 0 ? NULL : &lm_cuda_backend;
+/* the table's select: device k of this process, made current */
+static int cuda_select(int k) {
+  int n = devices();
+  if (n == 0) return -1;
+  if (k < 0 || k >= n) return lm_error("cuda:%d: expected a device in cuda:0..cuda:%d", k, n - 1);
+  return set_device(k);
 }
 
 int lm_cuda_use(const lm_tensor *t) {
@@ -82,7 +76,7 @@ int lm_cuda_use(const lm_tensor *t) {
   if (k < 0) return 0;
 #endif
   if (k < 0) return lm_error("cuda: tensor is on the CPU, expected a CUDA tensor");
-  if (k >= MAX_DEVICES || !pool_ready[k]) return lm_cuda_backend_for(t->device_) ? 0 : -1;
+  if (k >= MAX_DEVICES || !pool_ready[k]) return cuda_select(k);
   int cur = -1;
   if (cudaGetDevice(&cur) == cudaSuccess && cur == k) return 0;
   LM_CUDA_TRY(cudaSetDevice(k));
@@ -96,7 +90,7 @@ static int current_device(void) {
   return k < 0 || k >= MAX_DEVICES ? 0 : k;
 }
 
-static void *cuda_alloc(size_t n) {
+void *lm_cuda_alloc(size_t n) {
   int k = current_device();
   if (!pool_ready[k] && set_device(k) < 0) return NULL;
   void *p = NULL;
@@ -109,7 +103,7 @@ static void *cuda_alloc(size_t n) {
   return p;
 }
 
-static void cuda_free(void *p) {
+void lm_cuda_free(void *p) {
   if (!p) return;
   int k = current_device();
   cudaError_t e = use_pool[k] ? cudaFreeAsync(p, LM_STREAM) : cudaFree(p);
@@ -144,24 +138,25 @@ void lm_walk_init(lm_walk *w, int narg, const lm_tensor *const *t) {
   if (w->nd == 0) w->nd = 1; /* a scalar: shape 1, strides 0 */
 }
 
-/* ---- the table, in lm_backend's order (C++17 has no designated
- * initialisers): a slot added to lm_backend must be added here too. ---- */
-static_assert(sizeof(lm_backend) == 16 * sizeof(void *), "lm_backend changed: update lm_cuda_backend");
-extern "C" const lm_backend lm_cuda_backend = {
-    "cuda",
-    cuda_alloc,
-    cuda_free,
-    lm_cuda_copy,
-    lm_cuda_fill,
-    lm_cuda_unary,
-    lm_cuda_binary,
-    lm_cuda_where,
-    lm_cuda_reduce,
-    lm_cuda_gemm,
-    lm_cuda_random,
-    lm_cuda_softmax,
-    lm_cuda_norm,
-    lm_cuda_embedding,
-    lm_cuda_index_add,
-    lm_cuda_adamw,
-};
+/* ---- the table, filled by slot name; registered when libloom loads ---- */
+__attribute__((constructor)) static void register_cuda(void) {
+  static lm_backend b;
+  b.name = "cuda";
+  b.select = cuda_select;
+  b.alloc = lm_cuda_alloc;
+  b.free = lm_cuda_free;
+  b.copy = lm_cuda_copy;
+  b.fill = lm_cuda_fill;
+  b.unary = lm_cuda_unary;
+  b.binary = lm_cuda_binary;
+  b.where = lm_cuda_where;
+  b.reduce = lm_cuda_reduce;
+  b.gemm = lm_cuda_gemm;
+  b.random = lm_cuda_random;
+  b.softmax = lm_cuda_softmax;
+  b.norm = lm_cuda_norm;
+  b.embedding = lm_cuda_embedding;
+  b.index_add = lm_cuda_index_add;
+  b.adamw = lm_cuda_adamw;
+  lm_register_backend(LM_KIND_CUDA, &b);
+}

@@ -7,7 +7,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 #include <string.h>
-#include "cuda_backend.h"
+#include "kernels.cuh"
 
 /* Every kernel runs on the legacy default stream of the current device. */
 #define LM_STREAM ((cudaStream_t)0)

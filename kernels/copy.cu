@@ -57,7 +57,7 @@ static lm_tensor dense(lm_storage *s, void *data, const lm_tensor *like, int dty
 }
 
 /* Device scratch on the current device, stream-ordered like tensors. */
-static void *scratch(size_t n) { return lm_cuda_backend.alloc(n ? n : 1); }
+static void *scratch(size_t n) { return lm_cuda_alloc(n ? n : 1); }
 
 static int host_to_device(lm_tensor *dst, const lm_tensor *src) {
   size_t n = (size_t)src->numel_ * lm_dtype_size(src->dtype_);
@@ -68,7 +68,7 @@ static int host_to_device(lm_tensor *dst, const lm_tensor *src) {
   if (!lm_is_contiguous(src)) { /* gather on the CPU first */
     if (!(host = malloc(n))) return lm_error("copy: out of memory staging %zu bytes", n);
     lm_tensor h = dense(&hs, host, src, src->dtype_, LM_CPU);
-    if (lm_cpu_backend.copy(&h, src) < 0) { free(host); return -1; }
+    if (lm_copy_(&h, src) < 0) { free(host); return -1; }
     hp = (const char *)host;
   }
   if (lm_cuda_use(dst) < 0) rc = -1;
@@ -81,7 +81,7 @@ static int host_to_device(lm_tensor *dst, const lm_tensor *src) {
     if (e != cudaSuccess) rc = lm_cuda_fail("copy to the GPU", e);
     lm_tensor d = dense(&ds, dev, src, src->dtype_, dst->device_);
     if (rc == 0) rc = device_copy(dst, &d);
-    lm_cuda_backend.free(dev);
+    lm_cuda_free(dev);
   }
   free(host);
   return rc;
@@ -109,10 +109,10 @@ static int device_to_host(lm_tensor *dst, const lm_tensor *src) {
     }
     if (rc == 0 && !direct) {
       lm_tensor h = dense(&hs, host, dst, dst->dtype_, LM_CPU);
-      rc = lm_cpu_backend.copy(dst, &h);
+      rc = lm_copy_(dst, &h);
     }
   }
-  if (dev) lm_cuda_backend.free(dev);
+  if (dev) lm_cuda_free(dev);
   free(host);
   return rc;
 }
@@ -138,8 +138,8 @@ static int peer_copy(lm_tensor *dst, const lm_tensor *src) {
     lm_tensor t = dense(&s2, b, src, src->dtype_, dst->device_);
     if (rc == 0) rc = device_copy(dst, &t);
   }
-  if (b) lm_cuda_backend.free(b); /* dst's device is current */
-  if (a && lm_cuda_use(src) == 0) lm_cuda_backend.free(a);
+  if (b) lm_cuda_free(b); /* dst's device is current */
+  if (a && lm_cuda_use(src) == 0) lm_cuda_free(a);
   lm_cuda_use(dst);
   return rc;
 }
@@ -147,7 +147,7 @@ static int peer_copy(lm_tensor *dst, const lm_tensor *src) {
 int lm_cuda_copy(lm_tensor *dst, const lm_tensor *src) {
   if (dst->numel_ != src->numel_) return lm_error("copy: sizes differ");
   if (dst->numel_ == 0) return 0;
-  if (src->device_ == LM_CPU && dst->device_ == LM_CPU) return lm_cpu_backend.copy(dst, src);
+  if (src->device_ == LM_CPU && dst->device_ == LM_CPU) return lm_copy_(dst, src);
   if (src->device_ == LM_CPU) return host_to_device(dst, src);
   if (dst->device_ == LM_CPU) return device_to_host(dst, src);
   if (src->device_ != dst->device_) return peer_copy(dst, src);

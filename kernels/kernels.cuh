@@ -1,8 +1,14 @@
 /* kernels.cuh: the CUDA kernels that fill the backend table (backend.cu),
- * with the CPU ones' semantics (core/cpu/kernels.h). */
+ * with the CPU ones' semantics (core/cpu/kernels.h), and the device and
+ * memory helpers the kernel files share. The CUDA backend sees only
+ * core/backend.h of the core. */
 #ifndef LOOM_CUDA_KERNELS_CUH
 #define LOOM_CUDA_KERNELS_CUH
-#include "cuda_backend.h"
+#include "../core/backend.h"
+
+/* Device memory on the current device, stream-ordered like tensors. */
+void *lm_cuda_alloc(size_t nbytes);
+void lm_cuda_free(void *p);
 
 int lm_cuda_copy(lm_tensor *dst, const lm_tensor *src);                  /* copy.cu */
 int lm_cuda_fill(lm_tensor *t, double v);                                /* copy.cu */

@@ -4,7 +4,7 @@
  * use round-to-nearest intrinsics (no FMA contraction) to match the CPU. */
 #include "common.cuh"
 #include "kernels.cuh"
-#include "philox.cuh"
+#include "../core/philox.h"
 
 struct Rnd {
   int nd, dtype, kind;

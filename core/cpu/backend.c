@@ -30,7 +30,7 @@ static void cpu_free(void *p) {
   if (p) free(((void **)p)[-1]);
 }
 
-const lm_backend lm_cpu_backend = {
+static const lm_backend cpu_backend = {
     .name = "cpu",
     .alloc = cpu_alloc,
     .free = cpu_free,
@@ -48,3 +48,6 @@ const lm_backend lm_cpu_backend = {
     .index_add = lm_cpu_index_add,
     .adamw = lm_cpu_adamw,
 };
+
+/* Registered when libloom loads: the CPU is always there. */
+__attribute__((constructor)) static void register_cpu(void) { lm_register_backend(LM_KIND_CPU, &cpu_backend); }

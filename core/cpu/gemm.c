@@ -1,6 +1,6 @@
 /* gemm.c: batched matrix multiply through OpenBLAS. Operands whose strides
  * are a transpose go to BLAS as transposed, without a copy. */
-#include "../internal.h"
+#include "kernels.h"
 #include <cblas.h>
 
 /* How BLAS can read a (rows, cols) matrix with strides (rs, cs). */

@@ -79,25 +79,3 @@ void lm_foreach(int narg, const lm_tensor *const *t, lm_row_fn fn, void *ctx) {
     }
   }
 }
-
-lm_tensor *lm_broadcast_to(const char *op, const char *arg, const lm_tensor *t, int ndim,
-                           const int64_t *shape) {
-  int64_t stride[LM_MAX_DIMS];
-  int lead = ndim - t->ndim;
-  if (lead < 0) {
-    lm_error("%s: %s has %d dims, cannot broadcast to %d", op, arg, t->ndim, ndim);
-    return NULL;
-  }
-  for (int d = 0; d < ndim; d++) {
-    int s = d - lead;
-    if (s < 0) { stride[d] = 0; continue; }
-    if (t->shape[s] == shape[d]) stride[d] = shape[d] == 1 ? 0 : t->stride_[s];
-    else if (t->shape[s] == 1) stride[d] = 0;
-    else {
-      lm_error("%s: %s has size %lld in dim %d, cannot broadcast to %lld", op, arg,
-               (long long)t->shape[s], s + 1, (long long)shape[d]);
-      return NULL;
-    }
-  }
-  return lm_view_of(t, ndim, shape, stride, t->offset);
-}

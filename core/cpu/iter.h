@@ -1,7 +1,7 @@
 /* iter.h: the strided walk every CPU pointwise kernel shares. */
 #ifndef LOOM_CPU_ITER_H
 #define LOOM_CPU_ITER_H
-#include "../internal.h"
+#include "kernels.h"
 
 /* fn(n, p, s, ctx) processes one row of n elements: operand k starts at
  * p[k] and steps s[k] bytes. Operands share t[0]'s shape (broadcast views
@@ -9,7 +9,4 @@
 typedef void (*lm_row_fn)(int64_t n, char **p, const int64_t *s, void *ctx);
 void lm_foreach(int narg, const lm_tensor *const *t, lm_row_fn fn, void *ctx);
 
-/* Broadcast view of t to shape (new ref), or NULL with an error naming op. */
-lm_tensor *lm_broadcast_to(const char *op, const char *arg, const lm_tensor *t, int ndim,
-                           const int64_t *shape);
 #endif

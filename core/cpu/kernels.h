@@ -1,7 +1,10 @@
-/* kernels.h: the CPU kernels that fill the backend table (backend.c). */
+/* kernels.h: the CPU kernels that fill the backend table (backend.c). The
+ * CPU backend sees only backend.h of the core. */
 #ifndef LOOM_CPU_KERNELS_H
 #define LOOM_CPU_KERNELS_H
-#include "../internal.h"
+#include "../backend.h"
+
+int lm_threads_for(int64_t work); /* threads worth using for `work` elements (threads.c) */
 
 int lm_cpu_copy(lm_tensor *dst, const lm_tensor *src);                 /* copy.c */
 int lm_cpu_fill(lm_tensor *t, double v);                               /* copy.c */

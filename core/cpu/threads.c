@@ -1,6 +1,6 @@
 /* threads.c: one thread count for loom's kernels and OpenBLAS. It starts
  * at LOOM_NUM_THREADS, else the number of cores. */
-#include "../internal.h"
+#include "kernels.h"
 #include <stdlib.h>
 #include <unistd.h>
 #ifdef _OPENMP

@@ -3,6 +3,7 @@
 -- 1-based here and converted for the C core.
 local loom = require "loom"
 local T = require "loom.tensor"
+local C = require("loom.lib").C
 local rope = require "loom.nn_functional_ops"
 
 local F = {}
@@ -57,7 +58,7 @@ function F.layer_norm(x, shape, w, b, eps)
   local inputs = { x }
   if w ~= nil then inputs[#inputs + 1] = check(w, "layer_norm", "weight") end
   if b ~= nil then inputs[#inputs + 1] = check(b, "layer_norm", "bias") end
-  return op("layer_norm", inputs, { ndims("layer_norm", shape), w and 1 or 0, b and 1 or 0 }, { eps or 1e-5 })
+  return op(C.LM_OP_LAYER_NORM, inputs, { ndims("layer_norm", shape), w and 1 or 0, b and 1 or 0 }, { eps or 1e-5 })
 end
 
 -- rms_norm(x, normalized_shape, weight, eps): eps nil is the dtype's epsilon
@@ -65,7 +66,7 @@ function F.rms_norm(x, shape, w, eps)
   check(x, "rms_norm", "input")
   local inputs = { x }
   if w ~= nil then inputs[2] = check(w, "rms_norm", "weight") end
-  return op("rms_norm", inputs, { ndims("rms_norm", shape), w and 1 or 0 }, eps and { eps } or nil)
+  return op(C.LM_OP_RMS_NORM, inputs, { ndims("rms_norm", shape), w and 1 or 0 }, eps and { eps } or nil)
 end
 
 -- embedding(ids, weight): ids hold 1-based rows of weight
@@ -75,7 +76,7 @@ function F.embedding(ids, w)
   if ids.dtype ~= "i64" and ids.dtype ~= "i32" then
     T.argerror("embedding", "input", "integer ids (i64 or i32)", ids.dtype .. " tensor")
   end
-  return op("embedding", { w, ids - 1 })
+  return op(C.LM_OP_EMBEDDING, { w, ids - 1 })
 end
 
 local REDUCTION = { none = 0, mean = 1, sum = 2 }
@@ -109,7 +110,7 @@ function F.cross_entropy(logits, target, opts)
   if ids then target = target - 1 end
   local inputs = { logits, target }
   if opts.weight ~= nil then inputs[3] = check(opts.weight, "cross_entropy", "weight") end
-  local loss = op("cross_entropy", inputs, { ids and ignore - 1 or ignore, red }, { ls })
+  local loss = op(C.LM_OP_CROSS_ENTROPY, inputs, { ids and ignore - 1 or ignore, red }, { ls })
   if lead and red == 0 then loss = loss:reshape(lead) end
   return loss
 end
@@ -121,7 +122,7 @@ function F.scaled_dot_product_attention(q, k, v, opts)
                    check(k, "scaled_dot_product_attention", "key"),
                    check(v, "scaled_dot_product_attention", "value") }
   if opts.attn_mask ~= nil then inputs[4] = check(opts.attn_mask, "scaled_dot_product_attention", "attn_mask") end
-  return op("scaled_dot_product_attention", inputs, { opts.is_causal and 1 or 0 }, { opts.scale or 0 })
+  return op(C.LM_OP_SDPA, inputs, { opts.is_causal and 1 or 0 }, { opts.scale or 0 })
 end
 
 -- rotary embeddings (Llama's, interleaved pairs)

@@ -11,23 +11,30 @@ local function readable(path)
 end
 
 -- The header sits next to this file once installed, in core/ in a checkout.
-local function header_text()
-  for _, p in ipairs { here .. "loom.h", root .. "core/loom.h" } do
-    if readable(p) then
-      local f = io.open(p, "rb")
-      local s = f:read("*a")
-      f:close()
-      return s, p
-    end
+local function header_dir()
+  for _, d in ipairs { here, root .. "core/" } do
+    if readable(d .. "loom.h") then return d end
   end
   error("loom: cannot find loom.h next to " .. here .. " or in " .. root .. "core/")
 end
 
--- ffi.cdef takes no preprocessor lines: drop them, and the C++ guards.
-local function cdef_of(text)
+local function read(path)
+  local f = assert(io.open(path, "rb"))
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+-- ffi.cdef takes no preprocessor lines: drop them and the C++ guards. The
+-- one include the header has, the op list, becomes the enum's entries:
+-- each LM_OP(ID, ...) line gives LM_OP_ID.
+local function cdef_of(dir)
   local out, skip = {}, false
-  for line in (text .. "\n"):gmatch("(.-)\n") do
-    if line:match("^#ifdef __cplusplus") then skip = true
+  for line in (read(dir .. "loom.h") .. "\n"):gmatch("(.-)\n") do
+    local inc = line:match('^#include "(ops/op_list%.h)"')
+    if inc then
+      for id in read(dir .. inc):gmatch("\nLM_OP%(([%w_]+),") do out[#out + 1] = "LM_OP_" .. id .. "," end
+    elseif line:match("^#ifdef __cplusplus") then skip = true
     elseif skip and line:match("^#endif") then skip = false
     elseif not skip and not line:match("^%s*#") then out[#out + 1] = line end
   end
@@ -51,7 +58,7 @@ ffi.cdef [[ int setenv(const char *name, const char *value, int overwrite); ]]
 -- this must be set before libgomp loads (it loads with libloom).
 ffi.C.setenv("OMP_WAIT_POLICY", "PASSIVE", 0)
 
-ffi.cdef(cdef_of((header_text())))
+ffi.cdef(cdef_of(header_dir()))
 local C = ffi.load(library_path(), true)
 
 return { C = C, root = root }

@@ -1,7 +1,8 @@
--- nn_functional_ops.lua: helpers around the nn registry ops (core/ops_nn.c)
+-- nn_functional_ops.lua: helpers around the nn ops (core/ops/nn_*.c)
 -- that take and return loom tensors: rotary-embedding tables and their use.
 -- loom.functional builds the user-facing API on these.
 local T = require "loom.tensor"
+local C = require("loom.lib").C
 require "loom.tensor_ops"
 
 local M = {}
@@ -36,7 +37,7 @@ end
 -- Llama's apply_rotary_emb (interleaved pairs). The tables must have
 -- exactly x's seq rows: narrow them first for an offset.
 function M.apply_rotary_emb(x, cos, sin)
-  return T.op("rope", { x, cos, sin })
+  return T.op(C.LM_OP_ROPE, { x, cos, sin })
 end
 
 return M

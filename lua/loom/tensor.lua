@@ -107,38 +107,52 @@ function Tensor.free(x)
 end
 
 ---------------------------------------------------------------------------
--- op calls: ops are found by name once, then called by id
+-- op calls, by id: C.LM_OP_<ID>, from the op list (core/ops/op_list.h)
 
-local op_ids = setmetatable({}, { __index = function(t, name)
+local function op_name(id) return ffi.string(C.lm_op_name(id)) end
+M.op_name = op_name
+
+local inbuf = ffi.new("lm_tensor*[256]")
+local outbuf = ffi.new("lm_tensor*[4]")
+local attrs = ffi.new("lm_attrs")
+
+-- attrs from Lua lists of integers and reals, and handles (e.g. a
+-- communicator, {comm}); the lists must fit the fixed arrays of lm_attrs
+local MAXI, MAXF = 24, 8
+local function set_attrs(ints, floats, handles)
+  attrs.ni, attrs.nf, attrs.nh = 0, 0, 0
+  if ints then
+    if #ints > MAXI then error(string.format("op: at most %d integer arguments, got %d", MAXI, #ints), 4) end
+    for k = 1, #ints do attrs.i[k - 1] = ints[k] end
+    attrs.ni = #ints
+  end
+  if floats then
+    if #floats > MAXF then error(string.format("op: at most %d real arguments, got %d", MAXF, #floats), 4) end
+    for k = 1, #floats do attrs.f[k - 1] = floats[k] end
+    attrs.nf = #floats
+  end
+  if handles then
+    for k = 1, #handles do attrs.h[k - 1], attrs.hk[k - 1] = handles[k], C.LM_HANDLE_COMM end
+    attrs.nh = #handles
+  end
+end
+
+-- an op's id from its name, for tools and the REPL (code calls by id)
+local ids_by_name = setmetatable({}, { __index = function(t, name)
   local id = C.lm_op_find(name)
   if id < 0 then error("loom: no op named " .. tostring(name), 3) end
   t[name] = id
   return id
 end })
 
-local inbuf = ffi.new("lm_tensor*[256]")
-local outbuf = ffi.new("lm_tensor*[4]")
-local attrs = ffi.new("lm_attrs")
-
-local function set_attrs(ints, floats)
-  attrs.ni, attrs.nf = 0, 0
-  if ints then
-    for k = 1, #ints do attrs.i[k - 1] = ints[k] end
-    attrs.ni = #ints
-  end
-  if floats then
-    for k = 1, #floats do attrs.f[k - 1] = floats[k] end
-    attrs.nf = #floats
-  end
-end
-
--- op(name, {tensors}, {ints}, {floats}) -> first output [, second output]
-local function op(name, inputs, ints, floats)
+-- op(id or name, {tensors}, {ints}, {floats}, {handles}) -> first output [, second output]
+local function op(id, inputs, ints, floats, handles)
+  if type(id) == "string" then id = ids_by_name[id] end
   local n = #inputs
-  if n > 256 then error(name .. ": at most 256 tensors, got " .. n, 2) end
-  for k = 1, n do inputs[k] = check_tensor(inputs[k], name, "argument #" .. k) inbuf[k - 1] = inputs[k] end
-  set_attrs(ints, floats)
-  local nout = C.lm_op_call(op_ids[name], n, inbuf, attrs, 4, outbuf)
+  if n > 256 then error(op_name(id) .. ": at most 256 tensors, got " .. n, 2) end
+  for k = 1, n do inputs[k] = check_tensor(inputs[k], op_name(id), "argument #" .. k) inbuf[k - 1] = inputs[k] end
+  set_attrs(ints, floats, handles)
+  local nout = C.lm_op_call(id, n, inbuf, attrs, 4, outbuf)
   if nout < 0 then c_error(2) end
   if nout == 0 then return end   -- in-place ops (optimizer updates)
   local a = wrap(outbuf[0])
@@ -153,20 +167,20 @@ M.op = op
 -- LuaJIT's traces starting there abort often (returns through __add's
 -- frame, finalizers running while recording) it blacklists it, after which
 -- no loop that makes a tensor compiles.
-local function op1(name, x, ints, floats)
+local function op1(id, x, ints, floats)
   inbuf[0] = x
   set_attrs(ints, floats)
-  if C.lm_op_call(op_ids[name], 1, inbuf, attrs, 4, outbuf) < 0 then c_error(3) end
+  if C.lm_op_call(id, 1, inbuf, attrs, 4, outbuf) < 0 then c_error(3) end
   gc_pressure()
   return ffi.gc(outbuf[0][0], C.lm_release)
 end
 M.op1 = op1
 
 -- two tensors (already checked), no attributes: binary ops and operators
-local function op2(name, a, b)
+local function op2(id, a, b)
   inbuf[0], inbuf[1] = a, b
-  attrs.ni, attrs.nf = 0, 0
-  if C.lm_op_call(op_ids[name], 2, inbuf, attrs, 4, outbuf) < 0 then c_error(3) end
+  attrs.ni, attrs.nf, attrs.nh = 0, 0, 0
+  if C.lm_op_call(id, 2, inbuf, attrs, 4, outbuf) < 0 then c_error(3) end
   gc_pressure()
   return ffi.gc(outbuf[0][0], C.lm_release)
 end
@@ -352,7 +366,7 @@ M.scalar_for = scalar_for
 -- tensor in the dtype the op computes in (f64 for f64 tensors, else f32;
 -- the integer rules of scalar_for), freed right after the call: no
 -- finalizer, no cast.
-local function op2n(name, x, v, swap)
+local function op2n(id, x, v, swap)
   if v == true or v == false then v = v and 1 or 0 end
   local dt = x.dtype_
   if dt >= 4 and v ~= math.floor(v) then dt = 1 end
@@ -361,8 +375,8 @@ local function op2n(name, x, v, swap)
   if s == nil then c_error(3) end
   C.lm_fill_(s, v)
   if swap then inbuf[0], inbuf[1] = s, x else inbuf[0], inbuf[1] = x, s end
-  attrs.ni, attrs.nf = 0, 0
-  local n = C.lm_op_call(op_ids[name], 2, inbuf, attrs, 4, outbuf)
+  attrs.ni, attrs.nf, attrs.nh = 0, 0, 0
+  local n = C.lm_op_call(id, 2, inbuf, attrs, 4, outbuf)
   C.lm_release(s)
   if n < 0 then c_error(3) end
   gc_pressure()
@@ -442,27 +456,27 @@ local function sizes(fname, ...)
   return s
 end
 
-function Tensor.view(x, ...) return op1("view", x, sizes("view", ...)) end
-function Tensor.reshape(x, ...) return op1("reshape", x, sizes("reshape", ...)) end
-function Tensor.expand(x, ...) return op1("expand", x, sizes("expand", ...)) end
-function Tensor.expand_as(x, y) return op1("expand", x, check_tensor(y, "expand_as", "other"):size()) end
-function Tensor.view_as(x, y) return op1("view", x, check_tensor(y, "view_as", "other"):size()) end
-function Tensor.flatten(x) return op1("reshape", x, { -1 }) end
+function Tensor.view(x, ...) return op1(C.LM_OP_VIEW, x, sizes("view", ...)) end
+function Tensor.reshape(x, ...) return op1(C.LM_OP_RESHAPE, x, sizes("reshape", ...)) end
+function Tensor.expand(x, ...) return op1(C.LM_OP_EXPAND, x, sizes("expand", ...)) end
+function Tensor.expand_as(x, y) return op1(C.LM_OP_EXPAND, x, check_tensor(y, "expand_as", "other"):size()) end
+function Tensor.view_as(x, y) return op1(C.LM_OP_VIEW, x, check_tensor(y, "view_as", "other"):size()) end
+function Tensor.flatten(x) return op1(C.LM_OP_RESHAPE, x, { -1 }) end
 
 function Tensor.transpose(x, d1, d2)
-  return op1("transpose", x, { cdim(d1, "transpose", "dim1"), cdim(d2, "transpose", "dim2") })
+  return op1(C.LM_OP_TRANSPOSE, x, { cdim(d1, "transpose", "dim1"), cdim(d2, "transpose", "dim2") })
 end
 
 function Tensor.t(x)
   if x.ndim > 2 then argerror("t", "self", "a tensor with at most 2 dims", x.ndim .. " dims") end
   if x.ndim < 2 then return x end
-  return op1("transpose", x, { 0, 1 })
+  return op1(C.LM_OP_TRANSPOSE, x, { 0, 1 })
 end
 
 function Tensor.permute(x, ...)
   local dims = sizes("permute", ...)
   for k, d in ipairs(dims) do dims[k] = cdim(d, "permute", "dim #" .. k) end
-  return op1("permute", x, dims)
+  return op1(C.LM_OP_PERMUTE, x, dims)
 end
 
 -- narrow(dim, start, length): start is 1-based
@@ -470,11 +484,11 @@ function Tensor.narrow(x, d, start, len)
   check_int(start, "narrow", "start")
   check_int(len, "narrow", "length")
   if start < 1 then argerror("narrow", "start", "a 1-based index >= 1", tostring(start)) end
-  return op1("narrow", x, { cdim(d, "narrow"), start - 1, len })
+  return op1(C.LM_OP_NARROW, x, { cdim(d, "narrow"), start - 1, len })
 end
 
 function Tensor.select(x, d, index)
-  return op1("squeeze", Tensor.narrow(x, d, index, 1), { cdim(d, "select") })
+  return op1(C.LM_OP_SQUEEZE, Tensor.narrow(x, d, index, 1), { cdim(d, "select") })
 end
 
 function Tensor.unsqueeze(x, d)
@@ -483,20 +497,20 @@ function Tensor.unsqueeze(x, d)
   if d == 0 or d > n or d < -n then
     argerror("unsqueeze", "dim", string.format("a dim in [%d, -1] or [1, %d]", -n, n), describe(d))
   end
-  return op1("unsqueeze", x, { d > 0 and d - 1 or d })
+  return op1(C.LM_OP_UNSQUEEZE, x, { d > 0 and d - 1 or d })
 end
 
 function Tensor.squeeze(x, d)
-  if d == nil then return op1("squeeze", x) end
-  return op1("squeeze", x, { cdim(d, "squeeze") })
+  if d == nil then return op1(C.LM_OP_SQUEEZE, x) end
+  return op1(C.LM_OP_SQUEEZE, x, { cdim(d, "squeeze") })
 end
 
 function Tensor.contiguous(x)
   if C.lm_is_contiguous(x) == 1 then return x end
-  return op1("contiguous", x)
+  return op1(C.LM_OP_CONTIGUOUS, x)
 end
 
-function Tensor.clone(x) return op1("clone", x) end
+function Tensor.clone(x) return op1(C.LM_OP_CLONE, x) end
 
 -- to("f64"), to("cpu"), to({dtype=..., device=...})
 function Tensor.to(x, what)
@@ -506,7 +520,7 @@ function Tensor.to(x, what)
   elseif type(what) == "string" then device = what
   else argerror("to", "argument #1", "a dtype name, a device name or {dtype=, device=}", describe(what)) end
   local y = x
-  if dtype and dtype_id(dtype, "to") ~= x.dtype_ then y = op1("to", y, { DTYPE_ID[dtype] }) end
+  if dtype and dtype_id(dtype, "to") ~= x.dtype_ then y = op1(C.LM_OP_TO, y, { DTYPE_ID[dtype] }) end
   if device and device_id(device, "to") ~= y.device_ then
     local dst = empty_of("to", y:size(), { dtype = props.dtype(y), device = device })
     if C.lm_copy_(dst, y) < 0 then c_error() end

@@ -1,6 +1,7 @@
 -- tensor_ops.lua: the math methods of Tensor and its Lua operators, each a
--- thin call of one registry op.
+-- thin call of one op of the table, by id (C.LM_OP_<ID>).
 local T = require "loom.tensor"
+local C = require("loom.lib").C
 local Tensor, op, op1, op2, cdim = T.Tensor, T.op, T.op1, T.op2, T.cdim
 local as_tensor, check_tensor = T.as_tensor, T.check_tensor
 
@@ -9,15 +10,16 @@ local M = {}
 -- binary ops take tensors or Lua numbers (or booleans) on either side
 local is_tensor, op2n = T.is_tensor, T.op2n
 local function binary(name)
+  local id = C["LM_OP_" .. name:upper()]
   return function(a, b)
     if is_tensor(a) then
-      if is_tensor(b) then return op2(name, a, b) end
+      if is_tensor(b) then return op2(id, a, b) end
       local tb = type(b)
-      if tb == "number" or tb == "boolean" then return op2n(name, a, b, false) end
+      if tb == "number" or tb == "boolean" then return op2n(id, a, b, false) end
     end
     check_tensor(b, name, "argument #2")
     local ta = type(a)
-    if ta == "number" or ta == "boolean" then return op2n(name, b, a, true) end
+    if ta == "number" or ta == "boolean" then return op2n(id, b, a, true) end
     check_tensor(a, name, "argument #1")
   end
 end
@@ -30,13 +32,14 @@ end
 
 for _, name in ipairs { "neg", "abs", "sqrt", "rsqrt", "exp", "log", "tanh", "sigmoid", "relu",
                         "silu", "sin", "cos", "sign", "logical_not" } do
-  Tensor[name] = function(x) return op1(name, check_tensor(x, name, "self")) end
+  local id = C["LM_OP_" .. name:upper()]
+  Tensor[name] = function(x) return op1(id, check_tensor(x, name, "self")) end
   M[name] = Tensor[name]
 end
 
 -- x:pow(p) with a number uses the scalar kernel (x*x for p == 2)
 function Tensor.pow(x, p)
-  if type(p) == "number" and T.is_tensor(x) then return op1("pow_scalar", x, nil, { p }) end
+  if type(p) == "number" and T.is_tensor(x) then return op1(C.LM_OP_POW_SCALAR, x, nil, { p }) end
   return binary("pow")(x, p)
 end
 M.pow = Tensor.pow
@@ -46,7 +49,7 @@ function Tensor.gelu(x, opts)
   if approx ~= "none" and approx ~= "tanh" then
     T.argerror("gelu", "approximate", "\"none\" or \"tanh\"", T.describe(approx))
   end
-  return op1(approx == "tanh" and "gelu_tanh" or "gelu", x)
+  return op1(approx == "tanh" and C.LM_OP_GELU_TANH or C.LM_OP_GELU, x)
 end
 
 -- clamp(min, max): nil leaves a side open
@@ -54,13 +57,13 @@ function Tensor.clamp(x, lo, hi)
   for name, v in pairs { min = lo, max = hi } do
     if v ~= nil and type(v) ~= "number" then T.argerror("clamp", name, "a number or nil", T.describe(v)) end
   end
-  return op1("clamp", x, nil, { lo or 0 / 0, hi or 0 / 0 })
+  return op1(C.LM_OP_CLAMP, x, nil, { lo or 0 / 0, hi or 0 / 0 })
 end
 
 function M.where(cond, a, b)
   check_tensor(cond, "where", "condition")
   local like = T.is_tensor(a) and a or T.is_tensor(b) and b or cond:to("f32")
-  return op("where", { cond, as_tensor(a, like, "where", "argument #2"), as_tensor(b, like, "where", "argument #3") })
+  return op(C.LM_OP_WHERE, { cond, as_tensor(a, like, "where", "argument #2"), as_tensor(b, like, "where", "argument #3") })
 end
 Tensor.where = function(x, cond, other) return M.where(cond, x, other) end
 
@@ -70,7 +73,7 @@ function Tensor.masked_fill(x, mask, value)
   return M.where(mask, value, x)
 end
 
-function Tensor.matmul(a, b) return op("matmul", { a, b }) end
+function Tensor.matmul(a, b) return op(C.LM_OP_MATMUL, { a, b }) end
 Tensor.mm, Tensor.bmm = Tensor.matmul, Tensor.matmul
 M.matmul = Tensor.matmul
 
@@ -82,22 +85,22 @@ local function reduce_attrs(name, d, keepdim)
   return { cdim(d, name), keepdim and 1 or 0 }
 end
 
-function Tensor.sum(x, d, keepdim) return op1("sum", x, reduce_attrs("sum", d, keepdim)) end
-function Tensor.mean(x, d, keepdim) return op1("mean", x, reduce_attrs("mean", d, keepdim)) end
+function Tensor.sum(x, d, keepdim) return op1(C.LM_OP_SUM, x, reduce_attrs("sum", d, keepdim)) end
+function Tensor.mean(x, d, keepdim) return op1(C.LM_OP_MEAN, x, reduce_attrs("mean", d, keepdim)) end
 
 -- max/min: over everything, the value; over a dim, values and 1-based indices
 local function minmax(name)
   return function(x, d, keepdim)
     if type(d) ~= "number" and d ~= nil then return binary(name == "max" and "maximum" or "minimum")(x, d) end
-    local v, i = op(name, { x }, reduce_attrs(name, d, keepdim))
+    local v, i = op(C["LM_OP_" .. name:upper()], { x }, reduce_attrs(name, d, keepdim))
     if d == nil then return v end
     return v, i + 1
   end
 end
 Tensor.max, Tensor.min = minmax("max"), minmax("min")
 
-function Tensor.argmax(x, d, keepdim) return op1("argmax", x, reduce_attrs("argmax", d, keepdim)) + 1 end
-function Tensor.argmin(x, d, keepdim) return op1("argmin", x, reduce_attrs("argmin", d, keepdim)) + 1 end
+function Tensor.argmax(x, d, keepdim) return op1(C.LM_OP_ARGMAX, x, reduce_attrs("argmax", d, keepdim)) + 1 end
+function Tensor.argmin(x, d, keepdim) return op1(C.LM_OP_ARGMIN, x, reduce_attrs("argmin", d, keepdim)) + 1 end
 
 ---------------------------------------------------------------------------
 -- joining and splitting
@@ -105,7 +108,7 @@ function Tensor.argmin(x, d, keepdim) return op1("argmin", x, reduce_attrs("argm
 function M.cat(list, d)
   if type(list) ~= "table" or T.is_tensor(list) then T.argerror("cat", "tensors", "a table of tensors", T.describe(list)) end
   if #list == 0 then T.argerror("cat", "tensors", "at least one tensor", "an empty table") end
-  return op("cat", { unpack(list) }, { cdim(d or 1, "cat") })
+  return op(C.LM_OP_CAT, { unpack(list) }, { cdim(d or 1, "cat") })
 end
 
 -- split(size, dim): pieces of `size` along dim, the last may be smaller
@@ -131,10 +134,10 @@ function Tensor.chunk(x, chunks, d)
   return x:split(math.max(1, math.ceil(x:size(d or 1) / chunks)), d)
 end
 
-function Tensor.softmax(x, d) return op1("softmax", x, { cdim(d, "softmax") }) end
-function Tensor.log_softmax(x, d) return op1("log_softmax", x, { cdim(d, "log_softmax") }) end
-function Tensor.triu(x, k) return op1("triu", x, { k or 0 }) end
-function Tensor.tril(x, k) return op1("tril", x, { k or 0 }) end
+function Tensor.softmax(x, d) return op1(C.LM_OP_SOFTMAX, x, { cdim(d, "softmax") }) end
+function Tensor.log_softmax(x, d) return op1(C.LM_OP_LOG_SOFTMAX, x, { cdim(d, "log_softmax") }) end
+function Tensor.triu(x, k) return op1(C.LM_OP_TRIU, x, { k or 0 }) end
+function Tensor.tril(x, k) return op1(C.LM_OP_TRIL, x, { k or 0 }) end
 
 ---------------------------------------------------------------------------
 -- operators
@@ -145,6 +148,6 @@ mt.__sub = binary("sub")
 mt.__mul = binary("mul")
 mt.__div = binary("div")
 mt.__pow = function(a, b) return Tensor.pow(a, b) end
-mt.__unm = function(a) return op1("neg", a) end
+mt.__unm = function(a) return op1(C.LM_OP_NEG, a) end
 
 return M

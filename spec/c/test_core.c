@@ -1,7 +1,7 @@
 /* test_core.c: C tests of the core: Philox known answers, layout math,
  * refcounting and errors. Prints "N passed, N failed" and exits non-zero
  * on any failure. */
-#include "internal.h"
+#include "dist/dist.h"
 #include <stdio.h>
 #include <string.h>
 
@@ -55,7 +55,7 @@ static void test_layout(void) {
   CHECK(strstr(lm_last_error(), "dim") != NULL);
   lm_tensor *t = lm_empty(3, shape, LM_F32, LM_CPU);
   lm_attrs a = {.i = {0, 2}, .ni = 2};
-  lm_tensor *tr = lm_call("transpose", 1, &t, &a);
+  lm_tensor *tr = lm_run(LM_OP_TRANSPOSE, 1, &t, &a);
   CHECK(tr && tr->shape[0] == 4 && tr->stride_[0] == 1 && tr->stride_[2] == 12);
   CHECK(tr && !lm_is_contiguous(tr) && lm_is_contiguous(t));
   lm_release(tr), lm_release(t);
@@ -67,7 +67,7 @@ static void test_refcount(void) {
   CHECK(lm_storage_count() == before + 1);
   CHECK(lm_allocated_bytes() >= 64);
   lm_attrs a = {.i = {0, 2, 4}, .ni = 3};
-  lm_tensor *v = lm_call("narrow", 1, &t, &a); /* a view keeps the storage */
+  lm_tensor *v = lm_run(LM_OP_NARROW, 1, &t, &a); /* a view keeps the storage */
   lm_release(t);
   CHECK(lm_storage_count() == before + 1);
   CHECK(v && v->offset == 2 && v->shape[0] == 4);
@@ -79,7 +79,7 @@ static void test_refcount(void) {
   lm_tensor *b = lm_empty(1, &big, LM_F32, LM_CPU);
   CHECK(b && lm_fill_(b, 2.5) == 0);
   lm_attrs tail = {.i = {0, 990, 10}, .ni = 3};
-  lm_tensor *bv = b ? lm_call("narrow", 1, &b, &tail) : NULL;
+  lm_tensor *bv = b ? lm_run(LM_OP_NARROW, 1, &b, &tail) : NULL;
   lm_release(b);
   CHECK(bv && ((const float *)lm_data(bv))[9] == 2.5f);
   lm_release(bv);
@@ -94,15 +94,15 @@ static void test_errors(void) {
   CHECK(strstr(lm_last_error(), "f128") != NULL);
   CHECK(lm_op_find("no_such_op") < 0);
   lm_tensor *in[1] = {NULL};
-  CHECK(lm_op_call(lm_op_find("neg"), 1, in, NULL, 1, in) < 0);
+  CHECK(lm_op_call(LM_OP_NEG, 1, in, NULL, 1, in) < 0);
   CHECK(strstr(lm_last_error(), "argument #1") != NULL);
   /* the registry's own checks: op id, argument count, room for outputs */
   int64_t n = 3, big[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
   lm_tensor *t = lm_empty(1, &n, LM_F32, LM_CPU), *out[2];
   CHECK(lm_op_call(-1, 1, &t, NULL, 1, out) < 0 && strstr(lm_last_error(), "no such op"));
-  CHECK(lm_op_call(lm_op_find("add"), 1, &t, NULL, 1, out) < 0 &&
+  CHECK(lm_op_call(LM_OP_ADD, 1, &t, NULL, 1, out) < 0 &&
         strstr(lm_last_error(), "expected 2 tensor arguments, got 1"));
-  CHECK(lm_op_call(lm_op_find("neg"), 1, &t, NULL, 0, out) < 0 && strstr(lm_last_error(), "room"));
+  CHECK(lm_op_call(LM_OP_NEG, 1, &t, NULL, 0, out) < 0 && strstr(lm_last_error(), "room"));
   /* creation and copies */
   CHECK(lm_empty(9, big, LM_F32, LM_CPU) == NULL && strstr(lm_last_error(), "9"));
   CHECK(lm_empty(1, NULL, LM_F32, LM_CPU) == NULL && strstr(lm_last_error(), "NULL"));

@@ -3,6 +3,7 @@
 -- bf16 parameters get f32 optimizer state.
 local loom = require "loom"
 local T = require "loom.tensor"
+local C = require("loom.lib").C
 local Optimizer = require "loom.optim.optimizer"
 
 local AdamW = {}
@@ -48,7 +49,7 @@ function AdamW:step()
         s.step = s.step + 1
         local master = s.master or p
         g = g:to(master.dtype):contiguous()
-        T.op("_adamw_", { master, g, s.exp_avg, s.exp_avg_sq }, nil,
+        T.op(C.LM_OP_ADAMW, { master, g, s.exp_avg, s.exp_avg_sq }, nil,
              { d.lr, d.beta1, d.beta2, d.eps, d.weight_decay, 1 - d.beta1 ^ s.step, 1 - d.beta2 ^ s.step })
         if s.master then p:copy_(s.master) end
       end

@@ -2,7 +2,6 @@
 -- without gathering them (Megatron's vocab-parallel cross entropy). Forward
 -- all-reduces the row max, the sum of exponentials and the target logit
 -- (and, with label smoothing, the logit sum); backward needs none.
-local ffi = require "ffi"
 local loom = require "loom"
 local T = require "loom.tensor"
 local dt = require "loom.distributed.dtensor"
@@ -31,8 +30,8 @@ local function vocab_parallel_cross_entropy(logits, target, opts)
   end
   local eps, ignore = opts.label_smoothing or 0, opts.ignore_index or -100
   local ncls = logits:size(nd)
-  local comm = tonumber(ffi.cast("intptr_t", mesh:get_group(1).comm))
-  local function all_reduce(x, op) return T.op("_dist_all_reduce", { x }, { comm, op }) end
+  local comm = mesh:get_group(1).comm
+  local function all_reduce(x, op) return T.op(C.LM_OP_DIST_ALL_REDUCE, { x }, { op }, nil, { comm }) end
   local k, r = mesh:size(1), mesh:get_local_rank(1)
   local offset, nloc = tonumber(C.lm_chunk_offset(ncls, k, r)), tonumber(C.lm_chunk_size(ncls, k, r))
 

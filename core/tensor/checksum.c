@@ -1,5 +1,5 @@
 /* checksum.c: FNV-1a, the checksum of checkpoint files. */
-#include "internal.h"
+#include "tensor.h"
 
 uint64_t lm_fnv1a(const void *p, size_t n, uint64_t h) {
   const unsigned char *b = p;

@@ -45,6 +45,7 @@ int lm_dist_init(void) {
   }
   /* Errors come back as codes we turn into messages, instead of aborting. */
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  world.magic = LM_COMM_MAGIC;
   world.mpi = MPI_COMM_WORLD;
   MPI_Comm_rank(MPI_COMM_WORLD, &world.rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world.size);
@@ -122,6 +123,7 @@ lm_comm *lm_comm_world(void) {
 static lm_comm *wrap_comm(MPI_Comm m) {
   lm_comm *c = calloc(1, sizeof *c);
   if (!c) { lm_error("comm: out of memory"); return NULL; }
+  c->magic = LM_COMM_MAGIC;
   c->mpi = m;
   c->owned = 1;
   MPI_Comm_rank(m, &c->rank);
@@ -197,6 +199,7 @@ void lm_comm_free(lm_comm *c) {
 #endif
   if (c->owned && !mpi_finalized()) MPI_Comm_free(&c->mpi);
   free(c->world_ranks);
+  c->magic = 0;
   free(c);
 }
 

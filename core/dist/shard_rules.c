@@ -1,8 +1,9 @@
 /* shard_rules.c: how each family of ops runs on DTensors. A rule reads the
- * inputs' global shapes and placements and, one mesh dim at a time, picks
- * the placements the inputs must have, the outputs' placements, and the
- * attrs of the shard-local op. */
-#include "internal.h"
+ * inputs' global shapes and placements and the outputs' global shapes (from
+ * the op's shape inference) and, one mesh dim at a time, picks the
+ * placements the inputs must have, the outputs' placements, and the attrs
+ * of the shard-local op. */
+#include "dist.h"
 #include <string.h>
 
 #define R_ ((lm_placement){LM_REPLICATE, 0, 0})
@@ -10,12 +11,6 @@
 #define P_(op) ((lm_placement){LM_PARTIAL, 0, (op)})
 
 static int nmesh(const lm_rule *r) { return r->in[0]->mesh->ndim; }
-
-/* output o: on the inputs' mesh, with a global shape, all Replicate */
-static void out_shape(lm_rule *r, int o, int nd, const int64_t *shape) {
-  r->out[o] = (lm_dspec){.mesh = r->in[0]->mesh, .nd = nd};
-  memcpy(r->out[o].shape, shape, nd * sizeof *shape);
-}
 
 static bool is(lm_placement p, int kind) { return p.kind == kind; }
 
@@ -26,24 +21,6 @@ static void replicate_all(lm_rule *r, int k) {
 }
 
 /* ---- elementwise ---- */
-
-/* broadcast of the inputs' global shapes into out 0 */
-static int broadcast_out(lm_rule *r) {
-  int nd = 0;
-  int64_t shape[LM_MAX_DIMS];
-  for (int i = 0; i < r->nin; i++) nd = r->in[i]->nd > nd ? r->in[i]->nd : nd;
-  for (int d = 0; d < nd; d++) shape[d] = 1;
-  for (int i = 0; i < r->nin; i++)
-    for (int d = 0; d < r->in[i]->nd; d++) {
-      int64_t *s = &shape[nd - r->in[i]->nd + d], v = r->in[i]->shape[d];
-      if (v != 1 && *s != 1 && v != *s)
-        return lm_error("%s: global shapes cannot broadcast: argument #%d has size %lld in dim %d, "
-                        "another has %lld", r->op, i + 1, (long long)v, d + 1, (long long)*s);
-      if (v != 1) *s = v;
-    }
-  for (int o = 0; o < r->nout; o++) out_shape(r, o, nd, shape);
-  return 0;
-}
 
 /* Shards of mesh dim k: the output takes the first input's shard on a dim
  * it does not broadcast; inputs that hold that dim follow it, inputs that
@@ -68,7 +45,6 @@ static void pointwise_shards(lm_rule *r, int k) {
 
 /* Nonlinear elementwise ops: a Partial input is reduced first. */
 int lm_rule_pointwise(lm_rule *r) {
-  LM_TRY(broadcast_out(r));
   for (int k = 0; k < nmesh(r); k++) {
     for (int i = 0; i < r->nin; i++)
       if (is(r->want[i][k], LM_PARTIAL)) r->want[i][k] = R_;
@@ -86,7 +62,6 @@ static bool any_partial(const lm_rule *r, int k, int *op) {
 /* Elementwise ops linear in each input (add, sub, neg, copies): Partial
  * survives; a replicated term joins as a Partial so it is added once. */
 int lm_rule_linear_pw(lm_rule *r) {
-  LM_TRY(broadcast_out(r));
   for (int k = 0; k < nmesh(r); k++) {
     int op;
     bool shard = false;
@@ -110,8 +85,7 @@ int lm_rule_linear_pw(lm_rule *r) {
 /* mul and div: Partial(sum) times (or over) a replicated tensor stays
  * Partial; Partial times Partial reduces first. */
 int lm_rule_mul(lm_rule *r) {
-  LM_TRY(broadcast_out(r));
-  bool div = !strcmp(r->op, "div");
+  bool div = r->op == LM_OP_DIV;
   for (int k = 0; k < nmesh(r); k++) {
     lm_placement a = r->want[0][k], b = r->want[1][k];
     bool pa = is(a, LM_PARTIAL) && a.op == LM_RED_SUM, pb = is(b, LM_PARTIAL) && b.op == LM_RED_SUM;
@@ -137,26 +111,11 @@ int lm_rule_local(lm_rule *r) {
 int lm_rule_matmul(lm_rule *r) {
   const lm_dspec *a = r->in[0], *b = r->in[1];
   if (a->nd < 2 || b->nd < 2) { /* vectors: whole */
-    int64_t shape[LM_MAX_DIMS];
-    int nd = 0;
-    for (int d = 0; d < a->nd - 1; d++) shape[nd++] = a->shape[d];
-    if (b->nd >= 2) shape[nd++] = b->shape[b->nd - 1];
-    out_shape(r, 0, nd, shape);
     for (int k = 0; k < nmesh(r); k++) replicate_all(r, k);
     return 0;
   }
-  int nb = (a->nd > b->nd ? a->nd : b->nd) - 2, nd = nb + 2;
-  int64_t shape[LM_MAX_DIMS];
-  for (int d = 0; d < nb; d++) {
-    int da = d - (nb - (a->nd - 2)), db = d - (nb - (b->nd - 2));
-    int64_t sa = da >= 0 ? a->shape[da] : 1, sb = db >= 0 ? b->shape[db] : 1;
-    shape[d] = sa == 1 ? sb : sa; /* 0 against 1 is 0 */
-  }
-  shape[nb] = a->shape[a->nd - 2], shape[nb + 1] = b->shape[b->nd - 1];
-  if (a->shape[a->nd - 1] != b->shape[b->nd - 2])
-    return lm_error("matmul: global shapes do not match: argument #1 has %lld columns, argument #2 "
-                    "%lld rows", (long long)a->shape[a->nd - 1], (long long)b->shape[b->nd - 2]);
-  out_shape(r, 0, nd, shape);
+  const int64_t *shape = r->out[0].shape;
+  int nb = r->out[0].nd - 2;
   int ka = a->nd - 1, kb = b->nd - 2, ma = a->nd - 2, nb_ = b->nd - 1;
   for (int k = 0; k < nmesh(r); k++) {
     lm_placement pa = r->want[0][k], pb = r->want[1][k];
@@ -185,15 +144,10 @@ int lm_rule_matmul(lm_rule *r) {
 
 int lm_rule_reduce(lm_rule *r) {
   const lm_dspec *x = r->in[0];
-  bool all = r->a->ni == 0, keep = !all && r->a->i[1];
-  int d = all ? -1 : lm_wrap_dim(r->op, "dim", r->a->i[0], x->nd);
+  bool all = r->a->ni == 0, keep = !all && r->a->ni > 1 && r->a->i[1];
+  int d = all ? -1 : lm_wrap_dim(lm_op_name(r->op), "dim", r->a->i[0], x->nd);
   if (!all && d < 0) return -1;
-  int64_t shape[LM_MAX_DIMS];
-  int nd = 0;
-  for (int e = 0; e < x->nd && !all; e++)
-    if (e != d || keep) shape[nd++] = e == d ? 1 : x->shape[e];
-  for (int o = 0; o < r->nout; o++) out_shape(r, o, nd, shape);
-  bool sum = !strcmp(r->op, "sum"), mean = !strcmp(r->op, "mean");
+  bool sum = r->op == LM_OP_SUM, mean = r->op == LM_OP_MEAN;
   for (int k = 0; k < nmesh(r); k++) {
     lm_placement p = r->want[0][k];
     bool over = is(p, LM_SHARD) && (all || p.dim == d);
@@ -214,11 +168,10 @@ int lm_rule_reduce(lm_rule *r) {
 
 int lm_rule_rows(lm_rule *r) {
   const lm_dspec *x = r->in[0];
-  bool norm = strstr(r->op, "norm") != NULL;
+  bool norm = r->op == LM_OP_LAYER_NORM || r->op == LM_OP_RMS_NORM;
   int from;
-  if (norm) from = x->nd - (int)r->a->i[0];
-  else if ((from = lm_wrap_dim(r->op, "dim", r->a->i[0], x->nd)) < 0) return -1;
-  out_shape(r, 0, x->nd, x->shape);
+  if (norm) from = x->nd - (int)(r->a->ni ? r->a->i[0] : 1);
+  else if ((from = lm_wrap_dim(lm_op_name(r->op), "dim", r->a->ni ? r->a->i[0] : -1, x->nd)) < 0) return -1;
   for (int k = 0; k < nmesh(r); k++) {
     lm_placement p = r->want[0][k];
     bool hits = is(p, LM_SHARD) && (norm ? p.dim >= from : p.dim == from);
@@ -233,12 +186,8 @@ int lm_rule_rows(lm_rule *r) {
 
 int lm_rule_transpose(lm_rule *r) {
   const lm_dspec *x = r->in[0];
-  int d0 = lm_wrap_dim(r->op, "dim0", r->a->i[0], x->nd), d1 = lm_wrap_dim(r->op, "dim1", r->a->i[1], x->nd);
+  int d0 = lm_wrap_dim("transpose", "dim0", r->a->i[0], x->nd), d1 = lm_wrap_dim("transpose", "dim1", r->a->i[1], x->nd);
   if (d0 < 0 || d1 < 0) return -1;
-  int64_t shape[LM_MAX_DIMS];
-  memcpy(shape, x->shape, sizeof shape);
-  shape[d0] = x->shape[d1], shape[d1] = x->shape[d0];
-  out_shape(r, 0, x->nd, shape);
   for (int k = 0; k < nmesh(r); k++) {
     lm_placement p = r->want[0][k];
     if (is(p, LM_SHARD)) p.dim = p.dim == d0 ? d1 : p.dim == d1 ? d0 : p.dim;
@@ -249,14 +198,8 @@ int lm_rule_transpose(lm_rule *r) {
 
 int lm_rule_permute(lm_rule *r) {
   const lm_dspec *x = r->in[0];
-  if (r->a->ni != x->nd) return lm_error("permute: expected %d dims, got %d", x->nd, r->a->ni);
-  int64_t shape[LM_MAX_DIMS], where[LM_MAX_DIMS];
-  for (int d = 0; d < x->nd; d++) {
-    int s = lm_wrap_dim(r->op, "dims", r->a->i[d], x->nd);
-    if (s < 0) return -1;
-    shape[d] = x->shape[s], where[s] = d;
-  }
-  out_shape(r, 0, x->nd, shape);
+  int64_t where[LM_MAX_DIMS];
+  for (int d = 0; d < x->nd; d++) where[lm_wrap_dim("permute", "dims", r->a->i[d], x->nd)] = d;
   for (int k = 0; k < nmesh(r); k++) {
     lm_placement p = r->want[0][k];
     if (is(p, LM_SHARD)) p.dim = (int32_t)where[p.dim];
@@ -268,12 +211,7 @@ int lm_rule_permute(lm_rule *r) {
 /* narrow(dim, start, len): a shard on that dim is gathered first */
 int lm_rule_narrow(lm_rule *r) {
   const lm_dspec *x = r->in[0];
-  int d = lm_wrap_dim(r->op, "dim", r->a->i[0], x->nd);
-  if (d < 0) return -1;
-  int64_t shape[LM_MAX_DIMS];
-  memcpy(shape, x->shape, sizeof shape);
-  shape[d] = r->a->i[2];
-  out_shape(r, 0, x->nd, shape);
+  int d = lm_wrap_dim("narrow", "dim", r->a->i[0], x->nd);
   for (int k = 0; k < nmesh(r); k++) {
     if (is(r->want[0][k], LM_SHARD) && r->want[0][k].dim == d) r->want[0][k] = R_;
     r->out[0].pl[k] = r->want[0][k];
@@ -283,11 +221,7 @@ int lm_rule_narrow(lm_rule *r) {
 
 int lm_rule_unsqueeze(lm_rule *r) {
   const lm_dspec *x = r->in[0];
-  int d = lm_wrap_dim(r->op, "dim", r->a->i[0], x->nd + 1);
-  if (d < 0) return -1;
-  int64_t shape[LM_MAX_DIMS];
-  for (int e = 0, s = 0; e <= x->nd; e++) shape[e] = e == d ? 1 : x->shape[s++];
-  out_shape(r, 0, x->nd + 1, shape);
+  int d = lm_wrap_dim("unsqueeze", "dim", r->a->i[0], x->nd + 1);
   for (int k = 0; k < nmesh(r); k++) {
     lm_placement p = r->want[0][k];
     if (is(p, LM_SHARD) && p.dim >= d) p.dim++;
@@ -298,16 +232,10 @@ int lm_rule_unsqueeze(lm_rule *r) {
 
 int lm_rule_squeeze(lm_rule *r) {
   const lm_dspec *x = r->in[0];
-  int only = r->a->ni > 0 ? lm_wrap_dim(r->op, "dim", r->a->i[0], x->nd) : -1;
-  if (r->a->ni > 0 && only < 0) return -1;
-  int64_t shape[LM_MAX_DIMS], where[LM_MAX_DIMS];
-  int nd = 0;
-  for (int d = 0; d < x->nd; d++) {
-    where[d] = nd;
-    if (x->shape[d] == 1 && (only < 0 || only == d)) { where[d] = -1; continue; }
-    shape[nd++] = x->shape[d];
-  }
-  out_shape(r, 0, nd, shape);
+  int only = r->a->ni > 0 ? lm_wrap_dim("squeeze", "dim", r->a->i[0], x->nd) : -1;
+  int64_t where[LM_MAX_DIMS];
+  for (int d = 0, nd = 0; d < x->nd; d++)
+    where[d] = x->shape[d] == 1 && (only < 0 || only == d) ? -1 : nd++;
   for (int k = 0; k < nmesh(r); k++) {
     lm_placement p = r->want[0][k];
     if (is(p, LM_SHARD) && where[p.dim] < 0) r->want[0][k] = p = R_;
@@ -320,11 +248,8 @@ int lm_rule_squeeze(lm_rule *r) {
 /* expand(sizes): sizes are global; the shard's dim gets its local size */
 int lm_rule_expand(lm_rule *r) {
   const lm_dspec *x = r->in[0];
-  int nd = r->a->ni, lead = nd - x->nd;
-  if (lead < 0) return lm_error("expand: expected at least %d sizes, got %d", x->nd, nd);
-  int64_t shape[LM_MAX_DIMS];
-  for (int d = 0; d < nd; d++) shape[d] = r->a->i[d] == -1 && d >= lead ? x->shape[d - lead] : r->a->i[d];
-  out_shape(r, 0, nd, shape);
+  int nd = r->out[0].nd, lead = nd - x->nd;
+  const int64_t *shape = r->out[0].shape;
   int64_t lshape[LM_MAX_DIMS], off[LM_MAX_DIMS];
   for (int k = 0; k < nmesh(r); k++) {
     lm_placement p = r->want[0][k];
@@ -341,27 +266,10 @@ int lm_rule_expand(lm_rule *r) {
 /* view/reshape(sizes): a shard survives when its dim is kept whole, or is
  * the first factor of a split or the first dim of a merge and the shard
  * divides evenly; otherwise the tensor is gathered first. */
-static int view_target(const lm_dspec *x, const lm_attrs *a, int64_t *shape) {
-  int64_t known = 1, numel = 1;
-  int infer = -1;
-  for (int d = 0; d < x->nd; d++) numel *= x->shape[d];
-  for (int d = 0; d < a->ni; d++) {
-    shape[d] = a->i[d];
-    if (shape[d] == -1) infer = d; else known *= shape[d];
-  }
-  if (infer >= 0) shape[infer] = known ? numel / known : 0, known *= shape[infer];
-  if (known != numel)
-    return lm_error("view: shape has %lld elements, the (global) tensor has %lld", (long long)known,
-                    (long long)numel);
-  return 0;
-}
-
 int lm_rule_view(lm_rule *r) {
   const lm_dspec *x = r->in[0];
-  int nd = r->a->ni;
-  int64_t shape[LM_MAX_DIMS];
-  LM_TRY(view_target(x, r->a, shape));
-  out_shape(r, 0, nd, shape);
+  int nd = r->out[0].nd;
+  const int64_t *shape = r->out[0].shape;
   /* group dims: [i0, i1) of x and [o0, o1) of the view cover equal products */
   int64_t out_of[LM_MAX_DIMS]; /* x dim -> the view dim its shard goes to, or -1 */
   for (int d = 0; d < x->nd; d++) out_of[d] = -1;
@@ -396,13 +304,7 @@ int lm_rule_view(lm_rule *r) {
 /* cat(tensors; dim): inputs agree on their placements, none shards dim */
 int lm_rule_cat(lm_rule *r) {
   const lm_dspec *x = r->in[0];
-  int d = lm_wrap_dim(r->op, "dim", r->a->i[0], x->nd);
-  if (d < 0) return -1;
-  int64_t shape[LM_MAX_DIMS];
-  memcpy(shape, x->shape, sizeof shape);
-  shape[d] = 0;
-  for (int i = 0; i < r->nin; i++) shape[d] += r->in[i]->shape[d];
-  out_shape(r, 0, x->nd, shape);
+  int d = lm_wrap_dim("cat", "dim", r->a->i[0], x->nd);
   for (int k = 0; k < nmesh(r); k++) {
     lm_placement p = r->want[0][k];
     if ((is(p, LM_SHARD) && p.dim == d) || is(p, LM_PARTIAL)) p = R_;
@@ -417,13 +319,10 @@ int lm_rule_cat(lm_rule *r) {
 /* embedding(weight (V, D), ids): the embedding dim sharded gives a shard
  * of the output's last dim; the vocabulary sharded gives a Partial sum,
  * each rank looking up its own rows and zeros for the others' (attrs:
- * i[0] = first row held, i[1] = 1 to mask ids outside the shard). */
+ * i[0] = first row held, i[1] = 1 to mask ids outside the shard, i[2] =
+ * the whole vocabulary, against which ids are checked). */
 int lm_rule_embedding(lm_rule *r) {
   const lm_dspec *w = r->in[0], *ids = r->in[1];
-  int64_t shape[LM_MAX_DIMS];
-  memcpy(shape, ids->shape, ids->nd * sizeof *shape);
-  shape[ids->nd] = w->shape[1];
-  out_shape(r, 0, ids->nd + 1, shape);
   int vocab_shards = 0;
   for (int k = 0; k < nmesh(r); k++) {
     lm_placement pw = r->want[0][k], pi = r->want[1][k];
@@ -438,7 +337,7 @@ int lm_rule_embedding(lm_rule *r) {
   if (vocab_shards) {
     int64_t lshape[LM_MAX_DIMS], off[LM_MAX_DIMS];
     lm_shard_layout(w->mesh, 2, w->shape, r->want[0], NULL, lshape, off);
-    r->local.i[0] = off[0], r->local.i[1] = 1, r->local.ni = 2;
+    r->local.i[0] = off[0], r->local.i[1] = 1, r->local.i[2] = w->shape[0], r->local.ni = 3;
   }
   return 0;
 }
@@ -449,8 +348,6 @@ int lm_rule_embedding(lm_rule *r) {
 int lm_rule_cross_entropy(lm_rule *r) {
   const lm_dspec *x = r->in[0];
   int red = r->a->ni > 1 ? (int)r->a->i[1] : 1;
-  if (red == 0) out_shape(r, 0, x->nd - 1, x->shape);
-  else out_shape(r, 0, 0, x->shape);
   for (int k = 0; k < nmesh(r); k++) {
     lm_placement p = r->want[0][k];
     bool rows = is(p, LM_SHARD) && p.dim == 0 && x->nd == 2 && red != 1;
@@ -465,11 +362,7 @@ int lm_rule_cross_entropy(lm_rule *r) {
 
 /* attention on (..., L, E): batch and head dims may be sharded alike */
 int lm_rule_sdpa(lm_rule *r) {
-  const lm_dspec *q = r->in[0], *v = r->in[2];
-  int64_t shape[LM_MAX_DIMS];
-  memcpy(shape, q->shape, sizeof shape);
-  shape[q->nd - 1] = v->shape[v->nd - 1];
-  out_shape(r, 0, q->nd, shape);
+  const lm_dspec *q = r->in[0];
   for (int k = 0; k < nmesh(r); k++) {
     lm_placement p = r->want[0][k];
     bool batch = is(p, LM_SHARD) && p.dim < q->nd - 2;
@@ -485,7 +378,6 @@ int lm_rule_sdpa(lm_rule *r) {
 /* rope(x (..., T, H, D), cos, sin): x may be sharded on batch or heads */
 int lm_rule_rope(lm_rule *r) {
   const lm_dspec *x = r->in[0];
-  out_shape(r, 0, x->nd, x->shape);
   for (int k = 0; k < nmesh(r); k++) {
     lm_placement p = r->want[0][k];
     bool keep = is(p, LM_SHARD) && (p.dim < x->nd - 3 || p.dim == x->nd - 2);
@@ -499,7 +391,6 @@ int lm_rule_rope(lm_rule *r) {
 /* triu/tril: the last two dims whole; a Partial survives (it is linear) */
 int lm_rule_last2(lm_rule *r) {
   const lm_dspec *x = r->in[0];
-  out_shape(r, 0, x->nd, x->shape);
   for (int k = 0; k < nmesh(r); k++) {
     lm_placement p = r->want[0][k];
     if (is(p, LM_SHARD) && p.dim >= x->nd - 2) r->want[0][k] = p = R_;

@@ -1,5 +1,5 @@
 /* error.c: the thread-local message left by a failing call. */
-#include "internal.h"
+#include "tensor.h"
 #include <stdarg.h>
 #include <stdio.h>
 

@@ -1,6 +1,6 @@
-/* dtype.c: dtype and device names, sizes, promotion, and the bf16/f16
- * conversions every backend shares. */
-#include "internal.h"
+/* dtype.c: dtype names, sizes, promotion, and the bf16/f16 conversions
+ * every backend shares. */
+#include "tensor.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,23 +16,6 @@ int lm_dtype_from_name(const char *name) {
 }
 const char *lm_dtype_name(int d) { return d >= 0 && d < LM_NDTYPES ? names[d] : "?"; }
 int lm_dtype_size(int d) { return d >= 0 && d < LM_NDTYPES ? sizes[d] : 0; }
-
-int lm_device_from_name(const char *name) {
-  if (!name) return lm_error("device: expected \"cpu\", \"cuda\" or \"cuda:N\", got nil");
-  if (!strcmp(name, "cpu")) return LM_CPU;
-  if (!strcmp(name, "cuda")) return LM_CUDA0;
-  if (!strncmp(name, "cuda:", 5)) {
-    char *end;
-    long k = strtol(name + 5, &end, 10);
-    if (*end == 0 && end != name + 5 && k >= 0 && k < 100) return LM_CUDA0 + (int)k;
-  }
-  return lm_error("device: expected \"cpu\", \"cuda\" or \"cuda:N\", got \"%s\"", name);
-}
-
-int lm_device_name(int device, char *buf, int len) {
-  if (device == LM_CPU) return snprintf(buf, len, "cpu");
-  return snprintf(buf, len, "cuda:%d", device - LM_CUDA0);
-}
 
 int lm_compute_dtype(int d) {
   if (d == LM_F64) return LM_F64;

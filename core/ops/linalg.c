@@ -1,7 +1,7 @@
-/* ops_linalg.c: matmul with torch.matmul's rules (1-D operands, batch
+/* linalg.c: matmul with torch.matmul's rules (1-D operands, batch
  * broadcasting), through the backend's batched GEMM. Transposed views go
  * to BLAS as they are; only layouts BLAS cannot read are copied. */
-#include "cpu/iter.h"
+#include "op.h"
 #include <string.h>
 
 /* A (batch, rows, cols) strided view of x, whose leading dims are merged;
@@ -56,60 +56,65 @@ static lm_tensor *fold_rows(lm_tensor *x) {
   return v;
 }
 
-static int fw_matmul(lm_tensor *const *in, int nin, const lm_attrs *at, lm_tensor **out);
-
-/* (..., M, K) @ (K, N): one GEMM over all rows instead of one per batch */
-static int matmul_folded(lm_tensor *a, lm_tensor *b, const lm_attrs *at, lm_tensor **out) {
-  lm_tensor *a2 = fold_rows(a), *r = NULL;
-  if (!a2) return -1;
-  lm_tensor *in2[2] = {a2, b};
-  int rc = fw_matmul(in2, 2, at, &r);
-  lm_release(a2);
-  if (rc < 0) return -1;
-  int64_t shape[LM_MAX_DIMS];
-  memcpy(shape, a->shape, sizeof shape);
-  shape[a->ndim - 1] = b->shape[1];
-  *out = lm_view_of(r, a->ndim, shape, NULL, r->offset);
-  lm_release(r);
-  return *out ? 0 : -1;
-}
-
-static int fw_matmul(lm_tensor *const *in, int nin, const lm_attrs *at, lm_tensor **out) {
-  (void)nin, (void)at;
-  lm_tensor *a = in[0], *b = in[1];
-  if (a->ndim > 2 && b->ndim == 2 && a->shape[a->ndim - 1] == b->shape[0] && a->numel_ > 0)
-    return matmul_folded(a, b, at, out);
+/* (..., m, k) @ (..., k, n): batch dims broadcast; a 1-D operand is a
+ * row (first) or a column (second) and its dim is dropped from the result. */
+int lm_shape_matmul(int op, int nin, const lm_meta *in, const lm_attrs *at, lm_meta *out) {
+  (void)op, (void)nin, (void)at;
+  const lm_meta *a = &in[0], *b = &in[1];
   if (a->ndim == 0 || b->ndim == 0)
     return lm_error("matmul: expected tensors with at least 1 dim, got argument #%d with 0",
                     a->ndim == 0 ? 1 : 2);
-  if (!lm_is_float(a->dtype_) || !lm_is_float(b->dtype_))
+  if (!lm_is_float(a->dtype) || !lm_is_float(b->dtype))
     return lm_error("matmul: expected floating point tensors, got %s and %s",
-                    lm_dtype_name(a->dtype_), lm_dtype_name(b->dtype_));
-  int64_t M = a->ndim == 1 ? 1 : a->shape[a->ndim - 2], K = a->shape[a->ndim - 1];
-  int64_t Kb = b->ndim == 1 ? b->shape[0] : b->shape[b->ndim - 2];
-  int64_t N = b->ndim == 1 ? 1 : b->shape[b->ndim - 1];
+                    lm_dtype_name(a->dtype), lm_dtype_name(b->dtype));
+  int64_t K = a->shape[a->ndim - 1], Kb = b->ndim == 1 ? b->shape[0] : b->shape[b->ndim - 2];
   if (K != Kb)
     return lm_error("matmul: argument #1 has %lld columns but argument #2 has %lld rows "
                     "(shapes must be (..., m, k) and (..., k, n))", (long long)K, (long long)Kb);
-  /* batch shape: broadcast of the leading dims */
   int na = a->ndim > 2 ? a->ndim - 2 : 0, nb = b->ndim > 2 ? b->ndim - 2 : 0;
   int nbatch = na > nb ? na : nb;
-  int64_t shape[LM_MAX_DIMS];
+  *out = (lm_meta){.ndim = nbatch, .dtype = lm_promote(a->dtype, b->dtype)};
   for (int d = 0; d < nbatch; d++) {
     int da = d - (nbatch - na), db = d - (nbatch - nb);
     int64_t sa = da >= 0 ? a->shape[da] : 1, sb = db >= 0 ? b->shape[db] : 1;
     if (sa != sb && sa != 1 && sb != 1)
       return lm_error("matmul: batch dims cannot broadcast: %lld against %lld in batch dim %d",
                       (long long)sa, (long long)sb, d + 1);
-    shape[d] = sa == 1 ? sb : sa; /* 0 against 1 is 0 */
+    out->shape[d] = sa == 1 ? sb : sa; /* 0 against 1 is 0 */
   }
-  int cd = lm_compute_dtype(lm_promote(a->dtype_, b->dtype_));
+  if (a->ndim > 1) out->shape[out->ndim++] = a->shape[a->ndim - 2];
+  if (b->ndim > 1) out->shape[out->ndim++] = b->shape[b->ndim - 1];
+  return 0;
+}
+
+/* (..., M, K) @ (K, N): one GEMM over all rows instead of one per batch */
+static int matmul_folded(const lm_call *c, lm_tensor **out) {
+  lm_tensor *a = c->in[0], *b = c->in[1];
+  lm_tensor *a2 = fold_rows(a);
+  if (!a2) return -1;
+  lm_tensor *in2[2] = {a2, b};
+  lm_tensor *r = lm_run(LM_OP_MATMUL, 2, in2, c->a);
+  lm_release(a2);
+  *out = r ? lm_view_of(r, c->out[0].ndim, c->out[0].shape, NULL, r->offset) : NULL;
+  lm_release(r);
+  return *out ? 0 : -1;
+}
+
+int lm_fw_matmul(const lm_call *c, lm_tensor **out) {
+  lm_tensor *a = c->in[0], *b = c->in[1];
+  if (a->ndim > 2 && b->ndim == 2 && a->numel_ > 0) return matmul_folded(c, out);
+  const lm_backend *be = LM_KERNEL(c->op, a, gemm);
+  if (!be) return -1;
+  int64_t M = a->ndim == 1 ? 1 : a->shape[a->ndim - 2], K = a->shape[a->ndim - 1];
+  int64_t N = b->ndim == 1 ? 1 : b->shape[b->ndim - 1];
+  /* the batch shape: the result's leading dims */
+  int nbatch = c->out[0].ndim - (a->ndim > 1) - (b->ndim > 1);
+  int cd = lm_compute_dtype(c->out[0].dtype);
   int64_t sa[LM_MAX_DIMS], sb[LM_MAX_DIMS];
-  memcpy(sa, shape, sizeof sa), memcpy(sb, shape, sizeof sb);
+  memcpy(sa, c->out[0].shape, nbatch * sizeof *sa), memcpy(sb, c->out[0].shape, nbatch * sizeof *sb);
   sa[nbatch] = M, sa[nbatch + 1] = K, sb[nbatch] = K, sb[nbatch + 1] = N;
   lm_scope s = {0};
-  lm_tensor *ca = lm_s(&s, lm_cast(a, cd)), *cb = lm_s(&s, lm_cast(b, cd)), *c = NULL;
-  int64_t shp[LM_MAX_DIMS];
+  lm_tensor *ca = lm_s_cast(&s, a, cd), *cb = lm_s_cast(&s, b, cd), *r = NULL;
   if (ca && a->ndim == 1) { /* (k) -> (1, k) */
     int64_t one[2] = {1, K}, st[2] = {K * ca->stride_[0], ca->stride_[0]};
     ca = lm_s(&s, lm_view_of(ca, 2, one, st, ca->offset));
@@ -122,18 +127,10 @@ static int fw_matmul(lm_tensor *const *in, int nin, const lm_attrs *at, lm_tenso
   lm_tensor *eb = cb ? lm_s(&s, lm_broadcast_to("matmul", "argument #2", cb, nbatch + 2, sb)) : NULL;
   lm_tensor *a3 = ea ? lm_s(&s, as_3d(ea)) : NULL, *b3 = eb ? lm_s(&s, as_3d(eb)) : NULL;
   int64_t B = a3 ? a3->shape[0] : 0, cshape[3] = {B, M, N};
-  if (a3 && b3) c = lm_s(&s, lm_empty_as(a, 3, cshape, cd));
-  int rc = c ? lm_backend_of(a->device_)->gemm(c, a3, b3, 1, 0) : -1;
-  /* the result's shape: batch, then m unless a was 1-D, then n unless b was */
-  int nd = nbatch;
-  memcpy(shp, shape, nbatch * sizeof *shp);
-  if (a->ndim > 1) shp[nd++] = M;
-  if (b->ndim > 1) shp[nd++] = N;
-  lm_tensor *r = NULL;
-  if (rc == 0) {
-    lm_tensor *v = lm_view_of(c, nd, shp, NULL, 0);
-    r = v ? lm_cast(v, lm_promote(a->dtype_, b->dtype_)) : NULL;
-    lm_release(v);
+  lm_tensor *c3 = a3 && b3 ? lm_s(&s, lm_empty_as(a, 3, cshape, cd)) : NULL;
+  if (c3 && be->gemm(c3, a3, b3, 1, 0) == 0) {
+    lm_tensor *v = lm_s(&s, lm_view_of(c3, c->out[0].ndim, c->out[0].shape, NULL, 0));
+    r = v ? lm_cast(v, c->out[0].dtype) : NULL;
   }
   lm_scope_end(&s);
   return (*out = r) ? 0 : -1;
@@ -141,31 +138,30 @@ static int fw_matmul(lm_tensor *const *in, int nin, const lm_attrs *at, lm_tenso
 
 /* dA = g @ B^T, dB = A^T @ g, with 1-D operands lifted to matrices so the
  * same two products serve every case. */
-static int bw_matmul(const lm_node *n, lm_tensor *const *gout, lm_tensor **gin) {
+int lm_bw_matmul(const lm_saved *n, lm_tensor *const *gout, lm_tensor **gin) {
   lm_tensor *a = n->in[0], *b = n->in[1], *g = gout[0];
   lm_scope s = {0};
   lm_attrs last = {.i = {-1}, .ni = 1}, before_last = {.i = {-2}, .ni = 1};
   lm_attrs tr = {.i = {-1, -2}, .ni = 2};
-  lm_tensor *a2 = a->ndim == 1 ? lm_sop(&s, "unsqueeze", 1, &a, &(lm_attrs){.i = {0}, .ni = 1}) : a;
-  lm_tensor *b2 = b->ndim == 1 ? lm_sop(&s, "unsqueeze", 1, &b, &last) : b;
+  lm_tensor *a2 = a->ndim == 1 ? lm_sop(&s, LM_OP_UNSQUEEZE, 1, &a, &(lm_attrs){.i = {0}, .ni = 1}) : a;
+  lm_tensor *b2 = b->ndim == 1 ? lm_sop(&s, LM_OP_UNSQUEEZE, 1, &b, &last) : b;
   lm_tensor *g2 = g;
-  if (a->ndim == 1) g2 = lm_sop(&s, "unsqueeze", 1, &g2, b->ndim == 1 ? &(lm_attrs){.i = {0}, .ni = 1} : &before_last);
-  if (b->ndim == 1) g2 = lm_sop(&s, "unsqueeze", 1, &g2, &last);
+  if (a->ndim == 1) g2 = lm_sop(&s, LM_OP_UNSQUEEZE, 1, &g2, b->ndim == 1 ? &(lm_attrs){.i = {0}, .ni = 1} : &before_last);
+  if (b->ndim == 1) g2 = lm_sop(&s, LM_OP_UNSQUEEZE, 1, &g2, &last);
   int rc = 0;
   if (a->needs_grad) {
-    lm_tensor *da = lm_s2(&s, "matmul", g2, lm_sop(&s, "transpose", 1, &b2, &tr));
+    lm_tensor *da = lm_s2(&s, LM_OP_MATMUL, g2, lm_sop(&s, LM_OP_TRANSPOSE, 1, &b2, &tr));
     if (!(gin[0] = lm_grad_like(da, a))) rc = -1;
   }
   if (b->needs_grad && a->ndim > 2 && b->ndim == 2) { /* rows folded: one GEMM, no batch sum */
     lm_tensor *af = lm_s(&s, fold_rows(a)), *gf = lm_s(&s, fold_rows(g));
-    if (!(gin[1] = lm_grad_like(lm_s2(&s, "matmul", lm_sop(&s, "transpose", 1, &af, &tr), gf), b))) rc = -1;
+    if (!(gin[1] = lm_grad_like(lm_s2(&s, LM_OP_MATMUL, lm_sop(&s, LM_OP_TRANSPOSE, 1, &af, &tr), gf), b))) rc = -1;
   } else if (b->needs_grad) {
-    lm_tensor *db = lm_s2(&s, "matmul", lm_sop(&s, "transpose", 1, &a2, &tr), g2);
-    if (b->ndim == 1 && db) db = lm_sop(&s, "squeeze", 1, &db, &last);
+    lm_tensor *db = lm_s2(&s, LM_OP_MATMUL, lm_sop(&s, LM_OP_TRANSPOSE, 1, &a2, &tr), g2);
+    if (b->ndim == 1 && db) db = lm_sop(&s, LM_OP_SQUEEZE, 1, &db, &last);
     if (!(gin[1] = lm_grad_like(db, b))) rc = -1;
   }
   lm_scope_end(&s);
   return rc;
 }
 
-const lm_op_def lm_ops_linalg[] = {{"matmul", 2, 1, fw_matmul, bw_matmul, lm_rule_matmul, 0}, {0}};

@@ -2,10 +2,12 @@
  * and the transport table (MPI for CPU tensors, NCCL for CUDA tensors). */
 #ifndef LOOM_COMM_H
 #define LOOM_COMM_H
-#include "../internal.h"
+#include "../tensor/tensor.h"
 #include <mpi.h>
 
+#define LM_COMM_MAGIC 0x6c6f6f6d636f6d6dULL /* "loomcomm": a live lm_comm */
 struct lm_comm {
+  uint64_t magic;
   MPI_Comm mpi;
   int rank, size;
   int *world_ranks;     /* world rank of each member, for messages */

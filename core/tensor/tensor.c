@@ -1,8 +1,5 @@
-/* tensor.c: storages, tensor lifetime and layout helpers. */
-#include "internal.h"
-#ifdef LOOM_HAVE_CUDA
-#include "../kernels/cuda_backend.h"
-#endif
+/* tensor.c: storages, tensor lifetime, copies and casts. */
+#include "tensor.h"
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,56 +9,6 @@ static _Atomic int64_t live_bytes, live_storages;
 
 int64_t lm_allocated_bytes(void) { return live_bytes; }
 int64_t lm_storage_count(void) { return live_storages; }
-
-int64_t lm_shape_numel(int ndim, const int64_t *shape) {
-  int64_t n = 1;
-  for (int d = 0; d < ndim; d++) n *= shape[d];
-  return n;
-}
-
-void lm_contiguous_strides(int ndim, const int64_t *shape, int64_t *stride) {
-  int64_t s = 1;
-  for (int d = ndim - 1; d >= 0; d--) {
-    stride[d] = s;
-    s *= shape[d] > 1 ? shape[d] : 1;
-  }
-}
-
-int lm_check_shape(const char *op, const char *arg, int ndim, const int64_t *shape) {
-  if (ndim < 0 || ndim > LM_MAX_DIMS)
-    return lm_error("%s: %s expected 0 to %d dims, got %d", op, arg, LM_MAX_DIMS, ndim);
-  double n = 1;
-  for (int d = 0; d < ndim; d++) {
-    if (shape[d] < 0)
-      return lm_error("%s: %s expected sizes >= 0, got %lld in dim %d", op, arg,
-                      (long long)shape[d], d + 1);
-    n *= (double)shape[d];
-  }
-  if (n > (double)(1LL << 40))
-    return lm_error("%s: %s has %.0f elements, more than loom allows (2^40)", op, arg, n);
-  return 0;
-}
-
-int lm_wrap_dim(const char *op, const char *arg, int64_t dim, int ndim) {
-  int64_t n = ndim > 0 ? ndim : 1;
-  if (dim < -n || dim >= n)
-    return lm_error("%s: %s expected a dim in [%lld, %lld], got %lld", op, arg,
-                    (long long)-n, (long long)n, (long long)(dim >= 0 ? dim + 1 : dim));
-  return (int)(dim < 0 ? dim + n : dim);
-}
-
-const lm_backend *lm_backend_of(int device) {
-  if (device == LM_CPU) return &lm_cpu_backend;
-#ifdef LOOM_HAVE_CUDA
-  if (device >= LM_CUDA0) return lm_cuda_backend_for(device);
-#endif
-  char name[32];
-  lm_device_name(device, name, sizeof name);
-  lm_error("device %s: this build of loom has no kernels for it", name);
-  return NULL;
-}
-
-int lm_device_available(int device) { return lm_backend_of(device) != NULL; }
 
 static void init_tensor(lm_tensor *t, int ndim, const int64_t *shape, const int64_t *stride,
                         int dtype, int device) {
@@ -159,12 +106,15 @@ static void release_storage(lm_storage *s) {
   free(s->owner);
 }
 
+static void release_part(lm_part *p, lm_tensor *owner) {
+  if (p) p->ops->release(p, owner);
+}
+
 void lm_release(lm_tensor *t) {
   if (!t || !drop(&t->refcount)) return;
   lm_release(t->grad_);
-  lm_forget_retained(t);
-  lm_free_spec(t);
-  lm_node_release(t->grad_fn_);
+  release_part((lm_part *)t->dist, t);
+  release_part((lm_part *)t->grad_fn_, t);
   lm_storage *s = t->storage;
   if (!s || s->owner != t) free(t); /* else the storage frees t's block */
   if (s) release_storage(s);
@@ -172,33 +122,26 @@ void lm_release(lm_tensor *t) {
 
 void *lm_data(const lm_tensor *t) { return t && t->storage ? lm_ptr(t) : NULL; }
 
-int lm_is_contiguous(const lm_tensor *t) {
-  int64_t s = 1;
-  for (int d = t->ndim - 1; d >= 0; d--) {
-    if (t->shape[d] != 1 && t->stride_[d] != s) return 0;
-    s *= t->shape[d];
-  }
-  return 1;
-}
-
 int lm_fill_(lm_tensor *t, double v) {
   if (!t) return lm_error("fill: tensor is NULL");
-  return lm_backend_of(t->device_)->fill(t, v);
+  const lm_backend *be = lm_backend_of(t->device_);
+  return be ? be->fill(t, v) : -1;
+}
+
+int lm_copy_parts(lm_tensor *d, const lm_tensor *t) {
+  const lm_part *p = t->dist;
+  if (!p) return 0;
+  if (d->dist) release_part((lm_part *)d->dist, d), d->dist = NULL;
+  return (d->dist = p->ops->copy(p)) ? 0 : -1;
 }
 
 int lm_copy_(lm_tensor *dst, const lm_tensor *src) {
   if (!dst || !src) return lm_error("copy: tensor is NULL");
   if (dst->ndim != src->ndim || memcmp(dst->shape, src->shape, dst->ndim * 8))
     return lm_error("copy: source and destination shapes differ");
-  if (dst->device_ != src->device_) {
-#ifdef LOOM_HAVE_CUDA /* the CUDA backend copies to, from and between GPUs */
-    if (!lm_cuda_backend_for(dst->device_ != LM_CPU ? dst->device_ : src->device_)) return -1;
-    return lm_cuda_backend.copy(dst, src);
-#else
-    return lm_error("copy: source and destination are on different devices");
-#endif
-  }
-  return lm_backend_of(dst->device_)->copy(dst, src);
+  /* across devices, the accelerator's backend copies to, from and between its devices */
+  const lm_backend *be = lm_backend_of(dst->device_ != LM_CPU ? dst->device_ : src->device_);
+  return be ? be->copy(dst, src) : -1;
 }
 
 lm_tensor *lm_contiguous(lm_tensor *t) {

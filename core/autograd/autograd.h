@@ -1,0 +1,22 @@
+/* autograd.h: the tape. Ops record a node per call while grad mode is on
+ * (tape.c); lm_backward walks the nodes reachable from a root in reverse
+ * creation order, calling each op's backward (engine.c). */
+#ifndef LOOM_AUTOGRAD_H
+#define LOOM_AUTOGRAD_H
+#include "../ops/op.h"
+
+struct lm_node {
+  lm_part part;         /* a tensor's grad_fn_ (see tensor.h) */
+  int32_t refcount;     /* one per output pointing at it */
+  int64_t seq;          /* creation order: backward visits high to low */
+  lm_saved call;        /* the op, its inputs (retained) and detached outputs */
+  lm_tensor **retained; /* weak: outputs that asked for retain_grad */
+  int visit;            /* scratch of one backward pass */
+  lm_tensor **gsum;     /* scratch: gradient summed per output */
+};
+
+/* Records op on the tape when grad mode is on, the op is differentiable
+ * and an input requires grad: the outputs get the node as their grad_fn. */
+int lm_record(int op, int nin, lm_tensor *const *in, const lm_attrs *a, int nout, lm_tensor **out);
+
+#endif

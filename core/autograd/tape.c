@@ -1,0 +1,96 @@
+/* tape.c: grad mode, leaves, and the nodes ops record (one per call). */
+#include "autograd.h"
+#include <stdlib.h>
+#include <string.h>
+
+static _Thread_local int grad_enabled = 1;
+static int64_t next_seq;
+
+int lm_is_grad_enabled(void) { return grad_enabled; }
+int lm_set_grad_enabled(int flag) { int old = grad_enabled; grad_enabled = flag != 0; return old; }
+
+int lm_set_requires_grad(lm_tensor *t, int flag) {
+  if (!t) return lm_error("requires_grad: tensor is nil");
+  if (t->grad_fn_)
+    return lm_error("requires_grad: only leaves can change it; this tensor was made by %s "
+                    "(use detach() first)", lm_op_name(t->grad_fn_->call.op));
+  if (flag && !lm_is_float(t->dtype_))
+    return lm_error("requires_grad: only floating point tensors can require grad, got %s",
+                    lm_dtype_name(t->dtype_));
+  t->needs_grad = flag != 0;
+  return 0;
+}
+
+lm_tensor *lm_grad(lm_tensor *t) { if (t && t->grad_) lm_retain(t->grad_); return t ? t->grad_ : NULL; }
+
+int lm_set_grad(lm_tensor *t, lm_tensor *g) {
+  if (!t) return lm_error("grad: tensor is nil");
+  if (g && (g->ndim != t->ndim || memcmp(g->shape, t->shape, t->ndim * sizeof *t->shape)))
+    return lm_error("grad: expected the shape of the tensor");
+  lm_retain(g);
+  lm_release(t->grad_);
+  t->grad_ = g;
+  return 0;
+}
+
+int lm_retain_grad(lm_tensor *t) {
+  if (!t->needs_grad) return lm_error("retain_grad: tensor does not require grad");
+  if (t->grad_fn_) {
+    t->grad_fn_->retained[t->output_nr] = t;
+    t->retains_grad = 1;
+  }
+  return 0;
+}
+
+/* An alias without history; a DTensor stays a DTensor. */
+lm_tensor *lm_detach(lm_tensor *t) {
+  lm_tensor *d = lm_view_of(t, t->ndim, t->shape, t->stride_, t->offset);
+  if (d && lm_copy_parts(d, t) < 0) { lm_release(d); return NULL; }
+  return d;
+}
+
+/* A tensor leaving memory stops being its node's retained output, and
+ * drops its reference to the node. */
+static void release_node(lm_part *p, lm_tensor *owner) {
+  lm_node *n = (lm_node *)p;
+  if (owner->retains_grad && n->retained[owner->output_nr] == owner) n->retained[owner->output_nr] = NULL;
+  if (__atomic_sub_fetch(&n->refcount, 1, __ATOMIC_ACQ_REL) > 0) return;
+  for (int i = 0; i < n->call.nin; i++) lm_release(n->call.in[i]);
+  for (int k = 0; k < n->call.nout; k++) lm_release(n->call.out[k]);
+  free(n);
+}
+static const lm_part_ops node_ops = {.release = release_node};
+
+int lm_record(int op, int nin, lm_tensor *const *in, const lm_attrs *a, int nout, lm_tensor **out) {
+  const lm_op_def *def = lm_op_def_of(op);
+  if (!grad_enabled || !def->backward) return 0;
+  int needed = 0;
+  for (int i = 0; i < nin; i++) needed |= in[i]->needs_grad;
+  if (!needed) return 0;
+  /* one block: the node, then its four pointer arrays */
+  lm_node *n = calloc(1, sizeof *n + sizeof(lm_tensor *) * (nin + 3 * nout));
+  if (!n) return lm_error("%s: out of memory recording autograd", def->name);
+  n->part.ops = &node_ops;
+  n->call = (lm_saved){.op = op, .nin = nin, .nout = nout, .attrs = *a};
+  n->call.in = (lm_tensor **)(n + 1);
+  n->call.out = n->call.in + nin;
+  n->retained = n->call.out + nout;
+  n->gsum = n->retained + nout;
+  n->seq = __atomic_fetch_add(&next_seq, 1, __ATOMIC_RELAXED);
+  for (int i = 0; i < nin; i++) lm_retain(n->call.in[i] = in[i]);
+  int rc = 0;
+  for (int k = 0; k < nout; k++) {
+    if (!(n->call.out[k] = lm_detach(out[k]))) rc = -1;
+    if (!lm_is_float(out[k]->dtype_)) continue;
+    out[k]->grad_fn_ = n;
+    out[k]->output_nr = (uint8_t)k;
+    out[k]->needs_grad = 1;
+    n->refcount++;
+  }
+  if (n->refcount == 0) { /* no float output: nothing points at it */
+    n->refcount = 1;
+    lm_tensor dummy = {0};
+    release_node(&n->part, &dummy);
+  }
+  return rc;
+}

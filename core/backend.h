@@ -1,0 +1,116 @@
+/* backend.h: what a device backend sees of the core, and the one call that
+ * registers it. A backend (core/cpu/, kernels/ for CUDA) includes this
+ * header, loom.h and philox.h, nothing else of the core; it fills an
+ * lm_backend table by slot name and registers it for its device kind. */
+#ifndef LOOM_BACKEND_H
+#define LOOM_BACKEND_H
+#include "loom.h"
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define LM_MAX_DIMS 8
+
+/* ---- errors (tensor/error.c) ---- */
+/* Formats the message into the thread-local buffer; returns -1 so callers
+ * can write `return lm_error(...)`. */
+int lm_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+#define LM_TRY(x) do { if ((x) < 0) return -1; } while (0)
+
+/* ---- storage: a refcounted buffer on one device (tensor/tensor.c) ---- */
+/* A storage lives in the block of the tensor that made it (owner), which
+ * stays allocated until the storage's last reference goes; small CPU
+ * buffers live in that block too (data_inline), so a new small tensor is
+ * one malloc. */
+struct lm_storage {
+  int32_t refcount;
+  int8_t device;
+  uint8_t data_inline;   /* data is inside owner's block, not from the backend */
+  size_t nbytes;
+  void *data;
+  lm_tensor *owner;      /* the block to free with the storage */
+};
+static inline char *lm_ptr(const lm_tensor *t) {
+  return (char *)t->storage->data + t->offset * lm_dtype_size(t->dtype_);
+}
+static inline bool lm_is_float(int dtype) { return dtype <= LM_F16; }
+void lm_contiguous_strides(int ndim, const int64_t *shape, int64_t *stride);
+
+/* ---- dtype conversions every backend shares (tensor/dtype.c) ---- */
+float lm_bf16_to_f32(uint16_t h);
+uint16_t lm_f32_to_bf16(float f);
+float lm_f16_to_f32(uint16_t h);
+uint16_t lm_f32_to_f16(float f);
+double lm_load(const void *p, int dtype);       /* one element as double */
+void lm_store(void *p, int dtype, double v);    /* one element from double */
+
+/* ---- kernel kinds ---- */
+/* Pointwise kinds; unary kinds take p[0], p[1] as parameters. */
+enum lm_unary { LM_NEG, LM_ABS, LM_SQRT, LM_RSQRT, LM_EXP, LM_LOG, LM_TANH,
+                LM_SIGMOID, LM_RELU, LM_GELU, LM_GELU_TANH, LM_SILU, LM_SIN,
+                LM_COS, LM_POW_SCALAR, LM_CLAMP, LM_NOT, LM_SIGN,
+                /* derivatives, for backward passes */
+                LM_GELU_D, LM_GELU_TANH_D, LM_SILU_D, LM_NUNARY };
+enum lm_binary { LM_ADD, LM_SUB, LM_MUL, LM_DIV, LM_POW, LM_MAXIMUM, LM_MINIMUM,
+                 LM_EQ, LM_NE, LM_LT, LM_LE, LM_GT, LM_GE, LM_AND, LM_OR,
+                 LM_NBINARY };
+enum lm_reduce { LM_SUM, LM_MAX, LM_MIN, LM_ARGMAX, LM_ARGMIN, LM_NREDUCE };
+
+/* ---- the table of a device's kernels ----
+ * Every slot but name, alloc, free, copy and fill may be NULL: an op whose
+ * kernel is missing fails with an error naming the slot and device. */
+typedef struct lm_backend {
+  const char *name;
+  /* makes device `index` of this kind current; NULL for one-device kinds */
+  int (*select)(int index);
+  void *(*alloc)(size_t nbytes);
+  void (*free)(void *p);
+  /* dst[i] = src[i] for same-shape tensors of any dtypes and strides */
+  int (*copy)(lm_tensor *dst, const lm_tensor *src);
+  int (*fill)(lm_tensor *t, double v);
+  /* out = f(x); x and out have out's shape (x may broadcast via stride 0) */
+  int (*unary)(int kind, lm_tensor *out, const lm_tensor *x, const double *p);
+  /* out = a (op) b; a and b are broadcast views of out's shape */
+  int (*binary)(int kind, lm_tensor *out, const lm_tensor *a, const lm_tensor *b);
+  /* out = cond ? a : b, all broadcast views of out's shape */
+  int (*where)(lm_tensor *out, const lm_tensor *cond, const lm_tensor *a, const lm_tensor *b);
+  /* contiguous x viewed as (outer, n, inner): out is (outer, inner) */
+  int (*reduce)(int kind, lm_tensor *out, const lm_tensor *x, int64_t outer,
+                int64_t n, int64_t inner);
+  /* c[b] = alpha * op(a[b]) @ op(b[b]) + beta * c[b] for 3-D strided tensors */
+  int (*gemm)(lm_tensor *c, const lm_tensor *a, const lm_tensor *b, double alpha,
+              double beta);
+  /* random fill by counter (tensor/rng.c keeps the state; backends draw
+   * with lm_philox_draw of philox.h) */
+  int (*random)(lm_tensor *t, int kind, double a, double b, uint64_t seed,
+                uint64_t offset, const int64_t *global_shape, const int64_t *local_start);
+  /* Row kernels on contiguous (rows, n) tensors of f32 or f64. */
+  int (*softmax)(lm_tensor *out, const lm_tensor *x, int log);
+  /* layer_norm (rms=0) or rms_norm (rms=1) over the last n elements of each
+   * row; w and b may be NULL; mean/rstd (rows) are saved for backward. */
+  int (*norm)(lm_tensor *out, lm_tensor *mean, lm_tensor *rstd, const lm_tensor *x,
+              const lm_tensor *w, const lm_tensor *b, double eps, int rms);
+  /* out[r] = w[idx[r]] (idx i64, 0-based, checked by the op) */
+  int (*embedding)(lm_tensor *out, const lm_tensor *w, const lm_tensor *idx);
+  /* out[idx[r]] += src[r] for contiguous out (V, n), idx (rows) i64 (checked
+   * by the op) and src (rows, n) of out's dtype, f32 or f64 */
+  int (*index_add)(lm_tensor *out, const lm_tensor *idx, const lm_tensor *src);
+  /* one AdamW step in place on contiguous same-dtype (f32 or f64) p, m, v
+   * with gradient g; h = {lr, beta1, beta2, eps, weight_decay, bc1, bc2} */
+  int (*adamw)(lm_tensor *p, const lm_tensor *g, lm_tensor *m, lm_tensor *v, const double *h);
+} lm_backend;
+
+/* Device kinds: a device number is its kind's first device plus an index
+ * (0 is the CPU, LM_CUDA0 + k is cuda:k). */
+enum lm_device_kind { LM_KIND_CPU = 0, LM_KIND_CUDA = 1, LM_NKINDS = 2 };
+/* Makes b the backend of every device of `kind` (a backend calls it once,
+ * when the library loads); b must outlive the process. */
+int lm_register_backend(int kind, const lm_backend *b);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,183 @@
+/* dispatch.c: lm_op_call, the one path every op call from outside the core
+ * takes: checks, then DTensor arguments through their sharding rule
+ * (redistribute, the op on the shards, specs on the outputs), else the op
+ * itself; autograd records what ran. Sharding decisions are cached. */
+#include "dist.h"
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* the op on (local) tensors, recorded by autograd */
+static int run_recorded(int op, int nin, lm_tensor *const *in, const lm_attrs *a, lm_tensor **out) {
+  int nout = lm_op_run(op, nin, in, a, out);
+  if (nout >= 0 && lm_record(op, nin, in, a, nout, out) < 0) {
+    for (int k = 0; k < nout; k++) lm_release(out[k]), out[k] = NULL;
+    return -1;
+  }
+  return nout;
+}
+
+static int check_call(const lm_op_def *d, int nin, lm_tensor *const *in, const lm_attrs *a, int maxout) {
+  if (d->nin >= 0 && nin != d->nin)
+    return lm_error("%s: expected %d tensor arguments, got %d", d->name, d->nin, nin);
+  if (nin < 0 || nin > 256) return lm_error("%s: expected 0 to 256 tensor arguments, got %d", d->name, nin);
+  if (maxout < d->nout) return lm_error("%s: room for %d outputs, it makes %d", d->name, maxout, d->nout);
+  if (a->ni < 0 || a->ni > 24 || a->nf < 0 || a->nf > 8 || a->nh < 0 || a->nh > 2)
+    return lm_error("%s: attrs hold %d integers, %d reals and %d handles; at most 24, 8 and 2",
+                    d->name, a->ni, a->nf, a->nh);
+  for (int i = 0; i < nin; i++) {
+    if (!in[i]) return lm_error("%s: argument #%d expected a tensor, got nil", d->name, i + 1);
+    if (in[i]->device_ != in[0]->device_)
+      return lm_error("%s: argument #%d is on another device than argument #1", d->name, i + 1);
+  }
+  return 0;
+}
+
+int lm_op_call(int op, int nin, lm_tensor *const *in, const lm_attrs *attrs, int maxout, lm_tensor **out) {
+  static const lm_attrs none;
+  if (op < 0 || op >= LM_NOPS) return lm_error("op id %d: no such op", op);
+  const lm_op_def *d = lm_op_def_of(op);
+  if (!attrs) attrs = &none;
+  LM_TRY(check_call(d, nin, in, attrs, maxout));
+  if (!(d->flags & LM_OPF_NATIVE))
+    for (int i = 0; i < nin; i++)
+      if (in[i]->dist) return lm_dtensor_call(op, nin, in, attrs, out) < 0 ? -1 : d->nout;
+  return run_recorded(op, nin, in, attrs, out);
+}
+
+static bool is_replicated_on(const lm_dspec *s, int k) { return s->pl[k].kind == LM_REPLICATE; }
+
+/* Sharding decisions are cached by (op, input specs, attrs): a key of
+ * plain integers (no struct padding), direct-mapped by its hash. */
+#define KEY_MAX (3 + LM_RULE_MAX_IN * (2 + LM_MAX_DIMS + 3 * LM_MAX_MESH) + 2 + 24 + 8)
+typedef struct {
+  int n;
+  uint64_t key[KEY_MAX];
+  lm_placement want[LM_RULE_MAX_IN][LM_MAX_MESH];
+  lm_dspec out[LM_MAX_OUT];
+  lm_attrs local;
+} rule_entry;
+static _Thread_local rule_entry rule_cache[128];
+static _Thread_local int64_t rule_hits, rule_misses;
+
+static int rule_key(int op, const lm_rule *r, uint64_t *k) {
+  int n = 0;
+  k[n++] = (uint64_t)op, k[n++] = (uint64_t)r->nin, k[n++] = (uint64_t)(uintptr_t)r->in[0]->mesh;
+  for (int i = 0; i < r->nin; i++) {
+    const lm_dspec *s = r->in[i];
+    k[n++] = (uint64_t)(uintptr_t)s->mesh, k[n++] = (uint64_t)s->nd;
+    for (int d = 0; d < s->nd; d++) k[n++] = (uint64_t)s->shape[d];
+    for (int m = 0; m < s->mesh->ndim; m++)
+      k[n++] = (uint64_t)s->pl[m].kind, k[n++] = (uint64_t)s->pl[m].dim, k[n++] = (uint64_t)s->pl[m].op;
+  }
+  k[n++] = (uint64_t)r->a->ni;
+  for (int j = 0; j < r->a->ni; j++) k[n++] = (uint64_t)r->a->i[j];
+  k[n++] = (uint64_t)r->a->nf;
+  for (int j = 0; j < r->a->nf; j++) memcpy(&k[n++], &r->a->f[j], 8);
+  return n;
+}
+
+/* global metas of the inputs, shape inference, then the rule */
+static int decide(int op, lm_rule *r, lm_tensor *const *in) {
+  const lm_op_def *d = lm_op_def_of(op);
+  lm_meta m[LM_RULE_MAX_IN], om[LM_MAX_OUT] = {{0}};
+  for (int i = 0; i < r->nin; i++) {
+    m[i] = (lm_meta){.ndim = r->in[i]->nd, .dtype = in[i]->dtype_};
+    memcpy(m[i].shape, r->in[i]->shape, r->in[i]->nd * sizeof *m[i].shape);
+  }
+  if (d->shape) LM_TRY(d->shape(op, r->nin, m, r->a, om));
+  for (int o = 0; o < r->nout; o++) {
+    r->out[o] = (lm_dspec){.mesh = r->in[0]->mesh, .nd = om[o].ndim};
+    memcpy(r->out[o].shape, om[o].shape, om[o].ndim * sizeof *om[o].shape);
+  }
+  return d->rule(r);
+}
+
+static int cached_rule(int op, lm_rule *r, lm_tensor *const *in) {
+  uint64_t key[KEY_MAX];
+  int n = rule_key(op, r, key);
+  rule_entry *e = &rule_cache[lm_fnv1a(key, n * sizeof *key, 0) % 128];
+  if (e->n == n && !memcmp(e->key, key, n * sizeof *key)) {
+    memcpy(r->want, e->want, sizeof r->want);
+    memcpy(r->out, e->out, sizeof r->out);
+    r->local = e->local;
+    rule_hits++;
+    return 0;
+  }
+  LM_TRY(decide(op, r, in));
+  rule_misses++;
+  e->n = n;
+  memcpy(e->key, key, n * sizeof *key);
+  memcpy(e->want, r->want, sizeof e->want);
+  memcpy(e->out, r->out, sizeof e->out);
+  e->local = r->local;
+  return 0;
+}
+
+void lm_dtensor_rule_stats(int64_t *hits, int64_t *misses) { *hits = rule_hits, *misses = rule_misses; }
+void lm_dtensor_rule_cache_clear(void) { memset(rule_cache, 0, sizeof rule_cache); }
+
+static lm_tensor *call1(int op, lm_tensor *x, const lm_attrs *a) {
+  lm_tensor *out[LM_MAX_OUT];
+  return lm_op_call(op, 1, &x, a, LM_MAX_OUT, out) < 0 ? NULL : out[0];
+}
+
+int lm_dtensor_call(int op, int nin, lm_tensor *const *in, const lm_attrs *a, lm_tensor **out) {
+  const lm_op_def *d = lm_op_def_of(op);
+  if (!d->rule) return lm_error("%s: no sharding rule for DTensor arguments yet", d->name);
+  if (nin > LM_RULE_MAX_IN) return lm_error("%s: at most %d DTensor arguments", d->name, LM_RULE_MAX_IN);
+  const lm_dspec *first = NULL;
+  for (int i = 0; i < nin && !first; i++) first = lm_spec(in[i]);
+  lm_scope s = {0};
+  lm_rule r = {.op = op, .nin = nin, .nout = d->nout, .a = a, .local = *a};
+  lm_dspec wrapped[LM_RULE_MAX_IN];
+  lm_tensor *args[LM_RULE_MAX_IN];
+  int rc = 0;
+  for (int i = 0; i < nin && rc == 0; i++) { /* plain tensors join as Replicate */
+    const lm_dspec *si = lm_spec(in[i]);
+    args[i] = in[i];
+    if (si && si->mesh != first->mesh &&
+        (si->mesh->ndim != first->mesh->ndim || memcmp(si->mesh->comm, first->mesh->comm, sizeof si->mesh->comm)))
+      rc = lm_error("%s: argument #%d is on another mesh than the other DTensor arguments", d->name, i + 1);
+    if (!si) {
+      if (in[i]->ndim > 0 && !lm_implicit_replication())
+        rc = lm_error("%s: argument #%d is a plain tensor mixed with DTensors; make it a DTensor "
+                      "(distribute_tensor / from_local) or run inside implicit_replication", d->name, i + 1);
+      wrapped[i] = (lm_dspec){.mesh = first->mesh, .nd = in[i]->ndim};
+      memcpy(wrapped[i].shape, in[i]->shape, sizeof wrapped[i].shape);
+      si = &wrapped[i];
+    }
+    r.in[i] = si;
+    memcpy(r.want[i], si->pl, sizeof r.want[i]);
+  }
+  if (rc == 0) rc = cached_rule(op, &r, in);
+  /* inputs as the rule wants them, and guards for replicated inputs of
+   * outputs that differ across ranks (their gradient is a sum of terms) */
+  const lm_mesh *m = first->mesh;
+  for (int i = 0; i < nin && rc == 0; i++) {
+    lm_tensor *x = args[i];
+    if (!lm_spec(x)) { /* a plain (replicated) input: a DTensor when it must move or guard */
+      bool moves = memcmp(r.want[i], r.in[i]->pl, m->ndim * sizeof(lm_placement)) != 0, varies = false;
+      for (int o = 0; o < r.nout; o++)
+        for (int k = 0; k < m->ndim; k++) varies |= !is_replicated_on(&r.out[o], k);
+      if (!moves && !(varies && x->needs_grad && lm_is_grad_enabled())) continue;
+      if (!(x = lm_s(&s, lm_dtensor_from_local(x, (lm_mesh *)m, r.in[i]->pl, x->shape, 0)))) { rc = -1; break; }
+    }
+    if (memcmp(r.want[i], r.in[i]->pl, m->ndim * sizeof(lm_placement)))
+      x = lm_s(&s, lm_dtensor_redistribute(x, r.want[i]));
+    for (int k = 0; x && k < m->ndim; k++) {
+      bool varies = false;
+      for (int o = 0; o < r.nout; o++) varies |= !is_replicated_on(&r.out[o], k);
+      if (varies && r.want[i][k].kind == LM_REPLICATE && x->needs_grad && lm_is_grad_enabled()) {
+        lm_attrs ga = lm_comm_attrs(m->comm[k]);
+        x = lm_s(&s, call1(LM_OP_DIST_GRAD_REDUCE, x, &ga));
+      }
+    }
+    if (!(args[i] = x)) rc = -1;
+  }
+  if (rc == 0) rc = run_recorded(op, nin, args, &r.local, out) < 0 ? -1 : 0; /* on the shards */
+  for (int o = 0; rc == 0 && o < r.nout; o++)
+    if (lm_attach_spec(out[o], &r.out[o]) < 0) rc = -1;
+  lm_scope_end(&s);
+  return rc;
+}

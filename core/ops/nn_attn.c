@@ -1,0 +1,199 @@
+/* nn_attn.c: what attention is made of: triu/tril masks, scaled dot-product
+ * attention and rotary embeddings, with their backward passes. They are
+ * built from other ops, so they run on every device those ops run on. */
+#include "op.h"
+#include <math.h>
+#include <string.h>
+
+/* ---- triu, tril (attrs: i[0] = diagonal k) over the last two dims ---- */
+int lm_shape_tri(int op, int nin, const lm_meta *in, const lm_attrs *a, lm_meta *out) {
+  (void)nin, (void)a;
+  if (in[0].ndim < 2)
+    return lm_error("%s: argument #1 (input) expected at least 2 dims, got %d", lm_op_table[op].name,
+                    in[0].ndim);
+  *out = in[0];
+  return 0;
+}
+
+static lm_tensor *tri_mask(lm_scope *s, int op, const lm_tensor *x, const lm_attrs *a) {
+  int64_t R = x->shape[x->ndim - 2], C = x->shape[x->ndim - 1], rs[2] = {R, 1}, cs[2] = {1, C};
+  lm_tensor *r = lm_s_reshape(s, lm_s_arange(s, R, x->device_), 2, rs);
+  lm_tensor *c = lm_s_reshape(s, lm_s_arange(s, C, x->device_), 2, cs);
+  lm_tensor *diff = lm_s2(s, LM_OP_SUB, c, r);
+  double k = a->ni ? (double)a->i[0] : 0;
+  return lm_s2(s, op == LM_OP_TRIU ? LM_OP_GE : LM_OP_LE, diff, lm_scalar(s, k, diff));
+}
+
+int lm_fw_tri(const lm_call *c, lm_tensor **out) {
+  lm_tensor *x = c->in[0];
+  lm_scope s = {0};
+  lm_tensor *r = lm_s_where(&s, tri_mask(&s, c->op, x, c->a), x, lm_scalar(&s, 0, x));
+  *out = r ? lm_cast(r, x->dtype_) : NULL;
+  lm_scope_end(&s);
+  return *out ? 0 : -1;
+}
+
+int lm_bw_tri(const lm_saved *n, lm_tensor *const *gout, lm_tensor **gin) {
+  lm_scope s = {0};
+  lm_tensor *g = gout[0], *d = lm_s_where(&s, tri_mask(&s, n->op, n->in[0], &n->attrs), g, lm_scalar(&s, 0, g));
+  int rc = d ? lm_give(n, gin, 0, d) : -1;
+  lm_scope_end(&s);
+  return rc;
+}
+
+/* ---- scaled_dot_product_attention(q, k, v [, attn_mask]) ----
+ * q (..., L, E), k (..., S, E), v (..., S, Ev); batch dims broadcast as in
+ * matmul (repeat k/v heads for GQA first). attrs: i[0] = is_causal (keep
+ * j <= i, top-left aligned as PyTorch), f[0] = scale (0: 1/sqrt(E)).
+ * attn_mask broadcasts to (..., L, S): bool keeps where true, a float mask
+ * is added to the scores. Backward recomputes the probabilities. */
+int lm_shape_sdpa(int op, int nin, const lm_meta *in, const lm_attrs *a, lm_meta *out) {
+  (void)op;
+  const char *name = "scaled_dot_product_attention", *args[4] = {"query", "key", "value", "attn_mask"};
+  if (nin < 3 || nin > 4) return lm_error("%s: expected 3 or 4 tensor arguments, got %d", name, nin);
+  for (int i = 0; i < 3; i++) {
+    LM_TRY(lm_need_float(name, i + 1, args[i], &in[i]));
+    if (in[i].ndim < 2)
+      return lm_error("%s: argument #%d (%s) expected at least 2 dims (..., length, dim), got %d",
+                      name, i + 1, args[i], in[i].ndim);
+  }
+  const lm_meta *q = &in[0], *k = &in[1], *v = &in[2];
+  if (q->shape[q->ndim - 1] != k->shape[k->ndim - 1])
+    return lm_error("%s: argument #2 (key) expected the query's last dim %lld, got %lld", name,
+                    (long long)q->shape[q->ndim - 1], (long long)k->shape[k->ndim - 1]);
+  if (k->shape[k->ndim - 2] != v->shape[v->ndim - 2])
+    return lm_error("%s: argument #3 (value) expected the key's length %lld, got %lld", name,
+                    (long long)k->shape[k->ndim - 2], (long long)v->shape[v->ndim - 2]);
+  if (nin == 4) {
+    const lm_meta *m = &in[3];
+    if (m->dtype != LM_BOOL && !lm_is_float(m->dtype))
+      return lm_error("%s: argument #4 (attn_mask) expected a bool or float tensor, got %s", name,
+                      lm_dtype_name(m->dtype));
+    if (a->ni >= 1 && a->i[0]) return lm_error("%s: attn_mask and is_causal cannot both be set", name);
+    int64_t L = q->shape[q->ndim - 2], S = k->shape[k->ndim - 2];
+    int64_t ml = m->ndim >= 2 ? m->shape[m->ndim - 2] : 1, ms = m->ndim >= 1 ? m->shape[m->ndim - 1] : 1;
+    if ((ml != 1 && ml != L) || (ms != 1 && ms != S))
+      return lm_error("%s: argument #4 (attn_mask) expected to broadcast to (..., %lld, %lld), "
+                      "its last dims are (%lld, %lld)", name, (long long)L, (long long)S,
+                      (long long)ml, (long long)ms);
+  }
+  *out = *q;
+  out->shape[q->ndim - 1] = v->shape[v->ndim - 1];
+  out->dtype = lm_promote(lm_promote(q->dtype, k->dtype), v->dtype);
+  return 0;
+}
+
+/* the attention probabilities (..., L, S) in cd, and q, k, v in cd */
+static lm_tensor *sdpa_probs(lm_scope *s, lm_tensor *const *in, int nin, const lm_attrs *a,
+                             int cd, lm_tensor **q, lm_tensor **k, lm_tensor **v, double *scale) {
+  *q = lm_s_cast(s, in[0], cd), *k = lm_s_cast(s, in[1], cd), *v = lm_s_cast(s, in[2], cd);
+  int64_t E = in[0]->shape[in[0]->ndim - 1];
+  *scale = a->nf >= 1 && a->f[0] != 0 ? a->f[0] : 1 / sqrt((double)(E ? E : 1));
+  lm_tensor *sc = lm_s_mulk(s, lm_s2(s, LM_OP_MATMUL, *q, lm_s_transpose(s, *k, -2, -1)), *scale);
+  if (!sc) return NULL;
+  if (a->ni >= 1 && a->i[0]) {
+    int64_t L = sc->shape[sc->ndim - 2], S = sc->shape[sc->ndim - 1], rs[2] = {L, 1}, cs[2] = {1, S};
+    lm_tensor *keep = lm_s2(s, LM_OP_LE, lm_s_reshape(s, lm_s_arange(s, S, sc->device_), 2, cs),
+                            lm_s_reshape(s, lm_s_arange(s, L, sc->device_), 2, rs));
+    sc = lm_s_where(s, keep, sc, lm_scalar(s, -INFINITY, sc));
+  } else if (nin == 4) {
+    lm_tensor *m = in[3];
+    sc = m->dtype_ == LM_BOOL ? lm_s_where(s, m, sc, lm_scalar(s, -INFINITY, sc))
+                              : lm_s2(s, LM_OP_ADD, sc, lm_s_cast(s, m, cd));
+  }
+  return lm_sop(s, LM_OP_SOFTMAX, 1, &sc, &(lm_attrs){.i = {-1}, .ni = 1});
+}
+
+int lm_fw_sdpa(const lm_call *c, lm_tensor **out) {
+  lm_scope s = {0};
+  lm_tensor *q, *k, *v;
+  double scale;
+  int dt = c->out[0].dtype;
+  lm_tensor *p = sdpa_probs(&s, c->in, c->nin, c->a, lm_compute_dtype(dt), &q, &k, &v, &scale);
+  lm_tensor *r = lm_s2(&s, LM_OP_MATMUL, p, v);
+  *out = r ? lm_cast(r, dt) : NULL;
+  lm_scope_end(&s);
+  return *out ? 0 : -1;
+}
+
+int lm_bw_sdpa(const lm_saved *n, lm_tensor *const *gout, lm_tensor **gin) {
+  lm_scope s = {0};
+  lm_tensor *q, *k, *v;
+  double scale;
+  int cd = lm_compute_dtype(n->out[0]->dtype_);
+  lm_tensor *p = sdpa_probs(&s, n->in, n->nin, &n->attrs, cd, &q, &k, &v, &scale);
+  lm_tensor *g = lm_s_cast(&s, gout[0], cd);
+  int rc = p && g ? 0 : -1;
+  if (rc == 0 && n->in[2]->needs_grad) /* dv = p^T g */
+    rc = lm_give(n, gin, 2, lm_s2(&s, LM_OP_MATMUL, lm_s_transpose(&s, p, -2, -1), g));
+  bool need_ds = n->in[0]->needs_grad || n->in[1]->needs_grad || (n->nin == 4 && n->in[3]->needs_grad);
+  if (rc == 0 && need_ds) { /* ds = p * (dp - sum(dp * p)), dp = g v^T */
+    lm_tensor *dp = lm_s2(&s, LM_OP_MATMUL, g, lm_s_transpose(&s, v, -2, -1));
+    lm_tensor *ds = lm_s2(&s, LM_OP_MUL, p, lm_s2(&s, LM_OP_SUB, dp, lm_s_sum(&s, lm_s2(&s, LM_OP_MUL, dp, p), -1, 1)));
+    if (n->in[0]->needs_grad) rc |= lm_give(n, gin, 0, lm_s_mulk(&s, lm_s2(&s, LM_OP_MATMUL, ds, k), scale));
+    if (n->in[1]->needs_grad)
+      rc |= lm_give(n, gin, 1, lm_s_mulk(&s, lm_s2(&s, LM_OP_MATMUL, lm_s_transpose(&s, ds, -2, -1), q), scale));
+    if (n->nin == 4 && n->in[3]->needs_grad && lm_is_float(n->in[3]->dtype_)) rc |= lm_give(n, gin, 3, ds);
+  }
+  lm_scope_end(&s);
+  return rc ? -1 : 0;
+}
+
+/* ---- rope(x (..., T, H, D), cos (T, D/2), sin (T, D/2)) ----
+ * Llama's apply_rotary_emb: pairs (x[2i], x[2i+1]) rotate by angle_{t,i}
+ * as a complex product. Backward rotates by the opposite angle. */
+int lm_shape_rope(int op, int nin, const lm_meta *in, const lm_attrs *a, lm_meta *out) {
+  (void)op, (void)nin, (void)a;
+  const lm_meta *x = &in[0];
+  LM_TRY(lm_need_float("rope", 1, "input", x));
+  if (x->ndim < 3 || x->ndim > LM_MAX_DIMS - 1)
+    return lm_error("rope: argument #1 (input) expected 3 to %d dims (..., seq, heads, head_dim), got %d",
+                    LM_MAX_DIMS - 1, x->ndim);
+  int64_t T = x->shape[x->ndim - 3], D = x->shape[x->ndim - 1];
+  if (D % 2) return lm_error("rope: argument #1 (input) expected an even head_dim, got %lld", (long long)D);
+  for (int i = 1; i < 3; i++) {
+    const lm_meta *t = &in[i];
+    const char *arg = i == 1 ? "cos" : "sin";
+    LM_TRY(lm_need_float("rope", i + 1, arg, t));
+    if (t->ndim != 2 || t->shape[0] != T || t->shape[1] != D / 2)
+      return lm_error("rope: argument #%d (%s) expected shape (%lld, %lld) (seq, head_dim/2)", i + 1,
+                      arg, (long long)T, (long long)(D / 2));
+  }
+  *out = *x;
+  return 0;
+}
+
+/* x rotated by sign * angle, in cd, x's shape */
+static lm_tensor *rope_rotate(lm_scope *s, lm_tensor *x, lm_tensor *cos, lm_tensor *sin, double sign, int cd) {
+  int nd = x->ndim;
+  int64_t shape[LM_MAX_DIMS], T = x->shape[nd - 3], D = x->shape[nd - 1], cs[4] = {T, 1, D / 2, 1};
+  memcpy(shape, x->shape, nd * sizeof *shape);
+  shape[nd - 1] = D / 2, shape[nd] = 2;
+  lm_tensor *x5 = lm_s_reshape(s, lm_s_cast(s, x, cd), nd + 1, shape);
+  lm_attrs n0 = {.i = {-1, 0, 1}, .ni = 3}, n1 = {.i = {-1, 1, 1}, .ni = 3};
+  lm_tensor *a = lm_sop(s, LM_OP_NARROW, 1, &x5, &n0), *b = lm_sop(s, LM_OP_NARROW, 1, &x5, &n1);
+  lm_tensor *c = lm_s_reshape(s, lm_s_cast(s, cos, cd), 4, cs);
+  lm_tensor *sn = lm_s_reshape(s, lm_s_cast(s, sin, cd), 4, cs);
+  if (sign < 0) sn = lm_s1(s, LM_OP_NEG, sn);
+  lm_tensor *o[2] = {lm_s2(s, LM_OP_SUB, lm_s2(s, LM_OP_MUL, a, c), lm_s2(s, LM_OP_MUL, b, sn)),
+                     lm_s2(s, LM_OP_ADD, lm_s2(s, LM_OP_MUL, a, sn), lm_s2(s, LM_OP_MUL, b, c))};
+  lm_tensor *r = lm_sop(s, LM_OP_CAT, 2, o, &(lm_attrs){.i = {-1}, .ni = 1});
+  return lm_s_reshape(s, r, x->ndim, x->shape);
+}
+
+int lm_fw_rope(const lm_call *c, lm_tensor **out) {
+  lm_scope s = {0};
+  lm_tensor *x = c->in[0], *r = rope_rotate(&s, x, c->in[1], c->in[2], 1, lm_compute_dtype(x->dtype_));
+  *out = r ? lm_cast(r, x->dtype_) : NULL;
+  lm_scope_end(&s);
+  return *out ? 0 : -1;
+}
+
+int lm_bw_rope(const lm_saved *n, lm_tensor *const *gout, lm_tensor **gin) {
+  if (!n->in[0]->needs_grad) return 0;
+  lm_scope s = {0};
+  lm_tensor *d = rope_rotate(&s, gout[0], n->in[1], n->in[2], -1, lm_compute_dtype(n->in[0]->dtype_));
+  int rc = d ? lm_give(n, gin, 0, d) : -1;
+  lm_scope_end(&s);
+  return rc;
+}

@@ -1,0 +1,321 @@
+/* nn_embed.c: embedding and cross_entropy with their backward passes. Ids
+ * in attrs and tensors are 0-based; messages print them 1-based, as the Lua
+ * user wrote them. Floats compute in f32 (f64 stays f64). */
+#include "op.h"
+#include <string.h>
+
+/* The ids of idx (any integer dtype) must lie in [0, n) or equal `skip`
+ * when skip_ok. Read on the host. */
+static int check_ids(const char *op, int k, const char *arg, lm_tensor *idx, int64_t n,
+                     int skip_ok, int64_t skip, const char *what) {
+  lm_scope s = {0};
+  lm_tensor *c = idx;
+  if (idx->device_ != LM_CPU) {
+    c = lm_s(&s, lm_empty(idx->ndim, idx->shape, LM_I64, LM_CPU));
+    if (!c || lm_copy_(c, idx) < 0) { lm_scope_end(&s); return -1; }
+  }
+  c = lm_s_contig(&s, lm_s_cast(&s, c, LM_I64));
+  if (!c) { lm_scope_end(&s); return -1; }
+  const int64_t *p = (const int64_t *)lm_ptr(c);
+  int rc = 0;
+  for (int64_t j = 0; j < c->numel_; j++) {
+    if ((p[j] >= 0 && p[j] < n) || (skip_ok && p[j] == skip)) continue;
+    rc = lm_error("%s: argument #%d (%s) holds %s %lld, outside [1, %lld]", op, k, arg, what,
+                  (long long)p[j] + 1, (long long)n);
+    break;
+  }
+  lm_scope_end(&s);
+  return rc;
+}
+
+/* ---- embedding(w (V, D), idx (any shape, integer, 0-based)): idx.shape + (D) ----
+ * On a vocabulary shard, attrs i[0] = the shard's first row, i[1] = 1 and
+ * i[2] = the whole vocabulary's size. */
+int lm_shape_embedding(int op, int nin, const lm_meta *in, const lm_attrs *a, lm_meta *out) {
+  (void)op, (void)nin, (void)a;
+  const lm_meta *w = &in[0], *idx = &in[1];
+  if (w->ndim != 2)
+    return lm_error("embedding: argument #1 (weight) expected 2 dims (vocabulary, dim), got %d", w->ndim);
+  if (idx->dtype != LM_I64 && idx->dtype != LM_I32)
+    return lm_error("embedding: argument #2 (indices) expected an integer tensor (i64 or i32), got %s",
+                    lm_dtype_name(idx->dtype));
+  if (idx->ndim + 1 > LM_MAX_DIMS)
+    return lm_error("embedding: argument #2 (indices) expected at most %d dims, got %d",
+                    LM_MAX_DIMS - 1, idx->ndim);
+  *out = *idx;
+  out->dtype = w->dtype;
+  out->shape[out->ndim++] = w->shape[1];
+  return 0;
+}
+
+static bool vocab_shard(const lm_attrs *a) { return a->ni >= 2 && a->i[1]; }
+
+/* On a vocabulary shard, ids become rows of the shard; ids outside it read
+ * row 0 and *inside says which to keep. Else the ids are used as they are. */
+static lm_tensor *shard_ids(lm_scope *s, lm_tensor *idx, const lm_attrs *a, int64_t rows,
+                            lm_tensor **inside) {
+  lm_tensor *ids = lm_s_cast(s, idx, LM_I64);
+  *inside = NULL;
+  if (!vocab_shard(a) || !ids) return ids;
+  lm_tensor *shifted = lm_s2(s, LM_OP_SUB, ids, lm_scalar(s, (double)a->i[0], ids));
+  *inside = lm_s2(s, LM_OP_LOGICAL_AND, lm_s2(s, LM_OP_GE, shifted, lm_scalar(s, 0, ids)),
+                  lm_s2(s, LM_OP_LT, shifted, lm_scalar(s, (double)rows, ids)));
+  return lm_s_where(s, *inside, shifted, lm_scalar(s, 0, ids));
+}
+
+/* rows of out (ids.shape + (D)) whose id was outside the shard, zeroed */
+static lm_tensor *keep_rows(lm_scope *s, lm_tensor *out, lm_tensor *inside) {
+  if (!inside) return out;
+  lm_attrs last = {.i = {-1}, .ni = 1};
+  return lm_s_where(s, lm_sop(s, LM_OP_UNSQUEEZE, 1, &inside, &last), out, lm_scalar(s, 0, out));
+}
+
+int lm_fw_embedding(const lm_call *c, lm_tensor **out) {
+  lm_tensor *w = c->in[0], *idx = c->in[1];
+  int64_t vocab = vocab_shard(c->a) && c->a->ni >= 3 ? c->a->i[2] : w->shape[0];
+  LM_TRY(check_ids("embedding", 2, "indices", idx, vocab, 0, 0, "id"));
+  const lm_backend *be = LM_KERNEL(c->op, w, embedding);
+  lm_scope s = {0};
+  lm_tensor *inside, *ids = be ? shard_ids(&s, idx, c->a, w->shape[0], &inside) : NULL;
+  lm_tensor *wc = lm_s_contig(&s, w), *ic = lm_s_contig(&s, ids);
+  lm_tensor *o = ic && wc ? lm_s(&s, lm_empty_meta(&c->out[0], w)) : NULL;
+  lm_tensor *r = o && be->embedding(o, wc, ic) == 0 ? keep_rows(&s, o, inside) : NULL;
+  if (r) lm_retain(r);
+  lm_scope_end(&s);
+  return (*out = r) ? 0 : -1;
+}
+
+/* dw (V, D) in cd: the rows of g added at the ids */
+static lm_tensor *index_add_rows(lm_scope *s, int op, lm_tensor *g, lm_tensor *idx, int64_t V, int cd) {
+  const lm_backend *be = LM_KERNEL(op, g, index_add);
+  if (!be) return NULL;
+  int64_t D = g->ndim ? g->shape[g->ndim - 1] : 1, shape[2] = {V, D}, gshape[2] = {idx->numel_, D};
+  lm_tensor *dw = lm_s(s, lm_empty(2, shape, cd, g->device_));
+  lm_tensor *g2 = lm_s_reshape(s, lm_s_contig(s, lm_s_cast(s, g, cd)), 2, gshape);
+  lm_tensor *ic = lm_s_contig(s, lm_s_cast(s, idx, LM_I64));
+  if (!dw || !g2 || !ic || lm_fill_(dw, 0) < 0 || be->index_add(dw, ic, g2) < 0) return NULL;
+  return dw;
+}
+
+int lm_bw_embedding(const lm_saved *n, lm_tensor *const *gout, lm_tensor **gin) {
+  lm_tensor *w = n->in[0];
+  if (!w->needs_grad) return 0;
+  lm_scope s = {0};
+  lm_tensor *inside, *ids = shard_ids(&s, n->in[1], &n->attrs, w->shape[0], &inside);
+  lm_tensor *g = keep_rows(&s, gout[0], inside);
+  lm_tensor *dw = g && ids ? index_add_rows(&s, n->op, g, ids, w->shape[0], lm_compute_dtype(w->dtype_)) : NULL;
+  int rc = dw ? lm_give(n, gin, 0, dw) : -1;
+  lm_scope_end(&s);
+  return rc;
+}
+
+/* ---- cross_entropy(logits, target [, weight]) ----
+ * logits (N, C) or (C); target: integer class ids (N) or () 0-based, or
+ * float probabilities of the logits' shape; weight (C). attrs: i[0] =
+ * ignore_index (-100), i[1] = reduction (0 none, 1 mean, 2 sum), f[0] =
+ * label_smoothing. PyTorch's semantics: with class ids, mean divides by the
+ * summed weights of the targets not ignored, and smoothing spreads
+ * eps/C * weight_c over the classes (zero for ignored targets). */
+typedef struct {
+  int probs, red, cd;
+  int64_t N, C, ignore;
+  double eps;
+} ce_plan;
+
+static int ce_plan_of(int nin, const lm_meta *in, const lm_attrs *a, ce_plan *p) {
+  const char *op = "cross_entropy";
+  if (nin < 2 || nin > 3) return lm_error("%s: expected 2 or 3 tensor arguments, got %d", op, nin);
+  const lm_meta *x = &in[0], *t = &in[1];
+  LM_TRY(lm_need_float(op, 1, "input", x));
+  if (x->ndim != 1 && x->ndim != 2)
+    return lm_error("%s: argument #1 (input) expected logits of shape (N, C) or (C), got %d dims "
+                    "(reshape (B, T, C) to (B*T, C) first)", op, x->ndim);
+  p->C = x->shape[x->ndim - 1];
+  p->N = x->ndim == 2 ? x->shape[0] : 1;
+  p->cd = lm_compute_dtype(x->dtype);
+  p->ignore = a->ni >= 1 ? a->i[0] : -100;
+  p->red = a->ni >= 2 ? (int)a->i[1] : 1;
+  p->eps = a->nf >= 1 ? a->f[0] : 0;
+  if (p->red < 0 || p->red > 2)
+    return lm_error("%s: reduction expected 0 (none), 1 (mean) or 2 (sum), got %d", op, p->red);
+  if (!(p->eps >= 0 && p->eps <= 1))
+    return lm_error("%s: label_smoothing expected a number in [0, 1], got %g", op, p->eps);
+  p->probs = lm_is_float(t->dtype);
+  if (p->probs) {
+    if (t->ndim != x->ndim || memcmp(t->shape, x->shape, x->ndim * sizeof *x->shape))
+      return lm_error("%s: argument #2 (target) holds probabilities and expected the input's shape", op);
+  } else {
+    if (t->dtype != LM_I64 && t->dtype != LM_I32)
+      return lm_error("%s: argument #2 (target) expected integer class ids or float probabilities, got %s",
+                      op, lm_dtype_name(t->dtype));
+    if (x->ndim == 2 ? t->ndim != 1 || t->shape[0] != p->N : t->ndim != 0)
+      return lm_error("%s: argument #2 (target) expected class ids of shape %s, got %d dims%s", op,
+                      x->ndim == 2 ? "(N) for input (N, C)" : "() for input (C)", t->ndim,
+                      t->ndim == 1 && x->ndim == 2 ? " with another N" : "");
+  }
+  if (nin == 3) {
+    LM_TRY(lm_need_float(op, 3, "weight", &in[2]));
+    if (in[2].ndim != 1 || in[2].shape[0] != p->C)
+      return lm_error("%s: argument #3 (weight) expected shape (%lld), one weight per class", op,
+                      (long long)p->C);
+  }
+  return 0;
+}
+
+int lm_shape_cross_entropy(int op, int nin, const lm_meta *in, const lm_attrs *a, lm_meta *out) {
+  (void)op;
+  ce_plan p = {0};
+  LM_TRY(ce_plan_of(nin, in, a, &p));
+  *out = (lm_meta){.ndim = p.red == 0 ? in[0].ndim - 1 : 0, .dtype = in[0].dtype};
+  if (p.red == 0 && in[0].ndim == 2) out->shape[0] = p.N;
+  return 0;
+}
+
+static int ce_plan_tensors(int nin, lm_tensor *const *in, const lm_attrs *a, ce_plan *p) {
+  lm_meta m[3];
+  for (int i = 0; i < nin && i < 3; i++) m[i] = lm_meta_of(in[i]);
+  return ce_plan_of(nin, m, a, p);
+}
+
+/* What forward and backward share: logits (N, C) in cd; for class ids the
+ * ids made safe (N) i64, the mask of kept targets vb (N, 1) bool, wt = the
+ * target's weight (N, 1) (1 without weight, 0 where ignored), sumw = the
+ * summed weights (scalar); w (1, C) in cd or NULL; q (N, C), the target
+ * distribution with smoothing and weights (probabilities only). */
+typedef struct { lm_tensor *x, *ids, *vb, *wt, *w, *q; double sumw; } ce_parts;
+
+/* rows (R, 1) of a contiguous table picked by ids (N): (N, 1) */
+static lm_tensor *pick_rows(lm_scope *s, lm_tensor *table, lm_tensor *ids) {
+  const lm_backend *be = LM_KERNEL(LM_OP_CROSS_ENTROPY, table, embedding);
+  if (!be || !ids) return NULL;
+  int64_t shape[2] = {table->numel_, 1}, oshape[2] = {ids->numel_, 1};
+  lm_tensor *t = lm_s_reshape(s, lm_s_contig(s, table), 2, shape);
+  lm_tensor *o = lm_s(s, lm_empty(2, oshape, table->dtype_, table->device_));
+  if (!t || !o || be->embedding(o, t, ids) < 0) return NULL;
+  return o;
+}
+
+/* the scalar sum of the weights, read on the host */
+static int sum_of_weights(lm_scope *s, lm_tensor *w, double *sumw) {
+  lm_tensor *sw = lm_s_cast(s, lm_s1(s, LM_OP_SUM, w), LM_F64), *h = sw;
+  if (sw && sw->device_ != LM_CPU) {
+    h = lm_s(s, lm_empty(0, NULL, LM_F64, LM_CPU));
+    if (h && lm_copy_(h, sw) < 0) h = NULL;
+  }
+  if (!h) return -1;
+  *sumw = *(const double *)lm_ptr(h);
+  return 0;
+}
+
+static int ce_prepare(lm_scope *s, const ce_plan *p, lm_tensor *const *in, int nin, ce_parts *c) {
+  memset(c, 0, sizeof *c);
+  int64_t shape2[2] = {p->N, p->C}, col[2] = {p->N, 1}, row[2] = {1, p->C};
+  c->x = lm_s_reshape(s, lm_s_cast(s, in[0], p->cd), 2, shape2);
+  if (nin == 3) c->w = lm_s_reshape(s, lm_s_cast(s, in[2], p->cd), 2, row);
+  if (!c->x || (nin == 3 && !c->w)) return -1;
+  double eps = p->eps, C = (double)p->C;
+  if (p->probs) { /* q = w * ((1 - eps) * t + eps / C) */
+    lm_tensor *t = lm_s_reshape(s, lm_s_cast(s, in[1], p->cd), 2, shape2);
+    lm_tensor *q = eps > 0 ? lm_s2(s, LM_OP_ADD, lm_s_mulk(s, t, 1 - eps), lm_scalar(s, eps / C, c->x)) : t;
+    c->q = c->w ? lm_s2(s, LM_OP_MUL, q, c->w) : q;
+    return c->q ? 0 : -1;
+  }
+  lm_tensor *t = lm_s_reshape(s, lm_s_cast(s, in[1], LM_I64), 2, col);
+  c->vb = lm_s2(s, LM_OP_NE, t, lm_scalar(s, (double)p->ignore, t));
+  lm_tensor *safe = lm_s_contig(s, lm_s_where(s, c->vb, t, lm_scalar(s, 0, t)));
+  /* ids into the flattened (N*C) logits: n*C + t */
+  lm_tensor *base = lm_s_reshape(s, lm_s_mulk(s, lm_s_arange(s, p->N, in[0]->device_), C), 2, col);
+  c->ids = lm_s_contig(s, lm_s2(s, LM_OP_ADD, base, safe));
+  lm_tensor *tw = c->w ? pick_rows(s, c->w, safe) : lm_scalar(s, 1, c->x);
+  c->wt = lm_s_where(s, c->vb, tw, lm_scalar(s, 0, c->x));
+  c->sumw = C;
+  if (eps > 0 && c->w && sum_of_weights(s, c->w, &c->sumw) < 0) return -1;
+  return c->ids && c->wt ? 0 : -1;
+}
+
+/* the divisor of reduction mean, as a 0-dim tensor in cd */
+static lm_tensor *ce_divisor(lm_scope *s, const ce_plan *p, const ce_parts *c) {
+  if (p->probs) return lm_scalar(s, (double)p->N, c->x);
+  return lm_s1(s, LM_OP_SUM, c->wt);
+}
+
+int lm_fw_cross_entropy(const lm_call *call, lm_tensor **out) {
+  lm_tensor *const *in = call->in;
+  ce_plan p;
+  LM_TRY(ce_plan_tensors(call->nin, in, call->a, &p));
+  if (!p.probs) LM_TRY(check_ids("cross_entropy", 2, "target", in[1], p.C, 1, p.ignore, "class"));
+  lm_scope s = {0};
+  ce_parts c;
+  lm_tensor *loss = NULL; /* (N, 1) */
+  int rc = ce_prepare(&s, &p, in, call->nin, &c);
+  lm_tensor *logp = rc == 0 ? lm_sop(&s, LM_OP_LOG_SOFTMAX, 1, &c.x, &(lm_attrs){.i = {-1}, .ni = 1}) : NULL;
+  if (p.probs) {
+    loss = lm_s1(&s, LM_OP_NEG, lm_s_sum(&s, lm_s2(&s, LM_OP_MUL, c.q, logp), 1, 1));
+  } else if (logp) { /* -(1-eps) wt logp[t] - eps/C sum_c w_c logp_c, 0 where ignored */
+    lm_tensor *picked = pick_rows(&s, logp, c.ids);
+    lm_tensor *l = lm_s2(&s, LM_OP_MUL, lm_s_mulk(&s, c.wt, -(1 - p.eps)), picked);
+    if (p.eps > 0) {
+      lm_tensor *lw = c.w ? lm_s2(&s, LM_OP_MUL, logp, c.w) : logp;
+      l = lm_s2(&s, LM_OP_SUB, l, lm_s_mulk(&s, lm_s_sum(&s, lw, 1, 1), p.eps / (double)p.C));
+    }
+    loss = lm_s_where(&s, c.vb, l, lm_scalar(&s, 0, c.x));
+  }
+  lm_tensor *r = NULL;
+  if (loss && p.red == 0) r = lm_s_reshape(&s, loss, call->out[0].ndim, call->out[0].shape);
+  else if (loss) {
+    r = lm_s1(&s, LM_OP_SUM, loss);
+    if (p.red == 1) r = lm_s2(&s, LM_OP_DIV, r, ce_divisor(&s, &p, &c));
+  }
+  *out = r ? lm_cast(r, in[0]->dtype_) : NULL;
+  lm_scope_end(&s);
+  return *out ? 0 : -1;
+}
+
+/* d logits for class ids: gv * (softmax * sumq - eps/C w - (1-eps) wt onehot) */
+static lm_tensor *ce_grad_ids(lm_scope *s, const ce_plan *p, const ce_parts *c, lm_tensor *g) {
+  lm_tensor *sm = lm_sop(s, LM_OP_SOFTMAX, 1, (lm_tensor **)&c->x, &(lm_attrs){.i = {-1}, .ni = 1});
+  lm_tensor *gv = lm_s_where(s, c->vb, lm_s2(s, LM_OP_MUL, g, lm_scalar(s, 1, c->x)), lm_scalar(s, 0, c->x));
+  double k = p->eps / (double)p->C;
+  lm_tensor *sumq = lm_s2(s, LM_OP_ADD, lm_s_mulk(s, c->wt, 1 - p->eps), lm_scalar(s, k * c->sumw, c->x));
+  sumq = lm_s_where(s, c->vb, sumq, lm_scalar(s, 0, c->x));
+  lm_tensor *d = lm_s2(s, LM_OP_MUL, sm, lm_s2(s, LM_OP_MUL, gv, sumq));
+  if (p->eps > 0) d = lm_s2(s, LM_OP_SUB, d, lm_s_mulk(s, c->w ? lm_s2(s, LM_OP_MUL, gv, c->w) : gv, k));
+  d = lm_s_contig(s, d);
+  if (!d || p->eps >= 1) return d;
+  int64_t flat[2] = {p->N * p->C, 1};
+  lm_tensor *src = lm_s_contig(s, lm_s2(s, LM_OP_MUL, lm_s_mulk(s, gv, -(1 - p->eps)), c->wt));
+  lm_tensor *dflat = lm_s_reshape(s, d, 2, flat);
+  const lm_backend *be = LM_KERNEL(LM_OP_CROSS_ENTROPY, d, index_add);
+  if (!src || !dflat || !be || be->index_add(dflat, c->ids, src) < 0) return NULL;
+  return d;
+}
+
+int lm_bw_cross_entropy(const lm_saved *n, lm_tensor *const *gout, lm_tensor **gin) {
+  ce_plan p;
+  LM_TRY(ce_plan_tensors(n->nin, n->in, &n->attrs, &p));
+  lm_tensor *const *in = n->in;
+  bool dx = in[0]->needs_grad, dt = p.probs && in[1]->needs_grad;
+  if (!dx && !dt) return 0;
+  lm_scope s = {0};
+  ce_parts c;
+  int rc = ce_prepare(&s, &p, in, n->nin, &c);
+  int64_t col[2] = {p.N, 1};
+  lm_tensor *g = lm_s_cast(&s, gout[0], p.cd); /* the scale of each row's loss: (N, 1) or () */
+  if (p.red == 0) g = lm_s_reshape(&s, g, 2, col);
+  else if (p.red == 1) g = lm_s2(&s, LM_OP_DIV, g, ce_divisor(&s, &p, &c));
+  if (rc == 0 && dx) {
+    lm_tensor *d = NULL;
+    if (p.probs) { /* g * (softmax * sum(q) - q) */
+      lm_tensor *sm = lm_sop(&s, LM_OP_SOFTMAX, 1, &c.x, &(lm_attrs){.i = {-1}, .ni = 1});
+      d = lm_s2(&s, LM_OP_MUL, g, lm_s2(&s, LM_OP_SUB, lm_s2(&s, LM_OP_MUL, sm, lm_s_sum(&s, c.q, 1, 1)), c.q));
+    } else d = ce_grad_ids(&s, &p, &c, g);
+    rc = d ? lm_give(n, gin, 0, lm_s_reshape(&s, d, in[0]->ndim, in[0]->shape)) : -1;
+  }
+  if (rc == 0 && dt) { /* -g (1-eps) w logp */
+    lm_tensor *logp = lm_sop(&s, LM_OP_LOG_SOFTMAX, 1, &c.x, &(lm_attrs){.i = {-1}, .ni = 1});
+    lm_tensor *d = lm_s_mulk(&s, lm_s2(&s, LM_OP_MUL, g, c.w ? lm_s2(&s, LM_OP_MUL, logp, c.w) : logp), -(1 - p.eps));
+    rc = d ? lm_give(n, gin, 1, lm_s_reshape(&s, d, in[1]->ndim, in[1]->shape)) : -1;
+  }
+  lm_scope_end(&s);
+  return rc;
+}

@@ -1,0 +1,187 @@
+/* nn_norm.c: softmax, log_softmax, layer_norm and rms_norm with their
+ * backward passes. Floats compute in f32 (f64 stays f64) and round once to
+ * the input's dtype. */
+#include "op.h"
+#include <string.h>
+
+/* ---- softmax, log_softmax (attrs: i[0] = dim) ---- */
+static int softmax_dim(int op, int ndim, const lm_attrs *a) {
+  return lm_wrap_dim(lm_op_table[op].name, "dim", a->ni ? a->i[0] : -1, ndim);
+}
+
+int lm_shape_softmax(int op, int nin, const lm_meta *in, const lm_attrs *a, lm_meta *out) {
+  (void)nin;
+  LM_TRY(lm_need_float(lm_op_table[op].name, 1, "input", &in[0]));
+  LM_TRY(softmax_dim(op, in[0].ndim, a));
+  *out = in[0];
+  return 0;
+}
+
+/* x moved so dim d is last, in dtype cd, contiguous: a new ref */
+static lm_tensor *dim_last(lm_tensor *x, int d, int cd) {
+  lm_scope s = {0};
+  lm_tensor *c = lm_s_cast(&s, x, cd), *r = NULL;
+  int last = x->ndim ? x->ndim - 1 : 0;
+  if (c && d != last) c = lm_s_transpose(&s, c, d, last);
+  if (c) r = lm_contiguous(c);
+  lm_scope_end(&s);
+  return r;
+}
+
+int lm_fw_softmax(const lm_call *c, lm_tensor **out) {
+  lm_tensor *x = c->in[0];
+  int d = softmax_dim(c->op, x->ndim, c->a), cd = lm_compute_dtype(x->dtype_);
+  int last = x->ndim ? x->ndim - 1 : 0;
+  const lm_backend *be = LM_KERNEL(c->op, x, softmax);
+  lm_scope s = {0};
+  lm_tensor *xc = be ? lm_s(&s, dim_last(x, d, cd)) : NULL;
+  lm_tensor *o = xc ? lm_s(&s, lm_empty_like(xc)) : NULL;
+  lm_tensor *r = o && be->softmax(o, xc, c->op == LM_OP_LOG_SOFTMAX) == 0 ? o : NULL;
+  if (r && d != last) r = lm_s(&s, dim_last(r, d, cd)); /* swapping back is the same move */
+  *out = r ? lm_cast(r, x->dtype_) : NULL;
+  lm_scope_end(&s);
+  return *out ? 0 : -1;
+}
+
+int lm_bw_softmax(const lm_saved *n, lm_tensor *const *gout, lm_tensor **gin) {
+  lm_tensor *x = n->in[0];
+  int d = softmax_dim(n->op, x->ndim, &n->attrs), cd = lm_compute_dtype(x->dtype_);
+  lm_scope s = {0};
+  lm_tensor *g = lm_s_cast(&s, gout[0], cd), *y = lm_s_cast(&s, n->out[0], cd), *gx;
+  if (n->op == LM_OP_LOG_SOFTMAX) /* g - exp(y) * sum(g) */
+    gx = lm_s2(&s, LM_OP_SUB, g, lm_s2(&s, LM_OP_MUL, lm_s1(&s, LM_OP_EXP, y), lm_s_sum(&s, g, d, 1)));
+  else /* y * (g - sum(g * y)) */
+    gx = lm_s2(&s, LM_OP_MUL, y, lm_s2(&s, LM_OP_SUB, g, lm_s_sum(&s, lm_s2(&s, LM_OP_MUL, g, y), d, 1)));
+  int rc = gx ? lm_give(n, gin, 0, gx) : -1;
+  lm_scope_end(&s);
+  return rc;
+}
+
+/* ---- layer_norm(x [, w] [, b]) and rms_norm(x [, w]) ----
+ * attrs: i[0] = number of trailing dims normalized (k >= 1), i[1] = 1 when
+ * w is given, i[2] = 1 when b is given (layer_norm), f[0] = eps. Without
+ * i[1]/i[2] the inputs present are taken in order. w and b have the shape
+ * of x's last k dims. Mean and rstd are recomputed in backward. */
+typedef struct { int rms, k, has_w, has_b; double eps; int64_t rows, n; } norm_plan;
+
+static double default_eps(int rms, int dtype) {
+  if (!rms) return 1e-5;
+  switch (dtype) { /* torch.finfo(dtype).eps, as rms_norm's eps=None */
+  case LM_F64: return 2.220446049250313e-16;
+  case LM_BF16: return 0.0078125;
+  case LM_F16: return 0.0009765625;
+  default: return 1.1920928955078125e-07;
+  }
+}
+
+static int norm_plan_of(int op, int nin, const lm_meta *in, const lm_attrs *a, norm_plan *p) {
+  const char *name = lm_op_table[op].name;
+  int rms = op == LM_OP_RMS_NORM, maxin = rms ? 2 : 3;
+  if (nin < 1 || nin > maxin)
+    return lm_error("%s: expected 1 to %d tensor arguments, got %d", name, maxin, nin);
+  const lm_meta *x = &in[0];
+  LM_TRY(lm_need_float(name, 1, "input", x));
+  p->rms = rms;
+  p->k = a->ni >= 1 ? (int)a->i[0] : 1;
+  p->has_w = a->ni >= 2 ? a->i[1] != 0 : nin >= 2;
+  p->has_b = rms ? 0 : a->ni >= 3 ? a->i[2] != 0 : nin >= 3;
+  p->eps = a->nf >= 1 ? a->f[0] : default_eps(rms, x->dtype);
+  if (1 + p->has_w + p->has_b != nin)
+    return lm_error("%s: attrs announce %d tensor arguments (input%s%s), got %d", name,
+                    1 + p->has_w + p->has_b, p->has_w ? ", weight" : "", p->has_b ? ", bias" : "",
+                    nin);
+  if (p->k < 1 || p->k > x->ndim)
+    return lm_error("%s: normalized shape expected 1 to %d dims (the input has %d), got %d", name,
+                    x->ndim, x->ndim, p->k);
+  if (!(p->eps >= 0)) return lm_error("%s: eps expected a number >= 0, got %g", name, p->eps);
+  p->n = lm_shape_numel(p->k, x->shape + x->ndim - p->k);
+  p->rows = lm_shape_numel(x->ndim - p->k, x->shape);
+  for (int j = 1; j < nin; j++) {
+    const lm_meta *t = &in[j];
+    const char *arg = j == 1 && p->has_w ? "weight" : "bias";
+    LM_TRY(lm_need_float(name, j + 1, arg, t));
+    bool ok = t->ndim == p->k && !memcmp(t->shape, x->shape + x->ndim - p->k, p->k * sizeof *t->shape);
+    if (!ok)
+      return lm_error("%s: argument #%d (%s) expected the shape of the input's last %d dim%s", name,
+                      j + 1, arg, p->k, p->k > 1 ? "s" : "");
+  }
+  return 0;
+}
+
+int lm_shape_norm(int op, int nin, const lm_meta *in, const lm_attrs *a, lm_meta *out) {
+  norm_plan p;
+  LM_TRY(norm_plan_of(op, nin, in, a, &p));
+  *out = in[0];
+  return 0;
+}
+
+static int plan_of_tensors(int op, int nin, lm_tensor *const *in, const lm_attrs *a, norm_plan *p) {
+  lm_meta m[3];
+  for (int i = 0; i < nin && i < 3; i++) m[i] = lm_meta_of(in[i]);
+  return norm_plan_of(op, nin, m, a, p);
+}
+
+/* x as (rows, n) in cd, and mean/rstd (rows) from the kernel; w/b (n) or NULL */
+static int norm_run(lm_scope *s, int op, const norm_plan *p, lm_tensor *x, lm_tensor *w,
+                    lm_tensor *b, int cd, lm_tensor **x2, lm_tensor **out, lm_tensor **mean,
+                    lm_tensor **rstd) {
+  const lm_backend *be = LM_KERNEL(op, x, norm);
+  if (!be) return -1;
+  int64_t shape2[2] = {p->rows, p->n};
+  *x2 = lm_s_reshape(s, lm_s_contig(s, lm_s_cast(s, x, cd)), 2, shape2);
+  lm_tensor *w1 = w ? lm_s_reshape(s, lm_s_contig(s, lm_s_cast(s, w, cd)), 1, &p->n) : NULL;
+  lm_tensor *b1 = b ? lm_s_reshape(s, lm_s_contig(s, lm_s_cast(s, b, cd)), 1, &p->n) : NULL;
+  if (!*x2 || (w && !w1) || (b && !b1)) return -1;
+  *out = lm_s(s, lm_empty(2, shape2, cd, x->device_));
+  *mean = lm_s(s, lm_empty(1, &p->rows, cd, x->device_));
+  *rstd = lm_s(s, lm_empty(1, &p->rows, cd, x->device_));
+  if (!*out || !*mean || !*rstd) return -1;
+  return be->norm(*out, *mean, *rstd, *x2, w1, b1, p->eps, p->rms);
+}
+
+int lm_fw_norm(const lm_call *c, lm_tensor **out) {
+  norm_plan p;
+  LM_TRY(plan_of_tensors(c->op, c->nin, c->in, c->a, &p));
+  lm_tensor *x = c->in[0], *w = p.has_w ? c->in[1] : NULL, *b = p.has_b ? c->in[1 + p.has_w] : NULL;
+  lm_scope s = {0};
+  lm_tensor *x2, *o, *mean, *rstd;
+  int rc = norm_run(&s, c->op, &p, x, w, b, lm_compute_dtype(x->dtype_), &x2, &o, &mean, &rstd);
+  lm_tensor *r = rc == 0 ? lm_s_reshape(&s, o, x->ndim, x->shape) : NULL;
+  *out = r ? lm_cast(r, x->dtype_) : NULL;
+  lm_scope_end(&s);
+  return *out ? 0 : -1;
+}
+
+int lm_bw_norm(const lm_saved *n, lm_tensor *const *gout, lm_tensor **gin) {
+  norm_plan p;
+  LM_TRY(plan_of_tensors(n->op, n->nin, n->in, &n->attrs, &p));
+  lm_tensor *x = n->in[0], *w = p.has_w ? n->in[1] : NULL, *b = p.has_b ? n->in[1 + p.has_w] : NULL;
+  int cd = lm_compute_dtype(x->dtype_);
+  lm_scope s = {0};
+  lm_tensor *x2, *xhat, *mean, *rstd; /* the kernel without w, b gives xhat */
+  int rc = norm_run(&s, n->op, &p, x, NULL, NULL, cd, &x2, &xhat, &mean, &rstd);
+  if (rc < 0) { lm_scope_end(&s); return -1; }
+  int64_t col[2] = {p.rows, 1}, shape2[2] = {p.rows, p.n};
+  lm_tensor *r = lm_s_reshape(&s, rstd, 2, col);
+  lm_tensor *g = lm_s_reshape(&s, lm_s_contig(&s, lm_s_cast(&s, gout[0], cd)), 2, shape2);
+  lm_tensor *w1 = w ? lm_s_reshape(&s, lm_s_contig(&s, lm_s_cast(&s, w, cd)), 1, &p.n) : NULL;
+  lm_tensor *gh = w ? lm_s2(&s, LM_OP_MUL, g, w1) : g;
+  if (x->needs_grad) { /* rstd * (gh - mean(gh) - xhat * mean(gh * xhat)) */
+    lm_attrs mean1 = {.i = {1, 1}, .ni = 2};
+    lm_tensor *ghx = lm_s2(&s, LM_OP_MUL, gh, xhat);
+    lm_tensor *t = lm_s2(&s, LM_OP_SUB, gh, lm_s2(&s, LM_OP_MUL, xhat, lm_sop(&s, LM_OP_MEAN, 1, &ghx, &mean1)));
+    if (!p.rms) t = lm_s2(&s, LM_OP_SUB, t, lm_sop(&s, LM_OP_MEAN, 1, &gh, &mean1));
+    lm_tensor *dx = lm_s2(&s, LM_OP_MUL, t, r);
+    rc |= lm_give(n, gin, 0, dx ? lm_s_reshape(&s, dx, x->ndim, x->shape) : NULL);
+  }
+  if (w && w->needs_grad) {
+    lm_tensor *dw = lm_s_sum(&s, lm_s2(&s, LM_OP_MUL, g, xhat), 0, 0);
+    rc |= lm_give(n, gin, 1, dw ? lm_s_reshape(&s, dw, w->ndim, w->shape) : NULL);
+  }
+  if (b && b->needs_grad) {
+    lm_tensor *db = lm_s_sum(&s, g, 0, 0);
+    rc |= lm_give(n, gin, 1 + p.has_w, db ? lm_s_reshape(&s, db, b->ndim, b->shape) : NULL);
+  }
+  lm_scope_end(&s);
+  return rc ? -1 : 0;
+}
