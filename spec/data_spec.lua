@@ -1,6 +1,5 @@
 -- data_spec.lua: loom.data, the char-level tokenizer, the seeded batch
 -- sampler and the 90/10 split, checked against the raw ids.
-package.path = "spec/support/?.lua;" .. package.path
 local loom = require "loom"
 local data = loom.data
 

@@ -2,9 +2,8 @@
 -- Lua f64 (torch.optim's definitions), state_dict round trips, f32 master
 -- weights for bf16 parameters, the cosine schedule and clip_grad_norm_,
 -- all against hand or f64 values.
-package.path = "spec/support/?.lua;" .. package.path
 local loom = require "loom"
-local R = require "ref"
+local R = require "support.ref"
 local optim = loom.optim
 
 R.seed(99)

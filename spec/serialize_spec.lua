@@ -1,10 +1,9 @@
 -- serialize_spec.lua: loom.save / loom.load. Round trips of every value
 -- kind and dtype, the atomic write (PATH.tmp then rename), and clear errors
 -- for truncated, corrupted and foreign files.
-package.path = "spec/support/?.lua;" .. package.path
 local loom = require "loom"
 local ffi = require "ffi"
-local R = require "ref"
+local R = require "support.ref"
 
 local function tmpdir()
   local d = os.tmpname()

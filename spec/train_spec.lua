@@ -2,7 +2,6 @@
 -- bundled corpus (the loss falls well below its start), and
 -- examples/train.lua resumed from a checkpoint logs bit-identical losses
 -- to an uninterrupted run.
-package.path = "spec/support/?.lua;" .. package.path
 local loom = require "loom"
 local data = loom.data
 local tr = loom.models.transformer

@@ -3,9 +3,8 @@
 -- against an explicit repeat of the kv heads, heads derived from local
 -- weight shapes (what tensor parallelism relies on), tied embeddings and
 -- reproducible generation.
-package.path = "spec/support/?.lua;" .. package.path
 local loom = require "loom"
-local R = require "ref"
+local R = require "support.ref"
 local nn = loom.nn
 local tr = loom.models.transformer
 

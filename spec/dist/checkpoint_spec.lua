@@ -10,7 +10,7 @@
 local ffi = require "ffi"
 local loom = require "loom"
 local dist = require "loom.distributed"
-local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "dt_support.lua")
+local H = require "support.dist"
 local ck = dist.checkpoint
 
 pcall(ffi.cdef, "int getpid(void);")

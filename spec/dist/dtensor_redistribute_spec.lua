@@ -5,7 +5,7 @@
 -- 4 f32 terms in another order than the reference); data moves are exact.
 local loom = require "loom"
 local dist = require "loom.distributed"
-local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "dt_support.lua")
+local H = require "support.dist"
 
 local ws = H.ws
 local meshes = H.meshes()

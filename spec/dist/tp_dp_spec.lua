@@ -13,7 +13,7 @@ local dist = require "loom.distributed"
 local tp = require "loom.parallel"
 local tr = loom.models.transformer
 local clip = loom.nn.utils.clip_grad_norm_
-local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "tp_support.lua")
+local H = require "support.tp"
 
 local ws = H.ws
 local shapes = ws == 4 and { { 2, 2 } } or ws == 2 and { { 2, 1 }, { 1, 2 } } or { { ws, 1 } }

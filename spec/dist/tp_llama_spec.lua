@@ -5,7 +5,7 @@
 -- backward and an AdamW step equal the unsharded model built on every rank
 -- from the same seed. Runs on 1, 2 and 4 ranks (TP degree = world size;
 -- 4 heads divide by each).
--- Tolerance: f32 rtol 1.3e-6 / atol 1e-5 (tp_support.lua).
+-- Tolerance: f32 rtol 1.3e-6 / atol 1e-5 (support/tp.lua).
 --
 -- Tied embeddings: PyTorch's Transformer test leaves a tied output
 -- projection to be re-tied by hand after parallelize_module. In loom,
@@ -17,7 +17,7 @@ local loom = require "loom"
 local dist = require "loom.distributed"
 local tp = require "loom.parallel"
 local tr = loom.models.transformer
-local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "tp_support.lua")
+local H = require "support.tp"
 
 local Shard, Replicate = dist.Shard, dist.Replicate
 local mesh = H.world_mesh()

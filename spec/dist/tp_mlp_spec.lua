@@ -4,12 +4,12 @@
 -- Runs on 1, 2 and 4 ranks:
 --   luajit scripts/run_specs.lua spec/dist
 --   scripts/loomrun -n 2 --quiet-others scripts/run_specs.lua -o plainTerminal spec/dist
--- Tolerance: f32 rtol 1.3e-6 / atol 1e-5 (tp_support.lua).
+-- Tolerance: f32 rtol 1.3e-6 / atol 1e-5 (support/tp.lua).
 local loom = require "loom"
 local nn = loom.nn
 local dist = require "loom.distributed"
 local tp = require "loom.parallel"
-local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "tp_support.lua")
+local H = require "support.tp"
 
 local Shard, Replicate = dist.Shard, dist.Replicate
 local mesh = H.world_mesh()

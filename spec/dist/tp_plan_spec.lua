@@ -7,7 +7,7 @@ local loom = require "loom"
 local nn = loom.nn
 local dist = require "loom.distributed"
 local tp = require "loom.parallel"
-local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "tp_support.lua")
+local H = require "support.tp"
 
 local Shard, Replicate = dist.Shard, dist.Replicate
 local mesh = H.world_mesh()
