@@ -8,11 +8,7 @@ local optim = loom.optim
 
 R.seed(99)
 
-local function errmsg(fn, ...)
-  local ok, err = pcall(fn, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(err)
-end
+local errmsg = R.errmsg
 
 -- fixed per-step gradients (from the LCG) for parameters of `shapes`
 local function grad_schedule(shapes, steps)

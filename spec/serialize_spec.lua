@@ -27,11 +27,7 @@ local function exists(path)
   if f then f:close() return true end
   return false
 end
-local function errmsg(fn, ...)
-  local ok, err = pcall(fn, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(err)
-end
+local errmsg = R.errmsg
 
 -- the bytes of a tensor, for exact comparisons of every dtype
 local function bytes(t)

@@ -23,9 +23,8 @@ local m22 = meshes[2] and meshes[2].mesh   -- 2x2 {"dp", "tp"} on 4 ranks
 -- a scratch directory named by rank 0's pid, the same on every rank
 local ROOT
 do
-  local t = loom.zeros({ 1 }, { dtype = "i64" })
-  ffi.cast("int64_t*", loom.C.lm_data(t))[0] = ffi.C.getpid()
-  local pid = tonumber(ffi.cast("int64_t*", loom.C.lm_data(dist.broadcast(t, 0, dist.world_group())))[0])
+  local t = loom.tensor({ tonumber(ffi.C.getpid()) }, { dtype = "i64" })
+  local pid = dist.broadcast(t, 0, dist.world_group()):item()
   ROOT = string.format("/tmp/loom-ckpt-spec-%d-%d", ws, pid)
 end
 local function shq(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
