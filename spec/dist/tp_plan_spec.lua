@@ -3,15 +3,10 @@
 -- mesh (mesh:use), a model parallelizing its own children in its
 -- constructor, and src_data_rank 0 / 1 / false. Runs on 1, 2 and 4 ranks.
 -- Tolerance: f32 rtol 1.3e-6 / atol 1e-5.
-local loom = require "loom"
-local nn = loom.nn
-local dist = require "loom.distributed"
-local tp = require "loom.parallel"
+local loom, dist, tp = require "loom", require "loom.distributed", require "loom.parallel"
 local H = require "support.tp"
-
-local Shard, Replicate = dist.Shard, dist.Replicate
-local mesh = H.world_mesh()
-local ws, me = H.ws, H.rank
+local nn, Shard, Replicate = loom.nn, dist.Shard, dist.Replicate
+local mesh, ws, me = H.world_mesh(), H.ws, H.rank
 
 local Attn = nn.Module:extend("Attn")
 function Attn:__init() self.wq = nn.Linear(8, 8) self.wk = nn.Linear(8, 8) self.wo = nn.Linear(8, 8) end
@@ -30,12 +25,7 @@ function Net:__init(n)
 end
 function Net:forward(x) for _, b in self.layers:ipairs() do x = b(x) end return x end
 
-local function net_pair(seed)
-  loom.manual_seed(seed or 1)
-  local ref = Net()
-  loom.manual_seed(seed or 1)
-  return ref, Net()
-end
+local function net_pair(seed) return H.twins(seed, Net) end
 
 local function is_dt(m, fqn) return dist.is_dtensor(H.param(m, fqn)) end
 
@@ -82,10 +72,7 @@ describe("parallelize_module plans", function()
   end)
 
   it("the root key \"\" applies to the module itself; nested keys to submodules", function()
-    loom.manual_seed(3)
-    local ref = nn.Linear(8, 6)
-    loom.manual_seed(3)
-    local m = nn.Linear(8, 6)
+    local ref, m = H.twins(3, nn.Linear, 8, 6)
     tp.parallelize_module(m, mesh, { [""] = tp.ColwiseParallel{ output_layouts = Replicate() } })
     assert.is_true(m.weight.placements[1] == Shard(1))
     loom.manual_seed(4)
@@ -227,10 +214,7 @@ describe("src_data_rank", function()
     H.close(bad, "local bias", m.bias:to_local(), H.chunk_of(mine.bias:detach(), 1, ws, me), 0, 0)
     assert.same({}, bad)
     -- and with the same seed everywhere, the model still equals the unsharded one
-    loom.manual_seed(8)
-    local ref = nn.Linear(6, 4)
-    loom.manual_seed(8)
-    local m2 = nn.Linear(6, 4)
+    local ref, m2 = H.twins(8, nn.Linear, 6, 4)
     tp.parallelize_module(m2, mesh, tp.ColwiseParallel{ output_layouts = Replicate() }, { src_data_rank = false })
     local x = loom.rand(3, 6)
     H.close(bad, "same seed", m2(x), ref(x))

@@ -3,22 +3,12 @@
 -- Output / InputOutput, PairwiseParallel, custom styles and tostring, each
 -- against the unsharded module built on every rank from the same seed.
 -- Runs on 1, 2 and 4 ranks. Tolerance: f32 rtol 1.3e-6 / atol 1e-5.
-local loom = require "loom"
-local nn = loom.nn
-local dist = require "loom.distributed"
-local tp = require "loom.parallel"
+local loom, dist, tp = require "loom", require "loom.distributed", require "loom.parallel"
 local H = require "support.tp"
+local nn, Shard, Replicate = loom.nn, dist.Shard, dist.Replicate
+local mesh, ws, me = H.world_mesh(), H.ws, H.rank
 
-local Shard, Replicate = dist.Shard, dist.Replicate
-local mesh = H.world_mesh()
-local ws, me = H.ws, H.rank
-
-local function linear_pair(i, o, seed)
-  loom.manual_seed(seed or 7)
-  local ref = nn.Linear(i, o)
-  loom.manual_seed(seed or 7)
-  return ref, nn.Linear(i, o)
-end
+local function linear_pair(i, o) return H.twins(7, nn.Linear, i, o) end
 
 local function input(seed, ...)
   loom.manual_seed(seed)
@@ -88,10 +78,7 @@ describe("ColwiseParallel", function()
   end)
 
   it("on Embedding: shards the embedding dim", function()
-    loom.manual_seed(8)
-    local ref = nn.Embedding(10, 8)
-    loom.manual_seed(8)
-    local m = nn.Embedding(10, 8)
+    local ref, m = H.twins(8, nn.Embedding, 10, 8)
     tp.parallelize_module(m, mesh, tp.ColwiseParallel{ output_layouts = Replicate() })
     assert.is_true(m.weight.placements[1] == Shard(2))
     local ids = loom.tensor({ { 1, 10, 3 }, { 5, 5, 7 } }, { dtype = "i64" })
@@ -144,10 +131,7 @@ describe("RowwiseParallel", function()
   end)
 
   it("on Embedding: vocab-parallel, out-of-shard ids masked, equal to the full lookup", function()
-    loom.manual_seed(9)
-    local ref = nn.Embedding(10, 6)
-    loom.manual_seed(9)
-    local m = nn.Embedding(10, 6)
+    local ref, m = H.twins(9, nn.Embedding, 10, 6)
     tp.parallelize_module(m, mesh, tp.RowwiseParallel{})
     assert.is_true(m.weight.placements[1] == Shard(1))
     -- every id of the vocabulary, each shard's ids, repeats
@@ -161,10 +145,7 @@ end)
 describe("SequenceParallel", function()
   for _, kind in ipairs { "LayerNorm", "RMSNorm" } do
     it(kind .. ": sequence shards in and out, replicated weights with the full gradient", function()
-      loom.manual_seed(10)
-      local ref = nn[kind](6)
-      loom.manual_seed(10)
-      local m = nn[kind](6)
+      local ref, m = H.twins(10, nn[kind], 6)
       -- non-trivial affine parameters, the same on every rank
       loom.no_grad(function()
         for _, mod in ipairs { ref, m } do
@@ -185,10 +166,7 @@ describe("SequenceParallel", function()
   end
 
   it("sequence_dim=1 and use_local_output=true: a plain local shard of dim 1", function()
-    loom.manual_seed(10)
-    local ref = nn.LayerNorm(6)
-    loom.manual_seed(10)
-    local m = nn.LayerNorm(6)
+    local ref, m = H.twins(10, nn.LayerNorm, 6)
     tp.parallelize_module(m, mesh, tp.SequenceParallel{ sequence_dim = 1, use_local_output = true })
     local x = input(14, 2 * ws, 3, 6)
     local y = m(H.chunk_of(x, 1, ws, me))
@@ -281,10 +259,7 @@ function MLP:forward(x) return self.net2(self.relu(self.net1(x))) end
 
 describe("PairwiseParallel", function()
   it("Colwise on the first Linear, Rowwise on the second; replicated in and out", function()
-    loom.manual_seed(5)
-    local ref = MLP()
-    loom.manual_seed(5)
-    local m = MLP()
+    local ref, m = H.twins(5, MLP)
     tp.parallelize_module(m, mesh, tp.PairwiseParallel{})
     assert.is_true(m.net1.weight.placements[1] == Shard(1) and m.net2.weight.placements[1] == Shard(2))
     local x = input(25, 8, 10)
@@ -313,10 +288,7 @@ describe("custom styles and tostring", function()
       module:register_forward_hook(function(_, _, out) return out * f end)
       return module
     end
-    loom.manual_seed(5)
-    local ref = MLP()
-    loom.manual_seed(5)
-    local m = MLP()
+    local ref, m = H.twins(5, MLP)
     tp.parallelize_module(m, mesh, { net2 = Scale{ factor = 3 } })
     assert.equal(m.net2, got.module)
     assert.equal(mesh, got.mesh)

@@ -210,7 +210,7 @@ function H.check_counts(bad, what, cm, want, every_kind)
   for _, kind in ipairs(kinds) do
     local n = want[kind] or 0
     if cm.counts[kind] ~= n then
-      bad[#bad + 1] = string.format("%s: %d %s, want %d (%s)", what, cm.counts[kind], kind, n, tostring(cm))
+      bad[#bad + 1] = string.format("%s: %s %s, want %d (%s)", what, tostring(cm.counts[kind]), kind, n, tostring(cm))
     end
   end
   return bad
