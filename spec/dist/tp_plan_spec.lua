@@ -169,23 +169,21 @@ end)
 
 describe("src_data_rank", function()
   -- each rank initialises differently: seed 100 + rank
-  local function own_linear()
-    loom.manual_seed(100 + me)
-    return nn.Linear(6, 2 * ws)
-  end
   local function linear_of(rank)
     loom.manual_seed(100 + rank)
     return nn.Linear(6, 2 * ws)
+  end
+  local function own_linear() return linear_of(me) end
+  -- mismatches of the parallel linear m's weight and bias against want's (exact)
+  local function holds(m, want, bias_what)
+    local bad = H.close({}, "weight", m.weight, want.weight, 0, 0)
+    return H.close(bad, bias_what, m.bias, want.bias, 0, 0)
   end
 
   it("0 (the default): every rank gets its shard of rank 0's values", function()
     local m = own_linear()
     tp.parallelize_module(m, mesh, tp.ColwiseParallel{})
-    local want = linear_of(0)
-    local bad = {}
-    H.close(bad, "weight", m.weight, want.weight, 0, 0)
-    H.close(bad, "bias", m.bias, want.bias, 0, 0)
-    assert.same({}, bad)
+    assert.same({}, holds(m, linear_of(0), "bias"))
   end)
 
   it("1: rank 1's values (on one rank: an error, there is no rank 1)", function()
@@ -195,11 +193,7 @@ describe("src_data_rank", function()
       return
     end
     tp.parallelize_module(m, mesh, tp.RowwiseParallel{}, { src_data_rank = 1 })
-    local want = linear_of(1)
-    local bad = {}
-    H.close(bad, "weight", m.weight, want.weight, 0, 0)
-    H.close(bad, "bias (replicated)", m.bias, want.bias, 0, 0)
-    assert.same({}, bad)
+    assert.same({}, holds(m, linear_of(1), "bias (replicated)"))
   end)
 
   it("false (PyTorch's None): no communication, each rank keeps its own slice", function()
