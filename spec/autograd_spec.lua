@@ -2,9 +2,8 @@
 -- finite differences in f64 (relative error < 1e-6; see ref.gradcheck),
 -- including broadcasting and non-contiguous inputs; and the semantics of
 -- requires_grad, detach, retain_grad, no_grad, accumulation and errors.
-package.path = "spec/support/?.lua;" .. package.path
 local loom = require "loom"
-local R = require "ref"
+local R = require "support.ref"
 
 R.seed(2718)
 

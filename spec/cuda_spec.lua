@@ -3,11 +3,7 @@
 local loom = require "loom"
 local F = loom.F
 
-local ok, why = false, "loom.device_available is missing"
-if loom.device_available then ok, why = loom.device_available("cuda") end
-if not ok and why == nil then -- the reason lm_device_available left behind
-  why = require("ffi").string(require("loom.lib").C.lm_last_error())
-end
+local ok, why = loom.device_available("cuda")
 
 if not ok then
   print("no GPU: skipping CUDA specs (" .. tostring(why) .. ")")

@@ -1,14 +1,9 @@
 -- data_spec.lua: loom.data, the char-level tokenizer, the seeded batch
 -- sampler and the 90/10 split, checked against the raw ids.
-package.path = "spec/support/?.lua;" .. package.path
 local loom = require "loom"
 local data = loom.data
 
-local function errmsg(fn, ...)
-  local ok, err = pcall(fn, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(err)
-end
+local errmsg = require("support.ref").errmsg
 
 -- ids 1..n as an i64 tensor: a batch row starting at offset o is o+1, o+2, ...
 local function ramp(n) return loom.arange(1, n + 1, 1, { dtype = "i64" }) end

@@ -1,6 +1,8 @@
 -- equivalence_spec.lua: the property that proves tensor parallelism right:
 -- with the same seed, examples/train.lua at TP=1, TP=2 and TP=4 logs the
 -- same loss at every step up to float rounding (relative 1e-5 in f32).
+local sys = require "support.sys"
+
 local function losses(path)
   local t = {}
   for line in io.lines(path) do
@@ -22,9 +24,7 @@ end
 
 describe("tensor-parallel training", function()
   it("logs the same losses at TP=1, TP=2 and TP=4 (and with sequence parallel)", function()
-    local dir = os.tmpname()
-    os.remove(dir)
-    os.execute("mkdir -p " .. dir)
+    local dir = sys.tmpdir()
     local ref = run(1, "", dir .. "/tp1.json")
     assert.are.equal(20, #ref)
     assert.is_true(ref[20] < ref[1])   -- it learned something
@@ -36,13 +36,11 @@ describe("tensor-parallel training", function()
                                           got[step], ref[step], rel))
       end
     end
-    os.execute("rm -rf " .. dir)
+    sys.rmtree(dir)
   end)
 
   it("resumes from a distributed checkpoint bit-identically at TP=2, and correctly at TP=4", function()
-    local dir = os.tmpname()
-    os.remove(dir)
-    os.execute("mkdir -p " .. dir)
+    local dir = sys.tmpdir()
     local whole = run(2, "--tp 2", dir .. "/whole.json")
     run(2, "--tp 2 --stop-after 10 --save " .. dir .. "/ck", dir .. "/first.json")
     local resumed = run(2, "--tp 2 --resume " .. dir .. "/ck", dir .. "/first.json")
@@ -53,13 +51,11 @@ describe("tensor-parallel training", function()
              string.format("TP=4 after resume: step %d loss %.9g vs %.9g", step, other[step], whole[step]))
     end
     assert.is_nil(other[5])   -- the TP=4 run really started from the checkpoint
-    os.execute("rm -rf " .. dir)
+    sys.rmtree(dir)
   end)
 
   it("trains in bf16 (f32 master weights) with the same losses at TP=1 and TP=2, up to bf16 rounding", function()
-    local dir = os.tmpname()
-    os.remove(dir)
-    os.execute("mkdir -p " .. dir)
+    local dir = sys.tmpdir()
     local a = run(1, "--dtype bf16", dir .. "/bf1.json")
     local b = run(2, "--dtype bf16 --tp 2", dir .. "/bf2.json")
     assert.is_true(a[20] < a[1] - 0.1)   -- it learns in bf16
@@ -67,6 +63,6 @@ describe("tensor-parallel training", function()
       assert(math.abs(a[step] - b[step]) <= 2e-2 * math.abs(a[step]),
              string.format("bf16 step %d: TP=2 loss %.6g vs TP=1 %.6g", step, b[step], a[step]))
     end
-    os.execute("rm -rf " .. dir)
+    sys.rmtree(dir)
   end)
 end)

@@ -1,6 +1,5 @@
 -- errors_spec.lua: misuses of the tensor API. Each raises a Lua error whose
 -- message names the problem, and the process goes on afterwards.
-package.path = "spec/support/?.lua;" .. package.path
 local loom = require "loom"
 
 -- asserts fn raises an error matching every pattern (plain find, any case)

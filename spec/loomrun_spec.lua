@@ -5,22 +5,14 @@ local root = (debug.getinfo(1, "S").source:match("^@(.*)spec/loomrun_spec%.lua$"
 if root == "" then root = "./" end
 local loomrun = root .. "scripts/loomrun"
 
+local sys = require "support.sys"
+local sh = sys.sh
+
+-- a temporary Lua script holding text; returns its path
 local function write(text)
   local path = os.tmpname() .. ".lua"
-  local f = assert(io.open(path, "w"))
-  f:write(text)
-  f:close()
+  sys.write(path, text)
   return path
-end
-
--- runs a shell command; returns its exit code, output (stdout + stderr)
--- and wall seconds
-local function sh(cmd)
-  local p = io.popen("s=$(date +%s%N); ( " .. cmd .. " ) 2>&1; echo \"@@rc=$? ns=$(( $(date +%s%N) - s ))\"")
-  local out = p:read("*a")
-  p:close()
-  local rc, ns = out:match("@@rc=(%d+) ns=(%d+)%s*$")
-  return tonumber(rc), out:gsub("@@rc=.*$", ""), tonumber(ns) / 1e9
 end
 
 local function count(s, pat)
@@ -134,20 +126,16 @@ while true do end
   end)
 
   it("fails the run when a spec fails on any one rank", function()
-    local dir = os.tmpname()
-    os.remove(dir)
-    assert(os.execute("mkdir -p " .. dir) == 0)
-    local f = assert(io.open(dir .. "/one_rank_fails_spec.lua", "w"))
-    f:write [[
+    local dir = sys.tmpdir()
+    sys.write(dir .. "/one_rank_fails_spec.lua", [[
 local dist = require "loom.distributed"
 describe("x", function()
   it("fails on rank 1 only", function() assert.is_true(dist.rank() ~= 1) end)
 end)
-]]
-    f:close()
+]])
     local rc = sh(loomrun .. " -n 2 --quiet-others " .. root .. "scripts/run_specs.lua " .. dir)
     assert.is_not.equal(0, rc)
-    os.execute("rm -rf " .. dir)
+    sys.rmtree(dir)
   end)
 
   it("runs an SPMD REPL", function()

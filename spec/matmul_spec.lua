@@ -1,9 +1,8 @@
 -- matmul_spec.lua: matmul with torch.matmul's rules (1-D, 2-D, batched with
 -- broadcasting, transposed operands) in f32, f64, bf16 and f16, against a
 -- Lua triple loop.
-package.path = "spec/support/?.lua;" .. package.path
 local loom = require "loom"
-local R = require "ref"
+local R = require "support.ref"
 
 R.seed(3)
 

@@ -1,9 +1,8 @@
 -- nn_spec.lua: loom.nn, the module system (registration, FQNs, state_dict,
 -- hooks, modes, printing) and the layers, whose forward passes are checked
 -- against plain-Lua f64 computations on the same numbers.
-package.path = "spec/support/?.lua;" .. package.path
 local loom = require "loom"
-local R = require "ref"
+local R = require "support.ref"
 local nn = loom.nn
 
 R.seed(4242)
@@ -20,11 +19,7 @@ local function sorted_keys(t)
   table.sort(out)
   return out
 end
-local function errmsg(fn, ...)
-  local ok, err = pcall(fn, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(err)
-end
+local errmsg = R.errmsg
 
 -- A Llama-shaped toy: Net{ embed, layers = ModuleList{ Block{ attention{wq, wo}, norm } }, head }
 local Attn = nn.Module:extend("Attn")
@@ -88,7 +83,7 @@ describe("nn.Module", function()
     for _, kv in ipairs(params) do if not kv[1]:find("%.") then top[#top + 1] = kv[1] end end
     assert.same({ "scale" }, top)
     assert.equal(4, m.width)
-    assert.is_nil(rawget(m, "_parameters").frozen)
+    assert.is_nil(m:state_dict().frozen)
     assert.truthy(loom.is_tensor(m.frozen))
     -- register_parameter / register_buffer / register_module by name
     m:register_buffer("steps", loom.zeros({ 1 }))

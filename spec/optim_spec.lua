@@ -2,18 +2,13 @@
 -- Lua f64 (torch.optim's definitions), state_dict round trips, f32 master
 -- weights for bf16 parameters, the cosine schedule and clip_grad_norm_,
 -- all against hand or f64 values.
-package.path = "spec/support/?.lua;" .. package.path
 local loom = require "loom"
-local R = require "ref"
+local R = require "support.ref"
 local optim = loom.optim
 
 R.seed(99)
 
-local function errmsg(fn, ...)
-  local ok, err = pcall(fn, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(err)
-end
+local errmsg = R.errmsg
 
 -- fixed per-step gradients (from the LCG) for parameters of `shapes`
 local function grad_schedule(shapes, steps)

@@ -1,8 +1,7 @@
 -- pointwise_spec.lua: every unary and binary op of core/ops_pointwise.c,
 -- Lua operators, broadcasting and type promotion, against plain-Lua f64.
-package.path = "spec/support/?.lua;" .. package.path
 local loom = require "loom"
-local R = require "ref"
+local R = require "support.ref"
 
 -- tolerance of a result of dtype dt against an f64 reference
 local TOL = {

@@ -1,38 +1,12 @@
 -- serialize_spec.lua: loom.save / loom.load. Round trips of every value
 -- kind and dtype, the atomic write (PATH.tmp then rename), and clear errors
 -- for truncated, corrupted and foreign files.
-package.path = "spec/support/?.lua;" .. package.path
 local loom = require "loom"
 local ffi = require "ffi"
-local R = require "ref"
+local R = require "support.ref"
+local sys = require "support.sys"
 
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  os.execute("mkdir -p '" .. d .. "'")
-  return d
-end
-local function read(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("*a")
-  f:close()
-  return s
-end
-local function write(path, s)
-  local f = assert(io.open(path, "wb"))
-  f:write(s)
-  f:close()
-end
-local function exists(path)
-  local f = io.open(path, "rb")
-  if f then f:close() return true end
-  return false
-end
-local function errmsg(fn, ...)
-  local ok, err = pcall(fn, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(err)
-end
+local read, write, exists, errmsg = sys.read, sys.write, sys.exists, R.errmsg
 
 -- the bytes of a tensor, for exact comparisons of every dtype
 local function bytes(t)
@@ -49,8 +23,8 @@ end
 
 describe("loom.save / loom.load", function()
   local dir
-  before_each(function() dir = tmpdir() end)
-  after_each(function() os.execute("rm -rf '" .. dir .. "'") end)
+  before_each(function() dir = sys.tmpdir() end)
+  after_each(function() sys.rmtree(dir) end)
 
   it("round-trips nested tables of every dtype and value kind", function()
     local obj = {

@@ -1,8 +1,7 @@
 -- tensor_spec.lua: creation, dtypes, views, item/totable, printing,
 -- lifetime and the counter-based RNG, checked against hand-computed values.
-package.path = "spec/support/?.lua;" .. package.path
 local loom = require "loom"
-local R = require "ref"
+local R = require "support.ref"
 
 local function same_storage(a, b) return a.storage == b.storage end
 -- strides in elements, read from the lm_tensor fields

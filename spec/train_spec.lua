@@ -2,21 +2,13 @@
 -- bundled corpus (the loss falls well below its start), and
 -- examples/train.lua resumed from a checkpoint logs bit-identical losses
 -- to an uninterrupted run.
-package.path = "spec/support/?.lua;" .. package.path
 local loom = require "loom"
 local data = loom.data
 local tr = loom.models.transformer
+local sys = require "support.sys"
+local sh = sys.sh
 
 local CORPUS = "examples/data/tinyshakespeare.txt"
-
--- runs a shell command, returning its exit status and output
-local function sh(cmd)
-  local p = io.popen("( " .. cmd .. " ) 2>&1; echo \"@@rc=$?\"")
-  local out = p:read("*a")
-  p:close()
-  local rc = tonumber(out:match("@@rc=(%d+)%s*$"))
-  return rc, out:gsub("@@rc=%d+%s*$", "")
-end
 
 -- the "loss" field of each JSON line, as printed (a string), by step; the
 -- first line of a fresh log describes the world layout
@@ -64,9 +56,7 @@ describe("training", function()
   end)
 
   it("examples/train.lua resumed from a checkpoint logs bit-identical losses", function()
-    local dir = os.tmpname()
-    os.remove(dir)
-    assert.equal(0, (sh("mkdir -p '" .. dir .. "'")))
+    local dir = sys.tmpdir()
     local base = "luajit examples/train.lua --steps 20 --dim 32 --layers 1 --heads 2 --seq 16 --batch 4 "
       .. "--eval-every 10 --sample 0 --quiet"
     local rc, out = sh(base .. " --log " .. dir .. "/full.jsonl")
@@ -101,7 +91,7 @@ describe("training", function()
     -- the losses are full precision, and they moved
     assert.truthy(full[20]:match("%d%.%d%d%d%d%d%d%d%d%d%d"), full[20])
     assert.are_not.equal(full[11], full[20])
-    sh("rm -rf '" .. dir .. "'")
+    sys.rmtree(dir)
   end)
 
   it("train.lua rejects unknown flags and a checkpoint of another corpus", function()
@@ -112,18 +102,14 @@ describe("training", function()
     assert.equal(0, rc)
     assert.truthy(out:find("--stop-after", 1, true))
     -- a checkpoint from another corpus (another vocabulary) is refused
-    local dir = os.tmpname()
-    os.remove(dir)
-    sh("mkdir -p '" .. dir .. "'")
-    local f = assert(io.open(dir .. "/abc.txt", "wb"))
-    f:write(string.rep("abcab cba\n", 200))
-    f:close()
+    local dir = sys.tmpdir()
+    sys.write(dir .. "/abc.txt", string.rep("abcab cba\n", 200))
     local small = " --dim 16 --layers 1 --heads 2 --seq 8 --batch 2 --sample 0 --quiet"
     rc, out = sh("luajit examples/train.lua --steps 2 --stop-after 1 --save " .. dir .. "/ck" .. small)
     assert.equal(0, rc, out)
     rc, out = sh("luajit examples/train.lua --steps 2 --resume " .. dir .. "/ck --data " .. dir .. "/abc.txt" .. small)
     assert.is_not.equal(0, rc)
     assert.truthy(out:find("vocabulary differs", 1, true), out)
-    sh("rm -rf '" .. dir .. "'")
+    sys.rmtree(dir)
   end)
 end)

@@ -3,17 +3,12 @@
 -- against an explicit repeat of the kv heads, heads derived from local
 -- weight shapes (what tensor parallelism relies on), tied embeddings and
 -- reproducible generation.
-package.path = "spec/support/?.lua;" .. package.path
 local loom = require "loom"
-local R = require "ref"
+local R = require "support.ref"
 local nn = loom.nn
 local tr = loom.models.transformer
 
-local function errmsg(fn, ...)
-  local ok, err = pcall(fn, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(err)
-end
+local errmsg = R.errmsg
 local function ids(t) return loom.tensor(t, { dtype = "i64" }) end
 local small = { vocab_size = 11, dim = 16, n_layers = 2, n_heads = 4, max_seq_len = 12 }
 local function cfg(extra)

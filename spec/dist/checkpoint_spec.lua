@@ -8,9 +8,8 @@
 -- only moves, so comparisons are exact. Every rank collects its mismatches
 -- and asserts only after all collectives ran, so a failure cannot hang.
 local ffi = require "ffi"
-local loom = require "loom"
-local dist = require "loom.distributed"
-local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "dt_support.lua")
+local loom, dist = require "loom", require "loom.distributed"
+local H, sys = require "support.dist", require "support.sys"
 local ck = dist.checkpoint
 
 pcall(ffi.cdef, "int getpid(void);")
@@ -23,12 +22,11 @@ local m22 = meshes[2] and meshes[2].mesh   -- 2x2 {"dp", "tp"} on 4 ranks
 -- a scratch directory named by rank 0's pid, the same on every rank
 local ROOT
 do
-  local t = loom.zeros({ 1 }, { dtype = "i64" })
-  ffi.cast("int64_t*", loom.C.lm_data(t))[0] = ffi.C.getpid()
-  local pid = tonumber(ffi.cast("int64_t*", loom.C.lm_data(dist.broadcast(t, 0, dist.world_group())))[0])
+  local t = loom.tensor({ tonumber(ffi.C.getpid()) }, { dtype = "i64" })
+  local pid = dist.broadcast(t, 0, dist.world_group()):item()
   ROOT = string.format("/tmp/loom-ckpt-spec-%d-%d", ws, pid)
 end
-local function shq(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+local shq, exists, read, write = sys.shq, sys.exists, sys.read, sys.write
 -- fn on rank 0 only, then everyone waits for it
 local function on0(fn)
   if me == 0 then fn() end
@@ -36,9 +34,6 @@ local function on0(fn)
 end
 on0(function() os.execute("rm -rf " .. shq(ROOT) .. "; mkdir -p " .. shq(ROOT)) end)
 local function dir_of(name) return ROOT .. "/" .. name end
-local function exists(p) return (os.rename(p, p)) == true end
-local function read(p) local f = assert(io.open(p, "rb")) local s = f:read("*a") f:close() return s end
-local function write(p, s) local f = assert(io.open(p, "wb")) f:write(s) f:close() end
 local function err_of(fn, ...)
   local ok, e = pcall(fn, ...)
   return not ok and tostring(e) or nil
@@ -56,7 +51,7 @@ local function zeros_like_layout(shape, dtype, mesh, pl)
 end
 local function last_file() return string.format("rank%05d.shards", ws - 1) end
 
-teardown(function() on0(function() os.execute("rm -rf " .. shq(ROOT)) end) end)
+teardown(function() on0(function() sys.rmtree(ROOT) end) end)
 
 describe("dist.checkpoint round trip", function()
   it("brings back plain tensors and the non-tensor values of nested tables", function()

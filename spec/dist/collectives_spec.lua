@@ -6,9 +6,9 @@
 -- rank never leaves the others waiting in a collective.
 local loom = require "loom"
 local dist = require "loom.distributed"
-local S = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "support.lua")
+local S = require "support.dist"
 
-local groups = S.groups(dist)
+local groups = S.groups()
 local val = S.val
 
 local function reduce_ref(op, members, row0, col0)

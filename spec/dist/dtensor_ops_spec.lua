@@ -10,7 +10,7 @@
 local loom = require "loom"
 local dist = require "loom.distributed"
 local F = loom.F
-local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "dt_support.lua")
+local H = require "support.dist"
 
 local ws = H.ws
 local meshes = H.meshes()

@@ -5,7 +5,7 @@
 -- 4 f32 terms in another order than the reference); data moves are exact.
 local loom = require "loom"
 local dist = require "loom.distributed"
-local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "dt_support.lua")
+local H = require "support.dist"
 
 local ws = H.ws
 local meshes = H.meshes()
@@ -83,11 +83,7 @@ local function convert(bad, mesh, src, dst, n, check_counts)
   if check_counts and not dependent(src, dst) then
     local want = {}
     for k = 1, #src do move_counts(src[k], dst[k], want) end
-    for _, kind in ipairs(dist.collective_kinds) do
-      if cm.counts[kind] ~= (want[kind] or 0) then
-        bad[#bad + 1] = string.format("%s: %s, want %d %s", what, tostring(cm), want[kind] or 0, kind)
-      end
-    end
+    H.check_counts(bad, what, cm, want, true)
   end
   -- backward: the loss of the full result, weighted; the leaf's gradient is
   -- the weight's slice (a Partial term's gradient is the whole weight)
@@ -154,9 +150,7 @@ for _, m in ipairs(meshes) do
         local _, x, X = source(m.mesh, H.pl(c[1]), 5, 11)
         local cm, y = dist.comm_mode(function() return x:redistribute(m.mesh, H.pl(c[2])) end)
         H.check_dt(bad, c[1] .. " -> " .. c[2], y, X, TOL, H.pl(c[2]))
-        for _, kind in ipairs(dist.collective_kinds) do
-          if cm.counts[kind] ~= (c[3][kind] or 0) then bad[#bad + 1] = c[1] .. " -> " .. c[2] .. ": " .. tostring(cm) end
-        end
+        H.check_counts(bad, c[1] .. " -> " .. c[2], cm, c[3], true)
       end
       assert.same({}, bad)
     end)

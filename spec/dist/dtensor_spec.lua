@@ -7,7 +7,7 @@
 -- only moves, so comparisons are exact (tolerance 0) unless stated.
 local loom = require "loom"
 local dist = require "loom.distributed"
-local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "dt_support.lua")
+local H = require "support.dist"
 
 local Shard, Replicate, Partial = dist.Shard, dist.Replicate, dist.Partial
 local ws, me = H.ws, H.rank

@@ -7,13 +7,9 @@
 -- TP) run, on 1 rank 1x1: the same equality at every size.
 -- Tolerance: f32 rtol 1.3e-6 / atol 1e-5 (norms: rtol 1e-5, they are sums
 -- of squares taken in a different order).
-local loom = require "loom"
-local nn = loom.nn
-local dist = require "loom.distributed"
-local tp = require "loom.parallel"
-local tr = loom.models.transformer
-local clip = loom.nn.utils.clip_grad_norm_
-local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "tp_support.lua")
+local loom, dist, tp = require "loom", require "loom.distributed", require "loom.parallel"
+local H = require "support.tp"
+local nn, tr, clip = loom.nn, loom.models.transformer, loom.nn.utils.clip_grad_norm_
 
 local ws = H.ws
 local shapes = ws == 4 and { { 2, 2 } } or ws == 2 and { { 2, 1 }, { 1, 2 } } or { { ws, 1 } }
@@ -38,10 +34,7 @@ describe("TP x DP", function()
       it(name, function()
         local mesh = mm.mesh
         local ndp = mesh:size("dp")
-        loom.manual_seed(3)
-        local ref = tr.new(cfg)
-        loom.manual_seed(3)
-        local m = tr.new(cfg)
+        local ref, m = H.twins(3, tr.new, cfg)
         local plan = tr.tp_plan({ sequence_parallel = true, loss_parallel = true, tp = mesh:size("tp") }, m)
         if order:match("^parallelize") then
           tp.parallelize_module(m, mesh["tp"], plan)
@@ -91,10 +84,7 @@ describe("clip_grad_norm_ on DTensor gradients", function()
   function MLP:forward(x) return self.net2(loom.F.relu(self.net1(x))) end
 
   it("returns the global norm of the unsharded model on every rank and clips alike", function()
-    loom.manual_seed(5)
-    local ref = MLP()
-    loom.manual_seed(5)
-    local m = MLP()
+    local ref, m = H.twins(5, MLP)
     tp.parallelize_module(m, mesh, { net1 = tp.ColwiseParallel{}, net2 = tp.RowwiseParallel{} })
     loom.manual_seed(6)
     local x = loom.rand(8, 10)
@@ -114,10 +104,7 @@ describe("clip_grad_norm_ on DTensor gradients", function()
   end)
 
   it("an uneven shard (7 output features) and a frozen parameter", function()
-    loom.manual_seed(7)
-    local ref = nn.Linear(5, 7)
-    loom.manual_seed(7)
-    local m = nn.Linear(5, 7)
+    local ref, m = H.twins(7, nn.Linear, 5, 7)
     ref.bias:requires_grad_(false)
     m.bias:requires_grad_(false)
     tp.parallelize_module(m, mesh, tp.ColwiseParallel{ output_layouts = dist.Replicate() })

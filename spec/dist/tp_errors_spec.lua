@@ -2,16 +2,11 @@
 -- PrepareModuleInput/Output and tp_plan, each with the message that names
 -- what went wrong. No collective runs before an error is raised, so every
 -- rank raises alike. Runs on 1, 2 and 4 ranks.
-local loom = require "loom"
-local nn = loom.nn
-local dist = require "loom.distributed"
-local tp = require "loom.parallel"
-local tr = loom.models.transformer
-local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "tp_support.lua")
-
+local loom, dist, tp = require "loom", require "loom.distributed", require "loom.parallel"
+local H = require "support.tp"
+local nn, tr = loom.nn, loom.models.transformer
 local Shard, Replicate = dist.Shard, dist.Replicate
-local mesh = H.world_mesh()
-local ws = H.ws
+local mesh, ws = H.world_mesh(), H.ws
 
 local Net = nn.Module:extend("ErrNet")
 function Net:__init() self.norm = nn.LayerNorm(4) self.proj = nn.Linear(4, 4) self.act = nn.ReLU() end

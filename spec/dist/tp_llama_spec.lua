@@ -5,7 +5,7 @@
 -- backward and an AdamW step equal the unsharded model built on every rank
 -- from the same seed. Runs on 1, 2 and 4 ranks (TP degree = world size;
 -- 4 heads divide by each).
--- Tolerance: f32 rtol 1.3e-6 / atol 1e-5 (tp_support.lua).
+-- Tolerance: f32 rtol 1.3e-6 / atol 1e-5 (support/tp.lua).
 --
 -- Tied embeddings: PyTorch's Transformer test leaves a tied output
 -- projection to be re-tied by hand after parallelize_module. In loom,
@@ -13,15 +13,10 @@
 -- and the output Colwise (weight Shard(1)): both place the (vocab, dim)
 -- weight alike, and parallelize_module distributes a tied parameter once,
 -- so the plan needs no variant and the model keeps one tied parameter.
-local loom = require "loom"
-local dist = require "loom.distributed"
-local tp = require "loom.parallel"
-local tr = loom.models.transformer
-local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "tp_support.lua")
-
-local Shard, Replicate = dist.Shard, dist.Replicate
-local mesh = H.world_mesh()
-local ws = H.ws
+local loom, dist, tp = require "loom", require "loom.distributed", require "loom.parallel"
+local H = require "support.tp"
+local tr, Shard, Replicate = loom.models.transformer, dist.Shard, dist.Replicate
+local mesh, ws = H.world_mesh(), H.ws
 
 local function cfg(extra)
   local c = { vocab_size = 8, dim = 16, n_layers = 2, n_heads = 4, max_seq_len = 16, dropout = 0 }
@@ -35,10 +30,7 @@ local FROZEN = { "tok_embeddings.weight", "layers.1.attention.wq.weight", "layer
 -- builds the pair, parallelizes, runs forward + backward + AdamW + forward;
 -- returns the list of mismatches and the forward's comm_mode
 local function run(o)
-  loom.manual_seed(3)
-  local ref = tr.new(cfg(o.cfg))
-  loom.manual_seed(3)
-  local m = tr.new(cfg(o.cfg))
+  local ref, m = H.twins(3, function() return tr.new(cfg(o.cfg)) end)
   if o.frozen then
     for _, fqn in ipairs(FROZEN) do
       H.param(ref, fqn):requires_grad_(false)
@@ -99,13 +91,8 @@ describe("TP Llama (PyTorch's test_transformer_training)", function()
       local name = string.format("sequence_parallel=%s loss_parallel=%s", tostring(sp), tostring(lp))
       it(name .. ": forward, backward and AdamW equal the unsharded model", function()
         local bad, cm = run { sp = sp, lp = lp }
-        local want = want_counts(sp, lp)
-        for kind, n in pairs(want) do
-          local expect = n -- a mesh of one rank counts its (trivial) collectives too
-          if cm.counts[kind] ~= expect then
-            bad[#bad + 1] = string.format("forward issued %d %s, want %d (%s)", cm.counts[kind], kind, expect, tostring(cm))
-          end
-        end
+        -- a mesh of one rank counts its (trivial) collectives too
+        H.check_counts(bad, "forward", cm, want_counts(sp, lp))
         assert.same({}, bad)
       end)
     end

@@ -4,13 +4,9 @@
 -- logits, an uneven class count (7 classes over 2 or 4 ranks), loss and
 -- logits gradient; collective counts. Runs on 1, 2 and 4 ranks.
 -- Tolerance: f32 rtol 1.3e-6 / atol 1e-5; f64 rtol 1e-12 / atol 1e-12.
-local loom = require "loom"
-local F = loom.F
-local dist = require "loom.distributed"
-local tp = require "loom.parallel"
-local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "tp_support.lua")
-
-local Shard, Replicate = dist.Shard, dist.Replicate
+local loom, dist, tp = require "loom", require "loom.distributed", require "loom.parallel"
+local H = require "support.tp"
+local F, Shard, Replicate = loom.F, dist.Shard, dist.Replicate
 local mesh = H.world_mesh()
 
 local C = 7
@@ -129,10 +125,7 @@ describe("loss_parallel", function()
   end)
 
   it("the output of a Colwise projection with use_local_output=false feeds it directly", function()
-    loom.manual_seed(8)
-    local ref = loom.nn.Linear(6, C)
-    loom.manual_seed(8)
-    local m = loom.nn.Linear(6, C)
+    local ref, m = H.twins(8, loom.nn.Linear, 6, C)
     tp.parallelize_module(m, mesh, tp.ColwiseParallel{ use_local_output = false })
     loom.manual_seed(9)
     local x = loom.rand(5, 6)

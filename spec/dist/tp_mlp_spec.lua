@@ -4,14 +4,10 @@
 -- Runs on 1, 2 and 4 ranks:
 --   luajit scripts/run_specs.lua spec/dist
 --   scripts/loomrun -n 2 --quiet-others scripts/run_specs.lua -o plainTerminal spec/dist
--- Tolerance: f32 rtol 1.3e-6 / atol 1e-5 (tp_support.lua).
-local loom = require "loom"
-local nn = loom.nn
-local dist = require "loom.distributed"
-local tp = require "loom.parallel"
-local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "tp_support.lua")
-
-local Shard, Replicate = dist.Shard, dist.Replicate
+-- Tolerance: f32 rtol 1.3e-6 / atol 1e-5 (support/tp.lua).
+local loom, dist, tp = require "loom", require "loom.distributed", require "loom.parallel"
+local H = require "support.tp"
+local nn, Shard, Replicate = loom.nn, dist.Shard, dist.Replicate
 local mesh = H.world_mesh()
 
 local MLP = nn.Module:extend("MLPModule")
@@ -22,17 +18,9 @@ function MLP:__init()
 end
 function MLP:forward(x) return self.net2(self.relu(self.net1(x))) end
 
-local function pair(seed)
-  loom.manual_seed(seed or 5)
-  local ref = MLP()
-  loom.manual_seed(seed or 5)
-  local m = MLP()
-  return ref, m
-end
-
 describe("TP MLP (PyTorch's test_mlp_training)", function()
   it("forward, gradients, one SGD step and a second forward equal the unsharded MLP", function()
-    local ref, m = pair(5)
+    local ref, m = H.twins(5, MLP)
     tp.parallelize_module(m, mesh, { net1 = tp.ColwiseParallel{}, net2 = tp.RowwiseParallel{} })
     local bad = {}
     -- parameters are sharded as PyTorch shards them (Shard(0) there is Shard(1) here)
@@ -71,7 +59,7 @@ describe("TP MLP (PyTorch's test_mlp_training)", function()
   end)
 
   it("trains for several steps on fresh inputs like the unsharded MLP", function()
-    local ref, m = pair(11)
+    local ref, m = H.twins(11, MLP)
     tp.parallelize_module(m, mesh, { net1 = tp.ColwiseParallel{}, net2 = tp.RowwiseParallel{} })
     local opt, opt_r = loom.optim.SGD(m:parameters(), { lr = 0.25 }), loom.optim.SGD(ref:parameters(), { lr = 0.25 })
     local bad = {}
@@ -92,7 +80,7 @@ describe("TP MLP (PyTorch's test_mlp_training)", function()
   end)
 
   it("the MLP forward issues exactly one all_reduce and nothing else", function()
-    local _, m = pair(5)
+    local _, m = H.twins(5, MLP)
     tp.parallelize_module(m, mesh, { net1 = tp.ColwiseParallel{}, net2 = tp.RowwiseParallel{} })
     local x = loom.rand(8, 10)
     local cm, y = dist.comm_mode(function() return m(x) end)
@@ -106,10 +94,7 @@ describe("TP MLP (PyTorch's test_mlp_training)", function()
   end)
 
   it("a Colwise Linear(16, 16) on a replicated input issues no collective in forward", function()
-    loom.manual_seed(7)
-    local lin = nn.Linear(16, 16)
-    loom.manual_seed(7)
-    local ref = nn.Linear(16, 16)
+    local ref, lin = H.twins(7, nn.Linear, 16, 16)
     -- keep the output sharded: no gather either
     tp.parallelize_module(lin, mesh, tp.ColwiseParallel{})
     local x = loom.rand(4, 16)

@@ -3,15 +3,10 @@
 -- mesh (mesh:use), a model parallelizing its own children in its
 -- constructor, and src_data_rank 0 / 1 / false. Runs on 1, 2 and 4 ranks.
 -- Tolerance: f32 rtol 1.3e-6 / atol 1e-5.
-local loom = require "loom"
-local nn = loom.nn
-local dist = require "loom.distributed"
-local tp = require "loom.parallel"
-local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "tp_support.lua")
-
-local Shard, Replicate = dist.Shard, dist.Replicate
-local mesh = H.world_mesh()
-local ws, me = H.ws, H.rank
+local loom, dist, tp = require "loom", require "loom.distributed", require "loom.parallel"
+local H = require "support.tp"
+local nn, Shard, Replicate = loom.nn, dist.Shard, dist.Replicate
+local mesh, ws, me = H.world_mesh(), H.ws, H.rank
 
 local Attn = nn.Module:extend("Attn")
 function Attn:__init() self.wq = nn.Linear(8, 8) self.wk = nn.Linear(8, 8) self.wo = nn.Linear(8, 8) end
@@ -30,12 +25,7 @@ function Net:__init(n)
 end
 function Net:forward(x) for _, b in self.layers:ipairs() do x = b(x) end return x end
 
-local function net_pair(seed)
-  loom.manual_seed(seed or 1)
-  local ref = Net()
-  loom.manual_seed(seed or 1)
-  return ref, Net()
-end
+local function net_pair(seed) return H.twins(seed, Net) end
 
 local function is_dt(m, fqn) return dist.is_dtensor(H.param(m, fqn)) end
 
@@ -82,10 +72,7 @@ describe("parallelize_module plans", function()
   end)
 
   it("the root key \"\" applies to the module itself; nested keys to submodules", function()
-    loom.manual_seed(3)
-    local ref = nn.Linear(8, 6)
-    loom.manual_seed(3)
-    local m = nn.Linear(8, 6)
+    local ref, m = H.twins(3, nn.Linear, 8, 6)
     tp.parallelize_module(m, mesh, { [""] = tp.ColwiseParallel{ output_layouts = Replicate() } })
     assert.is_true(m.weight.placements[1] == Shard(1))
     loom.manual_seed(4)
@@ -182,23 +169,21 @@ end)
 
 describe("src_data_rank", function()
   -- each rank initialises differently: seed 100 + rank
-  local function own_linear()
-    loom.manual_seed(100 + me)
-    return nn.Linear(6, 2 * ws)
-  end
   local function linear_of(rank)
     loom.manual_seed(100 + rank)
     return nn.Linear(6, 2 * ws)
+  end
+  local function own_linear() return linear_of(me) end
+  -- mismatches of the parallel linear m's weight and bias against want's (exact)
+  local function holds(m, want, bias_what)
+    local bad = H.close({}, "weight", m.weight, want.weight, 0, 0)
+    return H.close(bad, bias_what, m.bias, want.bias, 0, 0)
   end
 
   it("0 (the default): every rank gets its shard of rank 0's values", function()
     local m = own_linear()
     tp.parallelize_module(m, mesh, tp.ColwiseParallel{})
-    local want = linear_of(0)
-    local bad = {}
-    H.close(bad, "weight", m.weight, want.weight, 0, 0)
-    H.close(bad, "bias", m.bias, want.bias, 0, 0)
-    assert.same({}, bad)
+    assert.same({}, holds(m, linear_of(0), "bias"))
   end)
 
   it("1: rank 1's values (on one rank: an error, there is no rank 1)", function()
@@ -208,11 +193,7 @@ describe("src_data_rank", function()
       return
     end
     tp.parallelize_module(m, mesh, tp.RowwiseParallel{}, { src_data_rank = 1 })
-    local want = linear_of(1)
-    local bad = {}
-    H.close(bad, "weight", m.weight, want.weight, 0, 0)
-    H.close(bad, "bias (replicated)", m.bias, want.bias, 0, 0)
-    assert.same({}, bad)
+    assert.same({}, holds(m, linear_of(1), "bias (replicated)"))
   end)
 
   it("false (PyTorch's None): no communication, each rank keeps its own slice", function()
@@ -227,10 +208,7 @@ describe("src_data_rank", function()
     H.close(bad, "local bias", m.bias:to_local(), H.chunk_of(mine.bias:detach(), 1, ws, me), 0, 0)
     assert.same({}, bad)
     -- and with the same seed everywhere, the model still equals the unsharded one
-    loom.manual_seed(8)
-    local ref = nn.Linear(6, 4)
-    loom.manual_seed(8)
-    local m2 = nn.Linear(6, 4)
+    local ref, m2 = H.twins(8, nn.Linear, 6, 4)
     tp.parallelize_module(m2, mesh, tp.ColwiseParallel{ output_layouts = Replicate() }, { src_data_rank = false })
     local x = loom.rand(3, 6)
     H.close(bad, "same seed", m2(x), ref(x))

@@ -3,27 +3,20 @@
 -- Output / InputOutput, PairwiseParallel, custom styles and tostring, each
 -- against the unsharded module built on every rank from the same seed.
 -- Runs on 1, 2 and 4 ranks. Tolerance: f32 rtol 1.3e-6 / atol 1e-5.
-local loom = require "loom"
-local nn = loom.nn
-local dist = require "loom.distributed"
-local tp = require "loom.parallel"
-local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "tp_support.lua")
+local loom, dist, tp = require "loom", require "loom.distributed", require "loom.parallel"
+local H = require "support.tp"
+local nn, Shard, Replicate = loom.nn, dist.Shard, dist.Replicate
+local mesh, ws, me = H.world_mesh(), H.ws, H.rank
 
-local Shard, Replicate = dist.Shard, dist.Replicate
-local mesh = H.world_mesh()
-local ws, me = H.ws, H.rank
-
-local function linear_pair(i, o, seed)
-  loom.manual_seed(seed or 7)
-  local ref = nn.Linear(i, o)
-  loom.manual_seed(seed or 7)
-  return ref, nn.Linear(i, o)
-end
+local function linear_pair(i, o) return H.twins(7, nn.Linear, i, o) end
 
 local function input(seed, ...)
   loom.manual_seed(seed)
   return loom.rand(...)
 end
+
+-- the to_full of check_linear for an output that must be a plain (full) tensor
+local function plain_output(y) assert.is_false(dist.is_dtensor(y)) return y end
 
 -- output and (with w) weight/bias gradients of the parallel module against ref
 local function check_linear(bad, what, m, ref, x_par, x_full, to_full)
@@ -59,7 +52,7 @@ describe("ColwiseParallel", function()
     assert.equal(1, cm.counts.all_gather)
     assert.equal(1, cm:get_total_counts())
     local bad = {}
-    check_linear(bad, "colwise replicate", m, ref, x, x, function(y) assert.is_false(dist.is_dtensor(y)) return y end)
+    check_linear(bad, "colwise replicate", m, ref, x, x, plain_output)
     assert.same({}, bad)
   end)
 
@@ -88,10 +81,7 @@ describe("ColwiseParallel", function()
   end)
 
   it("on Embedding: shards the embedding dim", function()
-    loom.manual_seed(8)
-    local ref = nn.Embedding(10, 8)
-    loom.manual_seed(8)
-    local m = nn.Embedding(10, 8)
+    local ref, m = H.twins(8, nn.Embedding, 10, 8)
     tp.parallelize_module(m, mesh, tp.ColwiseParallel{ output_layouts = Replicate() })
     assert.is_true(m.weight.placements[1] == Shard(2))
     local ids = loom.tensor({ { 1, 10, 3 }, { 5, 5, 7 } }, { dtype = "i64" })
@@ -112,7 +102,7 @@ describe("RowwiseParallel", function()
     assert.equal(1, cm.counts.all_reduce)
     assert.equal(1, cm:get_total_counts())
     local bad = {}
-    check_linear(bad, "rowwise default", m, ref, mine, x, function(y) assert.is_false(dist.is_dtensor(y)) return y end)
+    check_linear(bad, "rowwise default", m, ref, mine, x, plain_output)
     assert.same({}, bad)
   end)
 
@@ -144,16 +134,13 @@ describe("RowwiseParallel", function()
   end)
 
   it("on Embedding: vocab-parallel, out-of-shard ids masked, equal to the full lookup", function()
-    loom.manual_seed(9)
-    local ref = nn.Embedding(10, 6)
-    loom.manual_seed(9)
-    local m = nn.Embedding(10, 6)
+    local ref, m = H.twins(9, nn.Embedding, 10, 6)
     tp.parallelize_module(m, mesh, tp.RowwiseParallel{})
     assert.is_true(m.weight.placements[1] == Shard(1))
     -- every id of the vocabulary, each shard's ids, repeats
     local ids = loom.tensor({ { 1, 2, 3, 4, 5 }, { 6, 7, 8, 9, 10 }, { 10, 1, 10, 1, 4 } }, { dtype = "i64" })
     local bad = {}
-    check_linear(bad, "rowwise embedding", m, ref, ids, ids, function(y) assert.is_false(dist.is_dtensor(y)) return y end)
+    check_linear(bad, "rowwise embedding", m, ref, ids, ids, plain_output)
     assert.same({}, bad)
   end)
 end)
@@ -161,10 +148,7 @@ end)
 describe("SequenceParallel", function()
   for _, kind in ipairs { "LayerNorm", "RMSNorm" } do
     it(kind .. ": sequence shards in and out, replicated weights with the full gradient", function()
-      loom.manual_seed(10)
-      local ref = nn[kind](6)
-      loom.manual_seed(10)
-      local m = nn[kind](6)
+      local ref, m = H.twins(10, nn[kind], 6)
       -- non-trivial affine parameters, the same on every rank
       loom.no_grad(function()
         for _, mod in ipairs { ref, m } do
@@ -185,10 +169,7 @@ describe("SequenceParallel", function()
   end
 
   it("sequence_dim=1 and use_local_output=true: a plain local shard of dim 1", function()
-    loom.manual_seed(10)
-    local ref = nn.LayerNorm(6)
-    loom.manual_seed(10)
-    local m = nn.LayerNorm(6)
+    local ref, m = H.twins(10, nn.LayerNorm, 6)
     tp.parallelize_module(m, mesh, tp.SequenceParallel{ sequence_dim = 1, use_local_output = true })
     local x = input(14, 2 * ws, 3, 6)
     local y = m(H.chunk_of(x, 1, ws, me))
@@ -281,17 +262,14 @@ function MLP:forward(x) return self.net2(self.relu(self.net1(x))) end
 
 describe("PairwiseParallel", function()
   it("Colwise on the first Linear, Rowwise on the second; replicated in and out", function()
-    loom.manual_seed(5)
-    local ref = MLP()
-    loom.manual_seed(5)
-    local m = MLP()
+    local ref, m = H.twins(5, MLP)
     tp.parallelize_module(m, mesh, tp.PairwiseParallel{})
     assert.is_true(m.net1.weight.placements[1] == Shard(1) and m.net2.weight.placements[1] == Shard(2))
     local x = input(25, 8, 10)
     local cm = dist.comm_mode(function() return m(x) end)
     assert.equal(1, cm.counts.all_reduce)
     local bad = {}
-    check_linear(bad, "pairwise", m, ref, x, x, function(y) assert.is_false(dist.is_dtensor(y)) return y end)
+    check_linear(bad, "pairwise", m, ref, x, x, plain_output)
     assert.same({}, bad)
   end)
 
@@ -313,10 +291,7 @@ describe("custom styles and tostring", function()
       module:register_forward_hook(function(_, _, out) return out * f end)
       return module
     end
-    loom.manual_seed(5)
-    local ref = MLP()
-    loom.manual_seed(5)
-    local m = MLP()
+    local ref, m = H.twins(5, MLP)
     tp.parallelize_module(m, mesh, { net2 = Scale{ factor = 3 } })
     assert.equal(m.net2, got.module)
     assert.equal(mesh, got.mesh)

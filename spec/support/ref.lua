@@ -1,8 +1,10 @@
--- ref.lua: independent references for the specs. Plain-Lua f64 math on
--- nested tables (the shape totable() returns), comparison helpers, and a
--- finite-difference gradient check. Nothing here calls loom's math: loom is
--- only used to move numbers in and out of tensors.
+-- ref.lua: independent references for the specs (`local R = require
+-- "support.ref"`). Plain-Lua f64 math on nested tables (the shape totable()
+-- returns), comparison helpers, and a finite-difference gradient check; the
+-- scalar functions of support/scalar.lua come with it. Nothing here calls
+-- loom's math: loom is only used to move numbers in and out of tensors.
 local ffi = require "ffi"
+local luassert = require "luassert"
 
 local R = {}
 
@@ -304,23 +306,32 @@ function R.assert_equal(actual, expected)
   return R.assert_close(actual, expected, 0, 0)
 end
 
+-- the message of the error fn(...) raises (asserting that it raises one)
+function R.errmsg(fn, ...)
+  local ok, err = pcall(fn, ...)
+  luassert.is_false(ok, "expected an error")
+  return tostring(err)
+end
+
 ---------------------------------------------------------------------------
 -- finite-difference gradient check (f64)
 
--- gradcheck(fn, inputs[, opts]): inputs are f64 leaf tensors (contiguous);
--- those with requires_grad are checked. fn(inputs...) returns a tensor y.
--- With fixed weights w (from the LCG), L = sum(w * y) is computed in Lua
--- from y:totable(); loom's gradient comes from y:backward(w). Each input
--- element is perturbed by +-h and dL/dx from central differences must match
--- within max error |a - n| / max(1, |a|, |n|) < opts.tol (1e-6).
+-- gradcheck(fn, inputs[, opts]): inputs are leaf tensors; those with
+-- requires_grad (f64, contiguous) are checked. fn(inputs...) returns a
+-- tensor y. With fixed weights w (from the LCG), L = sum(w * y) is computed
+-- in Lua from y:totable(); loom's gradient comes from y:backward(w). Each
+-- checked element is perturbed by +-h and dL/dx from central differences
+-- must match within |a - n| / max(1, |n|) <= opts.tol (1e-6).
 -- Returns the largest error seen.
 function R.gradcheck(fn, inputs, opts)
   opts = opts or {}
   local loom = require "loom"
   local h, tol = opts.h or 1e-6, opts.tol or 1e-6
   for k, x in ipairs(inputs) do
-    assert(x.dtype == "f64", "gradcheck: input " .. k .. " must be f64")
-    assert(x:is_contiguous(), "gradcheck: input " .. k .. " must be contiguous")
+    if x.requires_grad then
+      assert(x.dtype == "f64", "gradcheck: input " .. k .. " must be f64")
+      assert(x:is_contiguous(), "gradcheck: input " .. k .. " must be contiguous")
+    end
   end
   local y = fn(unpack(inputs))
   assert(y.requires_grad, "gradcheck: the output does not require grad")
@@ -356,7 +367,7 @@ function R.gradcheck(fn, inputs, opts)
         p[i] = orig
         local num = (lp - lm) / (2 * h)
         local ana = ga[i + 1]
-        local err = math.abs(ana - num) / math.max(1, math.abs(ana), math.abs(num))
+        local err = math.abs(ana - num) / math.max(1, math.abs(num))
         if err ~= err or err > tol then
           error(string.format("gradcheck: input %d element %d: backward %.10g, finite differences %.10g (error %.3g)",
                               k, i + 1, ana, num, err), 0)
@@ -369,66 +380,8 @@ function R.gradcheck(fn, inputs, opts)
 end
 
 
----------------------------------------------------------------------------
--- scalar functions Lua lacks, in f64
 
--- erf: Taylor series for |x| < 3 (error ~1e-13); erfc for x >= 0.5 from
--- its continued fraction (evaluated backwards with many terms), so the tails
--- keep their relative accuracy
-local function erf_series(ax)
-  local sum, term, n = 0, ax, 0
-  repeat
-    local t = term / (2 * n + 1)
-    sum = sum + t
-    n = n + 1
-    term = -term * ax * ax / n
-  until math.abs(t) < 1e-17 * math.abs(sum) or n > 200
-  return 2 / math.sqrt(math.pi) * sum
-end
-
-function R.erfc(x)
-  if x ~= x then return x end
-  if x < 0.5 then return 1 - R.erf(x) end
-  -- erfc(x) = exp(-x^2)/sqrt(pi) / (x + (1/2)/(x + 1/(x + (3/2)/(x + ...))))
-  local f = x
-  for k = 4000, 1, -1 do f = x + (k / 2) / f end
-  return math.exp(-x * x) / math.sqrt(math.pi) / f
-end
-
-function R.erf(x)
-  if x ~= x then return x end
-  local ax = math.abs(x)
-  local r = ax < 2 and erf_series(ax) or 1 - R.erfc(ax)
-  return x < 0 and -r or r
-end
-
-function R.sigmoid(x) return 1 / (1 + math.exp(-x)) end
-function R.gelu(x)
-  if x < 0 then return 0.5 * x * R.erfc(-x / math.sqrt(2)) end
-  return 0.5 * x * (1 + R.erf(x / math.sqrt(2)))
-end
-function R.gelu_tanh(x)
-  return 0.5 * x * (1 + math.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ^ 3)))
-end
-function R.silu(x) return x / (1 + math.exp(-x)) end
-function R.sign(x) return x > 0 and 1 or x < 0 and -1 or 0 end
-
--- rounds a double to `bits` significant bits, nearest even (bf16: 8, f16: 11,
--- f32: 24), ignoring range limits
-function R.round_bits(x, bits)
-  if x == 0 or x ~= x or math.abs(x) == math.huge then return x end
-  local m, e = math.frexp(x)            -- x = m * 2^e, 0.5 <= |m| < 1
-  local scaled = m * 2 ^ bits
-  local fl = math.floor(scaled)
-  local frac = scaled - fl
-  local r
-  if frac > 0.5 then r = fl + 1
-  elseif frac < 0.5 then r = fl
-  else r = (fl % 2 == 0) and fl or fl + 1 end
-  return math.ldexp(r, e - bits)
-end
-function R.bf16(x) return R.round_bits(x, 8) end
-function R.f16(x) return R.round_bits(x, 11) end
-function R.f32(x) return R.round_bits(x, 24) end
+-- scalar functions (erf, gelu, silu ...) and rounding to bf16/f16/f32
+for k, f in pairs(require "support.scalar") do R[k] = f end
 
 return R

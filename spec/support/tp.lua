@@ -1,16 +1,32 @@
--- tp_support.lua: shared by the tensor-parallel specs (tp_*_spec.lua). The
--- ground truth is the unsharded model, built on every rank from the same
--- seed; the parallel model is built from the same seed and parallelized.
+-- tp.lua: shared by the tensor-parallel specs (`local H = require
+-- "support.tp"`). The ground truth is the unsharded model, built on every
+-- rank from the same seed; the parallel model is built from the same seed
+-- and parallelized. It also gives the torch.chunk math, comm-count and
+-- world-size helpers of support/dist.lua (H.chunk_of, H.check_counts, H.ws).
 -- Tolerances: f32 rtol 1.3e-6 / atol 1e-5 (PyTorch's defaults for float32
 -- in assert_close, with atol loosened for sums over ranks); f64 rtol 1e-12 /
 -- atol 1e-12.
 local loom = require "loom"
 local dist = require "loom.distributed"
+local D = require "support.dist"
 
 local H = {}
-H.ws, H.rank = dist.world_size(), dist.rank()
+H.ws, H.rank = D.ws, D.rank
+H.chunk_of, H.check_counts = D.chunk_of, D.check_counts
 H.RTOL, H.ATOL = 1.3e-6, 1e-5
 H.RTOL64, H.ATOL64 = 1e-12, 1e-12
+
+-- a 1-D mesh over the whole world
+function H.world_mesh() return dist.init_device_mesh("cpu", { H.ws }, { mesh_dim_names = { "tp" } }) end
+
+-- two objects made alike from the same seed: the reference and the one to
+-- parallelize (make(...) builds one, e.g. a module)
+function H.twins(seed, make, ...)
+  loom.manual_seed(seed)
+  local ref = make(...)
+  loom.manual_seed(seed)
+  return ref, make(...)
+end
 
 -- a plain tensor: DTensors are gathered (collective: every rank calls it)
 function H.full(x)
@@ -18,8 +34,6 @@ function H.full(x)
   if dist.is_dtensor(x) then return x:full_tensor() end
   return x
 end
-
-local function sizes(t) return "{" .. table.concat(t:size(), ", ") .. "}" end
 
 -- got (tensor or DTensor) close to want (plain): |got - want| <= atol + rtol |want|
 -- elementwise; appends a message to bad otherwise. Collective when got is a DTensor.
@@ -31,7 +45,7 @@ function H.close(bad, what, got, want, rtol, atol)
   end
   got = H.full(got)
   if table.concat(got:size(), ",") ~= table.concat(want:size(), ",") then
-    bad[#bad + 1] = string.format("%s: size %s, want %s", what, sizes(got), sizes(want))
+    bad[#bad + 1] = string.format("%s: size %s, want %s", what, D.sizes(got), D.sizes(want))
     return bad
   end
   if want:numel() == 0 then return bad end
@@ -85,17 +99,6 @@ function H.capture_stderr(fn)
   io.stderr = real
   if not res[1] then error(res[2], 0) end
   return table.concat(buf), unpack(res, 2)
-end
-
--- a 1-D mesh over the whole world
-function H.world_mesh() return dist.init_device_mesh("cpu", { H.ws }, { mesh_dim_names = { "tp" } }) end
-
--- this rank's chunk (torch.chunk) along dim d of a plain tensor
-function H.chunk_of(t, d, k, q)
-  local n = t:size(d)
-  local c = math.ceil(n / k)
-  local len, off = math.max(0, math.min(c, n - q * c)), math.min(q * c, n)
-  return t:narrow(d, off + 1, len):contiguous()
 end
 
 return H
