@@ -80,7 +80,11 @@ typedef struct lm_backend {
   /* contiguous x viewed as (outer, n, inner): out is (outer, inner) */
   int (*reduce)(int kind, lm_tensor *out, const lm_tensor *x, int64_t outer,
                 int64_t n, int64_t inner);
-  /* c[b] = alpha * op(a[b]) @ op(b[b]) + beta * c[b] for 3-D strided tensors */
+  /* c[b] = alpha * op(a[b]) @ op(b[b]) + beta * c[b] for 3-D strided tensors;
+   * a and b share a dtype (f32, f64, bf16 or f16), c has it too or is f32;
+   * bf16/f16 are operand formats: products accumulate in f32, rounded once
+   * into c. f32 GEMMs may use TF32 when lm_float32_matmul_precision() is
+   * LM_PRECISION_HIGH. */
   int (*gemm)(lm_tensor *c, const lm_tensor *a, const lm_tensor *b, double alpha,
               double beta);
   /* random fill by counter (tensor/rng.c keeps the state; backends draw
@@ -101,6 +105,8 @@ typedef struct lm_backend {
   /* one AdamW step in place on contiguous same-dtype (f32 or f64) p, m, v
    * with gradient g; h = {lr, beta1, beta2, eps, weight_decay, bc1, bc2} */
   int (*adamw)(lm_tensor *p, const lm_tensor *g, lm_tensor *m, lm_tensor *v, const double *h);
+  /* the allocator's counters (enum lm_memory_stat); NULL: none kept */
+  int (*memory_stats)(int index, int64_t *stats);
 } lm_backend;
 
 /* Device kinds: a device number is its kind's first device plus an index

@@ -140,6 +140,20 @@ uint64_t lm_fnv1a(const void *p, size_t n, uint64_t h);
 int lm_num_threads(void);
 void lm_set_num_threads(int n);
 
+/* f32 matmuls: "highest" keeps f32 products, "high" lets GPUs use TF32
+ * (PyTorch's torch.set_float32_matmul_precision). */
+enum lm_precision { LM_PRECISION_HIGHEST = 0, LM_PRECISION_HIGH = 1 };
+int lm_set_float32_matmul_precision(int precision);   /* -1 when unknown */
+int lm_float32_matmul_precision(void);
+
+/* A device allocator's counters, in bytes (calls for the last): the memory
+ * held by live tensors, its peak, what the allocator keeps reserved, and
+ * how many allocations it asked the driver for. */
+enum lm_memory_stat { LM_MEM_ALLOCATED = 0, LM_MEM_PEAK = 1, LM_MEM_RESERVED = 2,
+                      LM_MEM_DRIVER_ALLOCS = 3, LM_NMEM_STATS = 4 };
+/* fills stats[LM_NMEM_STATS]; -1 when the device keeps none */
+int lm_device_memory_stats(int device, int64_t *stats);
+
 /* ---- distributed (core/comm/) ---- */
 /* Ranks are 0-based. The first distributed call initialises MPI (a world of
  * one without a launcher); MPI is finalised at exit. */

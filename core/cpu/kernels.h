@@ -15,6 +15,8 @@ int lm_cpu_reduce(int kind, lm_tensor *out, const lm_tensor *x, int64_t outer, i
                   int64_t inner);                                      /* reduce.c */
 int lm_cpu_gemm(lm_tensor *c, const lm_tensor *a, const lm_tensor *b, double alpha,
                 double beta);                                          /* gemm.c */
+int lm_cpu_gemm_half(lm_tensor *c, const lm_tensor *a, const lm_tensor *b, double alpha,
+                     double beta);                                     /* gemm_half.c */
 int lm_cpu_random(lm_tensor *t, int kind, double a, double b, uint64_t seed, uint64_t offset,
                   const int64_t *gshape, const int64_t *start);        /* random.c */
 int lm_cpu_softmax(lm_tensor *out, const lm_tensor *x, int log);       /* nn.c */

@@ -109,7 +109,9 @@ int lm_fw_matmul(const lm_call *c, lm_tensor **out) {
   int64_t N = b->ndim == 1 ? 1 : b->shape[b->ndim - 1];
   /* the batch shape: the result's leading dims */
   int nbatch = c->out[0].ndim - (a->ndim > 1) - (b->ndim > 1);
-  int cd = lm_compute_dtype(c->out[0].dtype);
+  /* operands in the result's dtype (bf16 stays bf16: the GEMM takes it as
+   * an operand format and accumulates in f32) */
+  int cd = c->out[0].dtype;
   int64_t sa[LM_MAX_DIMS], sb[LM_MAX_DIMS];
   memcpy(sa, c->out[0].shape, nbatch * sizeof *sa), memcpy(sb, c->out[0].shape, nbatch * sizeof *sb);
   sa[nbatch] = M, sa[nbatch + 1] = K, sb[nbatch] = K, sb[nbatch + 1] = N;
@@ -128,10 +130,7 @@ int lm_fw_matmul(const lm_call *c, lm_tensor **out) {
   lm_tensor *a3 = ea ? lm_s(&s, as_3d(ea)) : NULL, *b3 = eb ? lm_s(&s, as_3d(eb)) : NULL;
   int64_t B = a3 ? a3->shape[0] : 0, cshape[3] = {B, M, N};
   lm_tensor *c3 = a3 && b3 ? lm_s(&s, lm_empty_as(a, 3, cshape, cd)) : NULL;
-  if (c3 && be->gemm(c3, a3, b3, 1, 0) == 0) {
-    lm_tensor *v = lm_s(&s, lm_view_of(c3, c->out[0].ndim, c->out[0].shape, NULL, 0));
-    r = v ? lm_cast(v, c->out[0].dtype) : NULL;
-  }
+  if (c3 && be->gemm(c3, a3, b3, 1, 0) == 0) r = lm_view_of(c3, c->out[0].ndim, c->out[0].shape, NULL, 0);
   lm_scope_end(&s);
   return (*out = r) ? 0 : -1;
 }

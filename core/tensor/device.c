@@ -52,3 +52,20 @@ int lm_device_name(int device, char *buf, int len) {
   if (device == LM_CPU) return snprintf(buf, len, "cpu");
   return snprintf(buf, len, "cuda:%d", device - LM_CUDA0);
 }
+
+static int matmul_precision = LM_PRECISION_HIGHEST;
+
+int lm_set_float32_matmul_precision(int p) {
+  if (p != LM_PRECISION_HIGHEST && p != LM_PRECISION_HIGH)
+    return lm_error("set_float32_matmul_precision: expected \"highest\" or \"high\", got %d", p);
+  matmul_precision = p;
+  return 0;
+}
+int lm_float32_matmul_precision(void) { return matmul_precision; }
+
+int lm_device_memory_stats(int device, int64_t *stats) {
+  const lm_backend *b = lm_backend_of(device);
+  if (!b) return -1;
+  if (!b->memory_stats) return lm_error("memory_stats: the %s backend keeps no counters", b->name);
+  return b->memory_stats(device - (lm_device_kind(device) == LM_KIND_CUDA ? LM_CUDA0 : 0), stats);
+}
