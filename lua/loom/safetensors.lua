@@ -373,9 +373,11 @@ end
 -- save
 
 -- on every rank: rank 0 runs fn; its error, if any, is raised on all ranks
--- (a broadcast, so the others wait for the file and none is left hanging)
+-- (a broadcast, so the others wait for the file and none is left hanging).
+-- Without loom.distributed initialised this process is alone: fn runs.
 function M._on_rank0(fn)
   local dist = require "loom.distributed"
+  if not dist.is_initialized() then return fn() end
   local rank = dist.rank()
   local ok, err = true, nil
   if rank == 0 then ok, err = pcall(fn) end
