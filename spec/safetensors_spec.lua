@@ -347,6 +347,31 @@ describe("Hugging Face checkpoints", function()
     assert.is_true(err < TOL, "max abs error " .. err)
   end)
 
+  it("a checkpoint split over files (model.safetensors.index.json) loads alike", function()
+    local d = tmpdir()
+    local t = loom.load_safetensors(FIX .. "hf_llama_gqa/model.safetensors")
+    local parts, map = { {}, {} }, {}
+    for k, v in pairs(t) do
+      local i = k:find("layers.1.", 1, true) and 2 or 1
+      parts[i][k] = v
+      map[#map + 1] = string.format("%q: %q", k, "model-0000" .. i .. "-of-00002.safetensors")
+    end
+    for i = 1, 2 do st.save(parts[i], d .. "/model-0000" .. i .. "-of-00002.safetensors") end
+    write(d .. "/model.safetensors.index.json", '{"metadata": {"total_size": 1}, "weight_map": {'
+          .. table.concat(map, ", ") .. "}}")
+    write(d .. "/config.json", read(FIX .. "hf_llama_gqa/config.json"))
+    local err = logits_error(hf.from_pretrained(d), "hf_llama_gqa")
+    assert.is_true(err < TOL, "max abs error " .. err)
+    local all = loom.load_safetensors(d .. "/model.safetensors.index.json")
+    for k, v in pairs(t) do same_tensor(v, all[k]) end
+    -- an index naming a tensor its file lacks, or a file that is not there
+    write(d .. "/bad.index.json", '{"weight_map": {"model.norm.weight": "model-00002-of-00002.safetensors"}}')
+    has(errmsg(loom.load_safetensors, d .. "/bad.index.json"), "bad.index.json",
+        "puts tensor model.norm.weight in model-00002-of-00002.safetensors, which does not hold it")
+    write(d .. "/gone.index.json", '{"weight_map": {"x": "gone.safetensors"}}')
+    has(errmsg(loom.load_safetensors, d .. "/gone.index.json"), "gone.safetensors", "cannot open")
+  end)
+
   it("save_pretrained writes back the same tensors and config (permuted, transposed, fused)", function()
     for _, dir in ipairs { "hf_llama_gqa", "hf_llama_tied", "hf_gpt2" } do
       local model = hf.from_pretrained(FIX .. dir)

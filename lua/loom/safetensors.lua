@@ -132,9 +132,13 @@ local function errno_msg() return ffi.string(libc.strerror(ffi.errno())) end
 -- open(path, [fname]) -> reader: the file mapped and its header checked.
 -- reader.names (sorted), reader.tensors[name] = {dtype, shape, ...},
 -- reader.metadata; reader:read(name, [offset, size]); reader:close().
+local open_index   -- below: the reader of an index
+
+-- A path ending in .json is an index of a checkpoint split over files.
 function M.open(path, fname)
   fname = fname or "safetensors.open"
   if type(path) ~= "string" then T.argerror(fname, "path", "a file name", T.describe(path), 3) end
+  if path:match("%.json$") then return open_index(path, fname) end
   local fd = libc.open(path, O_RDONLY)
   if fd < 0 then fail(fname, path, "cannot open: %s", errno_msg()) end
   local len = tonumber(libc.lseek(fd, 0, SEEK_END))
@@ -166,6 +170,50 @@ function M.open(path, fname)
   if not ok then self:close() error(err, 0) end
   return self
 end
+
+-- a checkpoint split over several files: an index (HF's
+-- model.safetensors.index.json, {"weight_map": {name: file}}) and the
+-- readers of its files, behind the interface of one reader
+local Multi = {}
+Multi.__index = Multi
+
+function open_index(path, fname)
+  local f, err = io.open(path, "rb")
+  if not f then fail(fname, path, "cannot open: %s", tostring(err)) end
+  local text = f:read("*a")
+  f:close()
+  local h = json.decode(text, 1, nil)
+  if type(h) ~= "table" or type(h.weight_map) ~= "table" then
+    fail(fname, path, "is not a safetensors index (no weight_map object)")
+  end
+  local dir = path:match("^(.*)/[^/]*$") or "."
+  local self = setmetatable({ path = path, readers = {}, owner = {}, tensors = {}, names = {},
+                              metadata = type(h.metadata) == "table" and h.metadata or {} }, Multi)
+  local ok, e = pcall(function()
+    for name, file in pairs(h.weight_map) do
+      if type(name) ~= "string" or type(file) ~= "string" or file:find("/", 1, true) then
+        fail(fname, path, "weight_map[%s] is not a file name beside the index", tostring(name))
+      end
+      local r = self.readers[file]
+      if not r then
+        r = M.open(dir .. "/" .. file, fname)
+        self.readers[file] = r
+      end
+      if not r.tensors[name] then fail(fname, path, "weight_map puts tensor %s in %s, which does not hold it", name, file) end
+      self.owner[name], self.tensors[name] = r, r.tensors[name]
+      self.names[#self.names + 1] = name
+    end
+  end)
+  if not ok then self:close() error(e, 0) end
+  table.sort(self.names)
+  return self
+end
+function Multi:read(name, ...)
+  if not self.owner[name] then fail(select(3, ...) or "load_safetensors", self.path, "has no tensor %s", name) end
+  return self.owner[name]:read(name, ...)
+end
+function Multi:loom_dtype(name, fname) return self.owner[name]:loom_dtype(name, fname) end
+function Multi:close() for _, r in pairs(self.readers) do r:close() end end
 
 function Reader:close()
   if self.base ~= nil then

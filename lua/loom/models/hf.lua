@@ -228,14 +228,27 @@ end
 ---------------------------------------------------------------------------
 -- configs
 
--- the weights file of path: path itself, or DIR/model.safetensors
+local function is_file(path) return path:match("%.safetensors$") or path:match("%.json$") end
+local function readable(p)
+  local f = io.open(p, "rb")
+  if f then f:close() end
+  return f ~= nil
+end
+
+-- the weights of path: path itself (a .safetensors file or an index
+-- .json), or DIR/model.safetensors, or DIR/model.safetensors.index.json
+-- (a checkpoint split over several files)
 function M.weights_path(path)
-  if path:match("%.safetensors$") then return path end
-  return (path:gsub("/+$", "")) .. "/model.safetensors"
+  if is_file(path) then return path end
+  local dir = path:gsub("/+$", "")
+  if not readable(dir .. "/model.safetensors") and readable(dir .. "/model.safetensors.index.json") then
+    return dir .. "/model.safetensors.index.json"
+  end
+  return dir .. "/model.safetensors"
 end
 
 local function config_path(path)
-  if path:match("%.safetensors$") then return (path:match("^(.*)/[^/]*$") or ".") .. "/config.json" end
+  if is_file(path) then return (path:match("^(.*)/[^/]*$") or ".") .. "/config.json" end
   return (path:gsub("/+$", "")) .. "/config.json"
 end
 
