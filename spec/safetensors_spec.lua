@@ -388,6 +388,22 @@ describe("Hugging Face checkpoints", function()
     end
   end)
 
+  it("tied embeddings: kept by from_pretrained{dtype}, and loaded when a conversion broke the tie", function()
+    local m = hf.from_pretrained(FIX .. "hf_llama_tied", { dtype = "bf16" })
+    assert.equal("bf16", m.output.weight.dtype)
+    assert.is_true(rawequal(m.output.weight, m.tok_embeddings.weight) or
+                   m.output.weight:data_ptr() == m.tok_embeddings.weight:data_ptr())
+    local _, cfg = hf.read_config(FIX .. "hf_llama_tied")
+    local untied = loom.models.transformer.new(cfg)
+    untied:apply(function(mod)   -- as examples/train.lua converts, one module at a time
+      for name, p in pairs(rawget(mod, "_parameters")) do mod[name] = loom.nn.Parameter(p:to("bf16")) end
+    end)
+    assert.is_not.equal(untied.output.weight:data_ptr(), untied.tok_embeddings.weight:data_ptr())
+    hf.load_weights(untied, FIX .. "hf_llama_tied")
+    same_tensor(untied.tok_embeddings.weight:detach(), untied.output.weight:detach())
+    assert.is_nil(hf.hf_state_dict(untied)["lm_head.weight"])
+  end)
+
   it("a bf16 checkpoint loads into an f32 model as its rounded values", function()
     local d = copy_fixture("hf_llama_gqa", function(t) for k, v in pairs(t) do t[k] = v:to("bf16") end end)
     local model = hf.from_pretrained(d)

@@ -29,7 +29,11 @@ local function llama_map(c)
   local function put(fqn, hf, shape, heads) m[fqn] = { hf = hf, shape = shape, heads = heads } end
   put("tok_embeddings.weight", "model.embed_tokens.weight", { c.vocab_size, c.dim })
   put("norm.weight", "model.norm.weight", { c.dim })
-  if not c.tie_embeddings then put("output.weight", "lm_head.weight", { c.vocab_size, c.dim }) end
+  if not c.tie_embeddings then put("output.weight", "lm_head.weight", { c.vocab_size, c.dim })
+  else   -- listed only if the tie was broken (a dtype conversion per module): the embedding again
+    put("output.weight", "model.embed_tokens.weight", { c.vocab_size, c.dim })
+    m["output.weight"].tied = true
+  end
   for i = 1, c.n_layers do
     local l, h = "layers." .. i .. ".", "model.layers." .. (i - 1) .. "."
     put(l .. "attention_norm.weight", h .. "input_layernorm.weight", { c.dim })
@@ -56,6 +60,8 @@ local function gpt2_map(c, prefix)
     m[fqn] = { hf = prefix .. hf, shape = shape, transpose = opts.t, slice = opts.slice }
   end
   put("wte.weight", "wte.weight", { c.vocab_size, d })
+  put("lm_head.weight", "wte.weight", { c.vocab_size, d })   -- tied: listed only if the tie was broken
+  m["lm_head.weight"].tied = true
   put("wpe.weight", "wpe.weight", { c.n_positions, d })
   put("ln_f.weight", "ln_f.weight", { d })
   put("ln_f.bias", "ln_f.bias", { d })
@@ -307,9 +313,14 @@ function M.from_pretrained(path, opts)
   for k, v in pairs(opts.config or {}) do cfg[k] = v end
   local mod = arch == "llama" and require "loom.models.transformer" or require "loom.models.gpt2"
   local model = mod.new(cfg)
-  if opts.dtype and opts.dtype ~= "f32" then
+  if opts.dtype and opts.dtype ~= "f32" then   -- one converted tensor per tensor: ties are kept
+    local done = {}
     model:apply(function(m)
-      for name, p in pairs(rawget(m, "_parameters")) do m[name] = loom.nn.Parameter(p:to(opts.dtype)) end
+      for name, p in pairs(rawget(m, "_parameters")) do
+        local key = tostring(require("ffi").cast("void *", p))
+        done[key] = done[key] or loom.nn.Parameter(p:to(opts.dtype))
+        m[name] = done[key]
+      end
     end)
   end
   if opts.tp_mesh and opts.tp_mesh:size() > 1 then
@@ -350,12 +361,14 @@ function M.hf_state_dict(model)
     for _, kv in ipairs(model:named_parameters()) do
       local e, p = map[kv[1]], kv[2]
       if e == nil then error("hf.hf_state_dict: the name map has no entry for " .. kv[1], 0) end
+      if e.tied then goto continue end   -- HF's tied checkpoints hold the embedding only
       local x = p:detach()
       if x.dist ~= nil then x = x:full_tensor() end
       if e.heads then x = permute(x, e.heads) end
       if e.transpose then x = x:t() end
       groups[e.hf] = groups[e.hf] or {}
       table.insert(groups[e.hf], { x = x:contiguous(), slice = e.slice })
+      ::continue::
     end
   end)
   local out = {}
