@@ -231,7 +231,8 @@ describe("safetensors errors", function()
 
   it("a tensor of a dtype loom lacks is an error only when asked for", function()
     local p = raw(d .. "/u8.safetensors",
-                  '{"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"u":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}}',
+                  '{"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},'
+                  .. '"u":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}}',
                   eight)
     has(errmsg(loom.load_safetensors, p), "u8.safetensors", "tensor u has dtype U8", "loom does not have")
     assert.same({ 0 }, loom.load_safetensors(p, { names = { "x" } }).x:totable())
@@ -330,7 +331,8 @@ describe("Hugging Face checkpoints", function()
     -- an untied model and a tied checkpoint: lm_head is missing
     local _, tcfg = hf.read_config(FIX .. "hf_llama_tied")
     tcfg.tie_embeddings = false
-    has(errmsg(hf.load_weights, tr.new(tcfg), FIX .. "hf_llama_tied"), "missing tensor lm_head.weight (for output.weight)")
+    has(errmsg(hf.load_weights, tr.new(tcfg), FIX .. "hf_llama_tied"),
+        "missing tensor lm_head.weight (for output.weight)")
     has(errmsg(hf.load_weights, loom.nn.Linear(2, 2), FIX .. "hf_llama_tied"), "model")
   end)
 
@@ -417,7 +419,8 @@ describe("examples/train.lua --init-from", function()
   -- a launcher started from a process that already holds an MPI singleton
   -- (another spec of this run may have initialised loom.distributed) must
   -- not inherit the singleton's PMIx/ORTE environment
-  local scrub = "unset $(env | grep -oE '^(PMIX_[A-Za-z0-9_]*|OMPI_MCA_(ess|pmix|orte_[A-Za-z0-9_]*)|OMPI_APP_CTX_NUM_PROCS)=' "
+  local scrub = "unset $(env | grep -oE "
+    .. "'^(PMIX_[A-Za-z0-9_]*|OMPI_MCA_(ess|pmix|orte_[A-Za-z0-9_]*)|OMPI_APP_CTX_NUM_PROCS)=' "
     .. "| tr -d = | tr '\\n' ' '); "
   local function sh(cmd)
     local p = io.popen("( " .. scrub .. cmd .. " ) 2>&1; echo \"@@rc=$?\"")

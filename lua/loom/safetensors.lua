@@ -199,7 +199,9 @@ function open_index(path, fname)
         r = M.open(dir .. "/" .. file, fname)
         self.readers[file] = r
       end
-      if not r.tensors[name] then fail(fname, path, "weight_map puts tensor %s in %s, which does not hold it", name, file) end
+      if not r.tensors[name] then
+        fail(fname, path, "weight_map puts tensor %s in %s, which does not hold it", name, file)
+      end
       self.owner[name], self.tensors[name] = r, r.tensors[name]
       self.names[#self.names + 1] = name
     end
@@ -297,7 +299,8 @@ function M.block(mesh, placements, shape, fname, name)
   local nd = #shape
   local pl = ffi.new("lm_placement[4]")
   if type(placements) ~= "table" or #placements ~= mesh.ndim then
-    T.argerror(fname, "placements of " .. name, mesh.ndim .. " placements (one per mesh dim)", T.describe(placements), 4)
+    T.argerror(fname, "placements of " .. name, mesh.ndim .. " placements (one per mesh dim)",
+               T.describe(placements), 4)
   end
   for k, p in ipairs(placements) do
     if not dt.is_placement(p) or p:is_partial() then
@@ -398,7 +401,9 @@ function M.load(path, opts)
         if dt and FLOATING[t.dtype] and dt ~= t.dtype then t = t:to(dt) end
         local dev = opts.device or (ref and ref.device) or (lay and lay.mesh.device_type)
         if dev and dev ~= "cpu" then t = t:to(dev) end
-        if lay then t = require("loom.distributed.dtensor").from_local(t, lay.mesh, lay.placements, { shape = e.shape }) end
+        if lay then
+          t = require("loom.distributed.dtensor").from_local(t, lay.mesh, lay.placements, { shape = e.shape })
+        end
         out[n] = t
       end
     end)

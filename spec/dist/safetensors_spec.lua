@@ -145,7 +145,8 @@ describe("load_safetensors with DTensor layouts", function()
     for _, case in ipairs { { "a", Shard(1), 1 }, { "a", Shard(2), 2 }, { "b", Shard(2), 2 }, { "b", Shard(-1), 3 },
                             { "c", Replicate() } } do
       local name, pl, d = case[1], case[2], case[3]
-      local t = loom.load_safetensors(path, { names = { name }, layout = { [name] = { mesh = world, placements = { pl } } } })[name]
+      local lay = { [name] = { mesh = world, placements = { pl } } }
+      local t = loom.load_safetensors(path, { names = { name }, layout = lay })[name]
       if not dist.is_dtensor(t) then bad[#bad + 1] = name .. " is not a DTensor"
       else
         local want = d and chunk(full[name], d, ws, r) or full[name]

@@ -72,7 +72,8 @@ local function gpt2_map(c, prefix)
       put(l .. ln .. ".bias", h .. ln .. ".bias", { d })
     end
     for k, name in ipairs { "q", "k", "v" } do
-      put(l .. "attn." .. name .. ".weight", h .. "attn.c_attn.weight", { d, 3 * d }, { t = true, slice = { 2, (k - 1) * d } })
+      put(l .. "attn." .. name .. ".weight", h .. "attn.c_attn.weight", { d, 3 * d },
+          { t = true, slice = { 2, (k - 1) * d } })
       put(l .. "attn." .. name .. ".bias", h .. "attn.c_attn.bias", { 3 * d }, { slice = { 1, (k - 1) * d } })
     end
     put(l .. "attn.c_proj.weight", h .. "attn.c_proj.weight", { d, d }, { t = true })
@@ -274,7 +275,9 @@ function M.read_config(path)
   local function num(k, default)
     local v = h[k]
     if v == nil or v == json.null then v = default end
-    if type(v) ~= "number" then error(string.format("hf.read_config: %s: %s is %s, not a number", p, k, tostring(v)), 0) end
+    if type(v) ~= "number" then
+      error(string.format("hf.read_config: %s: %s is %s, not a number", p, k, tostring(v)), 0)
+    end
     return v
   end
   local kind = h.model_type
