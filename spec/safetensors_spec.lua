@@ -141,6 +141,8 @@ describe("safetensors files", function()
         "dtypes.safetensors", "has no tensor nope")
     has(errmsg(loom.load_safetensors, FIX .. "dtypes.safetensors", { names = "f32" }), "names")
     has(errmsg(loom.load_safetensors, FIX .. "dtypes.safetensors", { dtype = "f8" }), "f8")
+    has(errmsg(loom.load_safetensors, FIX .. "dtypes.safetensors", { placements = { loom.distributed.Shard(1) } }),
+        "placements given without a mesh")
   end)
 
   it("reads blocks: rows, column runs and inner blocks equal slices of the whole", function()

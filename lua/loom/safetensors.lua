@@ -334,7 +334,11 @@ local function wanted_layout(opts, name, shape, like)
   if opts.placements then
     local pl = opts.placements
     if type(pl) == "function" then pl = pl(name, shape) end
-    if pl then return { mesh = opts.mesh or require("loom.distributed").current_mesh(), placements = pl } end
+    if pl then
+      local mesh = opts.mesh or require("loom.distributed").current_mesh()
+      if mesh == nil then error("load_safetensors: placements given without a mesh (opts.mesh, or mesh:use)", 0) end
+      return { mesh = mesh, placements = pl }
+    end
   end
 end
 
