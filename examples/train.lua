@@ -36,6 +36,7 @@ local FLAGS = {
   { "loss-parallel", true, "cross entropy on vocabulary-sharded logits (with --tp > 1)" },
   { "no-loss-parallel", false, "gather the logits instead" },
   { "dtype", "f32", "f32 or bf16 (bf16: parameters and activations in bf16, master weights f32)" },
+  { "init-from", "", "start from a Hugging Face Llama checkpoint (DIR or .safetensors; its config sets the model)" },
 }
 
 local function parse_args(argv)
@@ -163,7 +164,11 @@ local function main(argv)
   local cfg = { vocab_size = tok.vocab_size, dim = o.dim, n_layers = o.layers, n_heads = o.heads,
                 n_kv_heads = o["kv-heads"] > 0 and o["kv-heads"] or nil, max_seq_len = o.seq,
                 dropout = o.dropout }
+  local hf = o["init-from"] ~= "" and loom.models.hf
+  if hf then cfg = hf.train_config(o["init-from"], cfg, tok.vocab_size) end
+  if hf then o.dim, o.layers, o.heads = cfg.dim, cfg.n_layers, cfg.n_heads end
   local model = build_model(o, cfg, w, dist)
+  if hf then hf.load_weights(model, o["init-from"]) say("initialised from " .. o["init-from"]) end
   local nparams = 0
   for _, p in ipairs(model:parameters()) do nparams = nparams + p:numel() end
   local opt = loom.optim.AdamW(model:parameters(), { lr = o.lr, betas = { 0.9, 0.95 },

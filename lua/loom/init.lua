@@ -25,6 +25,9 @@ end
 for name, fn in pairs(ops) do loom[name] = fn end
 local ser = require "loom.serialize"
 loom.save, loom.load = ser.save, ser.load
+-- Hugging Face's weight files (loom.safetensors loads on first use)
+function loom.load_safetensors(path, opts) return require("loom.safetensors").load(path, opts) end
+function loom.save_safetensors(tensors, path, opts) return require("loom.safetensors").save(tensors, path, opts) end
 
 -- device_available("cuda") -> true, or false and the reason
 function loom.device_available(name)

@@ -1,0 +1,422 @@
+-- hf.lua: Hugging Face checkpoints (config.json + model.safetensors) in and
+-- out of loom's models: the name maps of LlamaForCausalLM (onto
+-- loom.models.transformer) and GPT2LMHeadModel (onto loom.models.gpt2),
+-- with the conversions between the layouts:
+--   * Llama q_proj/k_proj: HF permutes the rows of each head for its
+--     rotate_half RoPE (row r*hd/2 + i of a head holds Meta's row 2i + r);
+--     loom's rope pairs interleaved rows as Meta's code does, so loading
+--     un-permutes each head and saving permutes it back.
+--   * GPT-2 Conv1D weights are stored (in, out): they are transposed, and
+--     the fused c_attn (in, 3*out) is split into loom's q, k and v.
+-- Loading reads, on each rank, only the block of each tensor that the
+-- rank's (possibly sharded) parameter holds (see loom.safetensors).
+local json = require "dkjson"
+local loom = require "loom"
+local T = require "loom.tensor"
+local st = require "loom.safetensors"
+
+local M = {}
+
+local function sizes(s) return #s == 0 and "a scalar" or table.concat(s, "x") end
+local function copy(t) local o = {} for i, v in ipairs(t) do o[i] = v end return o end
+
+---------------------------------------------------------------------------
+-- name maps: loom FQN -> {hf = name, shape = the HF tensor's full shape,
+-- transpose, slice = {dim, start} (HF coordinates), heads = head_dim}
+
+local function llama_map(c)
+  local m, hd = {}, c.dim / c.n_heads
+  local function put(fqn, hf, shape, heads) m[fqn] = { hf = hf, shape = shape, heads = heads } end
+  put("tok_embeddings.weight", "model.embed_tokens.weight", { c.vocab_size, c.dim })
+  put("norm.weight", "model.norm.weight", { c.dim })
+  if not c.tie_embeddings then put("output.weight", "lm_head.weight", { c.vocab_size, c.dim })
+  else   -- listed only if the tie was broken (a dtype conversion per module): the embedding again
+    put("output.weight", "model.embed_tokens.weight", { c.vocab_size, c.dim })
+    m["output.weight"].tied = true
+  end
+  for i = 1, c.n_layers do
+    local l, h = "layers." .. i .. ".", "model.layers." .. (i - 1) .. "."
+    put(l .. "attention_norm.weight", h .. "input_layernorm.weight", { c.dim })
+    put(l .. "ffn_norm.weight", h .. "post_attention_layernorm.weight", { c.dim })
+    put(l .. "attention.wq.weight", h .. "self_attn.q_proj.weight", { c.n_heads * hd, c.dim }, hd)
+    put(l .. "attention.wk.weight", h .. "self_attn.k_proj.weight", { c.n_kv_heads * hd, c.dim }, hd)
+    put(l .. "attention.wv.weight", h .. "self_attn.v_proj.weight", { c.n_kv_heads * hd, c.dim })
+    put(l .. "attention.wo.weight", h .. "self_attn.o_proj.weight", { c.dim, c.n_heads * hd })
+    put(l .. "feed_forward.w1.weight", h .. "mlp.gate_proj.weight", { c.ffn_dim, c.dim })
+    put(l .. "feed_forward.w2.weight", h .. "mlp.down_proj.weight", { c.dim, c.ffn_dim })
+    put(l .. "feed_forward.w3.weight", h .. "mlp.up_proj.weight", { c.ffn_dim, c.dim })
+  end
+  -- in the file but not parameters: RoPE buffers of old checkpoints; a tied head
+  local ignore = { "^model%.layers%.%d+%.self_attn%.rotary_emb%.inv_freq$" }
+  if c.tie_embeddings then ignore[#ignore + 1] = "^lm_head%.weight$" end
+  return m, ignore
+end
+
+-- prefix: "transformer." (GPT2LMHeadModel) or "" (GPT2Model, the original upload)
+local function gpt2_map(c, prefix)
+  local m, d, f = {}, c.n_embd, c.n_inner
+  local function put(fqn, hf, shape, opts)
+    opts = opts or {}
+    m[fqn] = { hf = prefix .. hf, shape = shape, transpose = opts.t, slice = opts.slice }
+  end
+  put("wte.weight", "wte.weight", { c.vocab_size, d })
+  put("lm_head.weight", "wte.weight", { c.vocab_size, d })   -- tied: listed only if the tie was broken
+  m["lm_head.weight"].tied = true
+  put("wpe.weight", "wpe.weight", { c.n_positions, d })
+  put("ln_f.weight", "ln_f.weight", { d })
+  put("ln_f.bias", "ln_f.bias", { d })
+  for i = 1, c.n_layer do
+    local l, h = "h." .. i .. ".", "h." .. (i - 1) .. "."
+    for _, ln in ipairs { "ln_1", "ln_2" } do
+      put(l .. ln .. ".weight", h .. ln .. ".weight", { d })
+      put(l .. ln .. ".bias", h .. ln .. ".bias", { d })
+    end
+    for k, name in ipairs { "q", "k", "v" } do
+      put(l .. "attn." .. name .. ".weight", h .. "attn.c_attn.weight", { d, 3 * d },
+          { t = true, slice = { 2, (k - 1) * d } })
+      put(l .. "attn." .. name .. ".bias", h .. "attn.c_attn.bias", { 3 * d }, { slice = { 1, (k - 1) * d } })
+    end
+    put(l .. "attn.c_proj.weight", h .. "attn.c_proj.weight", { d, d }, { t = true })
+    put(l .. "attn.c_proj.bias", h .. "attn.c_proj.bias", { d })
+    put(l .. "mlp.c_fc.weight", h .. "mlp.c_fc.weight", { d, f }, { t = true })
+    put(l .. "mlp.c_fc.bias", h .. "mlp.c_fc.bias", { f })
+    put(l .. "mlp.c_proj.weight", h .. "mlp.c_proj.weight", { f, d }, { t = true })
+    put(l .. "mlp.c_proj.bias", h .. "mlp.c_proj.bias", { d })
+  end
+  -- the causal-mask buffers of older uploads, and the tied head
+  local pat = "^" .. prefix:gsub("%.", "%%.") .. "h%.%d+%.attn%."
+  return m, { pat .. "bias$", pat .. "masked_bias$", "^lm_head%.weight$" }
+end
+
+-- arch of a loom model: "llama" (loom.models.transformer) or "gpt2"
+local function arch_of(model, fname)
+  if type(model) ~= "table" or type(model.named_parameters) ~= "function" or type(model.config) ~= "table" then
+    T.argerror(fname, "model", "a loom.models.transformer or loom.models.gpt2 model", T.describe(model), 3)
+  end
+  if model.config.n_embd then return "gpt2" end
+  if model.config.n_layers then return "llama" end
+  T.argerror(fname, "model", "a loom.models.transformer or loom.models.gpt2 model", "a model of another kind", 3)
+end
+
+-- name_map(model, [names of the file]) -> map, patterns of ignorable names
+function M.name_map(model, file_names)
+  local arch = arch_of(model, "hf.name_map")
+  if arch == "llama" then return llama_map(model.config) end
+  local prefix = "transformer."
+  if file_names and file_names["wte.weight"] and not file_names["transformer.wte.weight"] then prefix = "" end
+  return gpt2_map(model.config, prefix)
+end
+
+---------------------------------------------------------------------------
+-- layouts: HF rows of a head -> Meta's interleaved pairs, and back
+
+-- x: (heads * hd, cols) in HF's order -> Meta's (loom's)
+local function unpermute(x, hd)
+  local rows, cols = x:size(1), x:size(2)
+  return x:reshape(rows / hd, 2, hd / 2, cols):transpose(2, 3):reshape(rows, cols)
+end
+-- x: Meta's order -> HF's
+local function permute(x, hd)
+  local rows, cols = x:size(1), x:size(2)
+  return x:reshape(rows / hd, hd / 2, 2, cols):transpose(2, 3):reshape(rows, cols)
+end
+M.permute, M.unpermute = permute, unpermute
+
+-- the block (0-based offset, size) of a parameter this rank holds
+local function block_of(p, fname, name)
+  if p.dist ~= nil then return st.block(p.device_mesh, p.placements, p:size(), fname, name) end
+  local off = {}
+  for d = 1, p:dim() do off[d] = 0 end
+  return off, p:size()
+end
+
+-- reads the block of a loom parameter from the file through map entry e
+local function read_block(r, e, off, size, fname)
+  local hoff, hsize = copy(off), copy(size)
+  if e.transpose then hoff[1], hoff[2], hsize[1], hsize[2] = off[2], off[1], size[2], size[1] end
+  if e.slice then hoff[e.slice[1]] = hoff[e.slice[1]] + e.slice[2] end
+  local lo = hoff[1]
+  if e.heads then   -- whole heads, un-permuted, then the rows asked for
+    local hd = e.heads
+    local hi = math.ceil((hoff[1] + hsize[1]) / hd) * hd
+    hoff[1] = math.floor(lo / hd) * hd
+    hsize[1] = hi - hoff[1]
+  end
+  local x = r:read(e.hf, hoff, hsize, fname)
+  if e.heads and hsize[1] > 0 then
+    x = unpermute(x, e.heads)
+    if hsize[1] ~= size[1] then x = x:narrow(1, lo - hoff[1] + 1, size[1]) end
+  end
+  if e.transpose then x = x:t() end
+  return x:contiguous()
+end
+
+---------------------------------------------------------------------------
+-- load
+
+local function problems_of(r, model, map, ignore, strict)
+  local missing, bad, used, unmapped = {}, {}, {}, {}
+  for _, kv in ipairs(model:named_parameters()) do
+    local fqn, e = kv[1], map[kv[1]]
+    if e == nil then unmapped[#unmapped + 1] = fqn
+    else
+      used[e.hf] = true
+      local te = r.tensors[e.hf]
+      if te == nil then missing[#missing + 1] = string.format("%s (for %s)", e.hf, fqn)
+      elseif sizes(te.shape) ~= sizes(e.shape) then
+        bad[#bad + 1] = string.format("%s has shape %s, the model needs %s (for %s)", e.hf, sizes(te.shape),
+                                      sizes(e.shape), fqn)
+      else
+        r:loom_dtype(e.hf, "hf.load_weights")
+      end
+    end
+  end
+  local extra = {}
+  if strict then
+    for _, n in ipairs(r.names) do
+      local skip = used[n]
+      for _, pat in ipairs(ignore) do skip = skip or n:match(pat) end
+      if not skip then extra[#extra + 1] = n end
+    end
+  end
+  local out = {}
+  local function add(what, list, limit)
+    if #list == 0 then return end
+    table.sort(list)
+    local shown = { unpack(list, 1, math.min(#list, limit or 8)) }
+    if #list > #shown then shown[#shown + 1] = "... (" .. #list .. " in all)" end
+    out[#out + 1] = what .. table.concat(shown, ", ")
+  end
+  add("the name map has no entry for the model's parameter ", unmapped)
+  add("missing tensor ", missing)
+  add("mis-shaped tensor ", bad)
+  add("unexpected tensor ", extra)
+  return out
+end
+
+-- load_weights(model, path, {strict = true}): copies the checkpoint at path
+-- (a .safetensors file or a directory holding model.safetensors) into the
+-- model's parameters in place; a sharded parameter (after
+-- parallelize_module) reads only its own block. Every parameter must be
+-- in the file with the shape the model's config implies; with strict, a
+-- tensor of the file that the map does not use is an error too. Errors
+-- name the tensors and the file. Returns the model.
+function M.load_weights(model, path, opts)
+  local fname = "hf.load_weights"
+  arch_of(model, fname)
+  if type(path) ~= "string" then T.argerror(fname, "path", "a .safetensors file or a directory", T.describe(path)) end
+  opts = opts or {}
+  local file = M.weights_path(path)
+  local r = st.open(file, fname)
+  local ok, err = pcall(function()
+    local present = {}
+    for _, n in ipairs(r.names) do present[n] = true end
+    local map, ignore = M.name_map(model, present)
+    local problems = problems_of(r, model, map, ignore, opts.strict ~= false)
+    if #problems > 0 then
+      error(string.format("%s: %s: %s", fname, file, table.concat(problems, "; ")), 0)
+    end
+    loom.no_grad(function()
+      for _, kv in ipairs(model:named_parameters()) do
+        local fqn, p = kv[1], kv[2]
+        local off, size = block_of(p, fname, fqn)
+        local x = read_block(r, map[fqn], off, size, fname)
+        local dst = p.dist ~= nil and p:to_local() or p
+        if dst.device ~= "cpu" then x = x:to(dst.device) end
+        dst:copy_(x)
+      end
+    end)
+  end)
+  r:close()
+  if not ok then error(err, 2) end
+  return model
+end
+
+---------------------------------------------------------------------------
+-- configs
+
+local function is_file(path) return path:match("%.safetensors$") or path:match("%.json$") end
+local function readable(p)
+  local f = io.open(p, "rb")
+  if f then f:close() end
+  return f ~= nil
+end
+
+-- the weights of path: path itself (a .safetensors file or an index
+-- .json), or DIR/model.safetensors, or DIR/model.safetensors.index.json
+-- (a checkpoint split over several files)
+function M.weights_path(path)
+  if is_file(path) then return path end
+  local dir = path:gsub("/+$", "")
+  if not readable(dir .. "/model.safetensors") and readable(dir .. "/model.safetensors.index.json") then
+    return dir .. "/model.safetensors.index.json"
+  end
+  return dir .. "/model.safetensors"
+end
+
+local function config_path(path)
+  if is_file(path) then return (path:match("^(.*)/[^/]*$") or ".") .. "/config.json" end
+  return (path:gsub("/+$", "")) .. "/config.json"
+end
+
+local function unsupported(p, what) error("hf.read_config: " .. p .. ": " .. what .. " is not supported", 0) end
+
+-- read_config(path) -> arch ("llama" | "gpt2"), loom config. path is the
+-- checkpoint's directory or its .safetensors file (config.json beside it).
+function M.read_config(path)
+  if type(path) ~= "string" then T.argerror("hf.read_config", "path", "a directory or file name", T.describe(path)) end
+  local p = config_path(path)
+  local f, err = io.open(p, "rb")
+  if not f then error("hf.read_config: cannot open " .. p .. ": " .. tostring(err), 2) end
+  local text = f:read("*a")
+  f:close()
+  local h, _, jerr = json.decode(text, 1, json.null)
+  if type(h) ~= "table" then error("hf.read_config: " .. p .. " is not a JSON object (" .. tostring(jerr) .. ")", 2) end
+  local function num(k, default)
+    local v = h[k]
+    if v == nil or v == json.null then v = default end
+    if type(v) ~= "number" then
+      error(string.format("hf.read_config: %s: %s is %s, not a number", p, k, tostring(v)), 0)
+    end
+    return v
+  end
+  local kind = h.model_type
+  if kind == "llama" then
+    if h.rope_scaling ~= nil and h.rope_scaling ~= json.null then unsupported(p, "rope_scaling") end
+    if h.attention_bias == true or h.mlp_bias == true then unsupported(p, "attention_bias / mlp_bias") end
+    if (h.hidden_act or "silu") ~= "silu" then unsupported(p, "hidden_act " .. tostring(h.hidden_act)) end
+    local heads = num("num_attention_heads")
+    if h.head_dim ~= nil and h.head_dim ~= json.null and h.head_dim ~= num("hidden_size") / heads then
+      unsupported(p, "a head_dim other than hidden_size / num_attention_heads")
+    end
+    return "llama", { vocab_size = num("vocab_size"), dim = num("hidden_size"), n_layers = num("num_hidden_layers"),
+                      n_heads = heads, n_kv_heads = num("num_key_value_heads", heads),
+                      ffn_dim = num("intermediate_size"), norm_eps = num("rms_norm_eps", 1e-6),
+                      rope_theta = num("rope_theta", 10000), max_seq_len = num("max_position_embeddings", 2048),
+                      tie_embeddings = h.tie_word_embeddings == true }
+  elseif kind == "gpt2" then
+    local act = h.activation_function or "gelu_new"
+    if act ~= "gelu_new" and act ~= "gelu_pytorch_tanh" then unsupported(p, "activation_function " .. tostring(act)) end
+    local d = num("n_embd")
+    return "gpt2", { vocab_size = num("vocab_size"), n_positions = num("n_positions"), n_embd = d,
+                     n_layer = num("n_layer"), n_head = num("n_head"), n_inner = num("n_inner", 4 * d),
+                     layer_norm_epsilon = num("layer_norm_epsilon", 1e-5) }
+  end
+  error(string.format("hf.read_config: %s: model_type %s is not supported (loom reads llama and gpt2)", p,
+                      tostring(kind)), 2)
+end
+
+-- from_pretrained(path, {config = overrides, dtype, tp_mesh, plan = tp_plan
+-- options}) -> model, arch: builds the model of the config, parallelises it
+-- on tp_mesh (a 1-D mesh) when given, then loads the weights, each rank
+-- reading its shards.
+function M.from_pretrained(path, opts)
+  opts = opts or {}
+  local arch, cfg = M.read_config(path)
+  for k, v in pairs(opts.config or {}) do cfg[k] = v end
+  local mod = arch == "llama" and require "loom.models.transformer" or require "loom.models.gpt2"
+  local model = mod.new(cfg)
+  if opts.dtype and opts.dtype ~= "f32" then   -- one converted tensor per tensor: ties are kept
+    local done = {}
+    model:apply(function(m)
+      for name, p in pairs(rawget(m, "_parameters")) do
+        local key = tostring(require("ffi").cast("void *", p))
+        done[key] = done[key] or loom.nn.Parameter(p:to(opts.dtype))
+        m[name] = done[key]
+      end
+    end)
+  end
+  if opts.tp_mesh and opts.tp_mesh:size() > 1 then
+    local plan_opts = {}
+    for k, v in pairs(opts.plan or {}) do plan_opts[k] = v end
+    plan_opts.tp = opts.tp_mesh:size()
+    require("loom.parallel").parallelize_module(model, opts.tp_mesh, mod.tp_plan(plan_opts, model),
+                                                { src_data_rank = false })
+  end
+  return M.load_weights(model, path), arch
+end
+
+-- train_config(path, cfg, vocab) -> the config of the Llama checkpoint at
+-- path for examples/train.lua: its shapes, with cfg's max_seq_len and
+-- dropout; the corpus' vocab ids must fit in the checkpoint's vocabulary.
+function M.train_config(path, cfg, vocab)
+  local arch, c = M.read_config(path)
+  if arch ~= "llama" then
+    error("--init-from: " .. path .. " is a " .. arch .. " checkpoint; train.lua trains Llama-style models", 0)
+  end
+  if vocab > c.vocab_size then
+    error(string.format("--init-from: the corpus has %d distinct characters, the checkpoint's vocabulary only %d",
+                        vocab, c.vocab_size), 0)
+  end
+  c.max_seq_len, c.dropout = cfg.max_seq_len, cfg.dropout
+  return c
+end
+
+---------------------------------------------------------------------------
+-- save
+
+-- hf_state_dict(model) -> HF name -> full tensor (DTensors gathered: a
+-- collective when the model is sharded; every rank gets every tensor)
+function M.hf_state_dict(model)
+  local map = M.name_map(model)
+  local groups = {}
+  loom.no_grad(function()
+    for _, kv in ipairs(model:named_parameters()) do
+      local e, p = map[kv[1]], kv[2]
+      if e == nil then error("hf.hf_state_dict: the name map has no entry for " .. kv[1], 0) end
+      if e.tied then goto continue end   -- HF's tied checkpoints hold the embedding only
+      local x = p:detach()
+      if x.dist ~= nil then x = x:full_tensor() end
+      if e.heads then x = permute(x, e.heads) end
+      if e.transpose then x = x:t() end
+      groups[e.hf] = groups[e.hf] or {}
+      table.insert(groups[e.hf], { x = x:contiguous(), slice = e.slice })
+      ::continue::
+    end
+  end)
+  local out = {}
+  for name, parts in pairs(groups) do
+    if #parts == 1 and not parts[1].slice then out[name] = parts[1].x
+    else
+      table.sort(parts, function(a, b) return a.slice[2] < b.slice[2] end)
+      local xs = {}
+      for i, part in ipairs(parts) do xs[i] = part.x end
+      out[name] = loom.cat(xs, parts[1].slice[1])
+    end
+  end
+  return out
+end
+
+local function hf_config(model)
+  local c = model.config
+  if arch_of(model, "hf.save_pretrained") == "llama" then
+    return { architectures = { "LlamaForCausalLM" }, model_type = "llama", vocab_size = c.vocab_size,
+             hidden_size = c.dim, num_hidden_layers = c.n_layers, num_attention_heads = c.n_heads,
+             num_key_value_heads = c.n_kv_heads, intermediate_size = c.ffn_dim, rms_norm_eps = c.norm_eps,
+             rope_theta = c.rope_theta, max_position_embeddings = c.max_seq_len, hidden_act = "silu",
+             tie_word_embeddings = c.tie_embeddings }
+  end
+  return { architectures = { "GPT2LMHeadModel" }, model_type = "gpt2", vocab_size = c.vocab_size,
+           n_positions = c.n_positions, n_embd = c.n_embd, n_layer = c.n_layer, n_head = c.n_head,
+           n_inner = c.n_inner, layer_norm_epsilon = c.layer_norm_epsilon, activation_function = "gelu_new",
+           tie_word_embeddings = true }
+end
+
+-- save_pretrained(model, dir): dir/model.safetensors and dir/config.json
+-- in the Hugging Face layout. Collective when the model is sharded (every
+-- rank calls it; rank 0 writes).
+function M.save_pretrained(model, dir)
+  if type(dir) ~= "string" or dir == "" then T.argerror("hf.save_pretrained", "dir", "a directory", T.describe(dir)) end
+  local tensors = M.hf_state_dict(model)
+  local cfg = hf_config(model)
+  st._on_rank0(function()
+    os.execute("mkdir -p '" .. dir:gsub("'", "'\\''") .. "'")
+    st.save(tensors, dir .. "/model.safetensors", { metadata = { format = "pt" } })
+    local f = io.open(dir .. "/config.json", "w")
+    if not f then error("hf.save_pretrained: cannot write " .. dir .. "/config.json", 0) end
+    f:write(json.encode(cfg, { indent = true }), "\n")
+    f:close()
+  end)
+end
+
+return M
