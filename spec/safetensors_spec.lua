@@ -6,7 +6,6 @@
 -- and the tensor, and checks the logits of tiny Llama (GQA and tied) and
 -- GPT-2 checkpoints against a numpy forward of the HF models.
 -- Tolerance for logits: f32, max abs error 1e-4 (observed about 3e-6).
-package.path = "spec/support/?.lua;" .. package.path
 local ffi = require "ffi"
 local loom = require "loom"
 local st = require "loom.safetensors"

@@ -6,7 +6,7 @@
 -- error raised on every rank). Runs on 1, 2 and 4 ranks:
 --   scripts/loomrun -n 4 --quiet-others scripts/run_specs.lua spec/dist/safetensors_spec.lua
 -- Tolerances: logits vs the unsharded model f32 rtol 1.3e-6 / atol 1e-5
--- (tp_support.lua); vs numpy 1e-4; loaded weights exactly.
+-- (support/tp.lua); vs numpy 1e-4; loaded weights exactly.
 -- Every rank collects its mismatches and asserts only after all
 -- collectives ran, so a failure cannot hang.
 local ffi = require "ffi"
@@ -14,9 +14,8 @@ local loom = require "loom"
 local dist = require "loom.distributed"
 local st = require "loom.safetensors"
 local hf = loom.models.hf
-local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
-local H = dofile(here .. "tp_support.lua")
-local S = dofile(here .. "support.lua")
+local H = require "support.tp"
+local S = require "support.dist"
 
 pcall(ffi.cdef, "int getpid(void);")
 local Shard, Replicate = dist.Shard, dist.Replicate
