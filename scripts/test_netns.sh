@@ -7,7 +7,7 @@
 # naming unreachable hosts fail fast, naming them. Skips (exit 0, saying why)
 # where network namespaces cannot be made. Ends with "N passed, N failed".
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 export LOOM_NETNS_PREFIX=lt$$ LOOM_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
 cluster=scripts/netns-cluster
 passed=0 failed=0
