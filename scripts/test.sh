@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test.sh: sets up (scripts/setup.sh), then runs every test: the C tests
 # (ctest), the single-process busted specs, the leak check under valgrind
-# (scripts/leakcheck.sh), and the multi-rank specs on 2 and 4 ranks. Ends
+# (scripts/leakcheck.sh), the multi-rank specs on 2 and 4 ranks, and the
+# multi-node rehearsal in network namespaces (scripts/test_netns.sh). Ends
 # with one "N passed, N failed" line; exits non-zero on any failure.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -66,6 +67,16 @@ if [ -d spec/dist ] && [ -x scripts/loomrun ]; then
     [ $rc -ne 0 ] && ! grep -qE '[1-9][0-9]* (failure|error)' <(grep -aE 'success' "$log" | tail -1) \
       && failed=$((failed + 1))
   done
+fi
+
+# multi-node rehearsal in network namespaces (skips, saying why, without root)
+suite "multi-node rehearsal (scripts/test_netns.sh)" timeout 600 bash scripts/test_netns.sh
+nr=$(grep -oE 'netns rehearsal: [0-9]+ passed, [0-9]+ failed' "$log" | tail -1)
+if [ -n "$nr" ]; then
+  passed=$((passed + $(grep -oE '[0-9]+ passed' <<<"$nr" | grep -oE '[0-9]+')))
+  failed=$((failed + $(grep -oE '[0-9]+ failed' <<<"$nr" | grep -oE '[0-9]+')))
+else
+  failed=$((failed + 1))
 fi
 
 rm -f "$log"
