@@ -51,11 +51,11 @@ typedef struct lm_attrs {
   int32_t ni, nf, nh;
 } lm_attrs;
 
-/* Op ids: one per line of ops/op_list.h, the single list of ops (Lua reads
+/* Op ids: one per line of op_list.h, the single list of ops (Lua reads
  * them as C.LM_OP_<ID>). */
 enum lm_op_id {
 #define LM_OP(ID, ...) LM_OP_##ID,
-#include "ops/op_list.h"
+#include "op_list.h"
 #undef LM_OP
   LM_NOPS
 };
@@ -95,8 +95,9 @@ typedef struct lm_op_info {
   int32_t differentiable, sharded, inplace;
 } lm_op_info;
 int lm_op_info_of(int op, lm_op_info *info);
-/* 1 when device's backend has the kernel op runs on (ops built from other
- * ops count as present), 0 when not or when the device has no backend. */
+/* 1 when the backend of device's kind was built with the kernel op runs on
+ * (ops built from other ops count as present; the device itself need not
+ * be present), 0 when not or when this build has no such backend. */
 int lm_op_has_kernel(int op, int device);
 int lm_op_call(int op, int nin, lm_tensor *const *in, const lm_attrs *attrs,
                int maxout, lm_tensor **out); /* number of outputs or -1 */

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # test.sh: sets up (scripts/setup.sh), then runs every test: the C tests
-# (ctest), the single-process busted specs, the leak check under valgrind
+# (ctest), the layering check, the single-process busted specs, the leak check under valgrind
 # (scripts/leakcheck.sh), the multi-rank specs on 2 and 4 ranks, and the
 # multi-node rehearsal in network namespaces (scripts/test_netns.sh). Ends
 # with one "N passed, N failed" line; exits non-zero on any failure.
@@ -20,6 +20,15 @@ count_busted() {
   f=$(grep -oE '[0-9]+ failure' <<<"$line" | grep -oE '[0-9]+')
   e=$(grep -oE '[0-9]+ error' <<<"$line" | grep -oE '[0-9]+')
   passed=$((passed + s)); failed=$((failed + f + e))
+}
+
+# a suite that ends with a plain line: adds its last "<what>: N passed, N failed"
+count_line() {
+  local l
+  l=$(grep -aoE "$1: [0-9]+ passed, [0-9]+ failed" "$log" | tail -1)
+  if [ -z "$l" ]; then failed=$((failed + 1)); return; fi
+  passed=$((passed + $(grep -oE '[0-9]+ passed' <<<"$l" | grep -oE '[0-9]+')))
+  failed=$((failed + $(grep -oE '[0-9]+ failed' <<<"$l" | grep -oE '[0-9]+')))
 }
 
 suite() { # name, command...
@@ -43,6 +52,10 @@ else
   failed=$((failed + 1))
 fi
 
+# layering: no #include in core/ or kernels/ points up a layer
+suite "layers (scripts/check_layers.sh)" bash scripts/check_layers.sh
+count_line layers
+
 export OMP_WAIT_POLICY=PASSIVE
 single=$(ls spec/*_spec.lua 2>/dev/null)
 suite "specs, 1 process" timeout 1200 luajit scripts/run_specs.lua -o plainTerminal $single
@@ -50,13 +63,7 @@ count_busted
 
 # leaks and memory errors under valgrind: test_core, a Lua workload, errors_spec
 suite "leak check (valgrind)" bash scripts/leakcheck.sh
-lc=$(grep -oE 'leakcheck: [0-9]+ passed, [0-9]+ failed' "$log" | tail -1)
-if [ -n "$lc" ]; then
-  passed=$((passed + $(grep -oE '[0-9]+ passed' <<<"$lc" | grep -oE '[0-9]+')))
-  failed=$((failed + $(grep -oE '[0-9]+ failed' <<<"$lc" | grep -oE '[0-9]+')))
-else
-  failed=$((failed + 1))
-fi
+count_line leakcheck
 
 if [ -d spec/dist ] && [ -x scripts/loomrun ]; then
   for n in 2 4; do
@@ -71,13 +78,7 @@ fi
 
 # multi-node rehearsal in network namespaces (skips, saying why, without root)
 suite "multi-node rehearsal (scripts/test_netns.sh)" timeout 600 bash scripts/test_netns.sh
-nr=$(grep -oE 'netns rehearsal: [0-9]+ passed, [0-9]+ failed' "$log" | tail -1)
-if [ -n "$nr" ]; then
-  passed=$((passed + $(grep -oE '[0-9]+ passed' <<<"$nr" | grep -oE '[0-9]+')))
-  failed=$((failed + $(grep -oE '[0-9]+ failed' <<<"$nr" | grep -oE '[0-9]+')))
-else
-  failed=$((failed + 1))
-fi
+count_line "netns rehearsal"
 
 rm -f "$log"
 echo "loom tests: $passed passed, $failed failed"

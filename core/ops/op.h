@@ -73,7 +73,7 @@ static inline const lm_op_def *lm_op_def_of(int op) { return &lm_op_table[op]; }
   int lm_fw_##FW(const lm_call *c, lm_tensor **out);                                         \
   int lm_bw_##BW(const lm_saved *s, lm_tensor *const *gout, lm_tensor **gin);                \
   int lm_rule_##RULE(struct lm_rule *r);
-#include "op_list.h"
+#include "../op_list.h"
 #undef LM_OP
 
 /* ---- running ops inside the core (registry.c) ----

@@ -29,7 +29,7 @@ const lm_op_def lm_op_table[LM_NOPS] = {
 #define LM_OP(ID, NAME, NIN, NOUT, KIND, FLAGS, SHAPE, FW, BW, RULE, SLOT_)                   \
   [LM_OP_##ID] = {#NAME, NIN, NOUT, KIND, FLAGS, LM_SLOT_##SLOT_, lm_shape_##SHAPE, lm_fw_##FW, \
                   lm_bw_##BW, lm_rule_##RULE},
-#include "op_list.h"
+#include "../op_list.h"
 #undef LM_OP
 };
 
@@ -100,7 +100,7 @@ static bool has_slot(const lm_backend *b, size_t slot) {
 
 int lm_op_has_kernel(int op, int device) {
   if (op < 0 || op >= LM_NOPS) return 0;
-  const lm_backend *b = lm_backend_of(device);
+  const lm_backend *b = lm_backend_registered(device);
   return b && has_slot(b, lm_op_table[op].slot);
 }
 

@@ -21,6 +21,11 @@ int lm_device_kind(int device) {
   return -1;
 }
 
+const lm_backend *lm_backend_registered(int device) {
+  int kind = lm_device_kind(device);
+  return kind >= 0 ? backends[kind] : NULL;
+}
+
 const lm_backend *lm_backend_of(int device) {
   int kind = lm_device_kind(device);
   const lm_backend *b = kind >= 0 ? backends[kind] : NULL;

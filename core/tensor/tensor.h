@@ -43,5 +43,8 @@ int lm_promote(int a, int b);                   /* result dtype of a op b */
 /* The backend of a device (made current), or NULL with an error. */
 const lm_backend *lm_backend_of(int device);
 int lm_device_kind(int device);   /* enum lm_device_kind, -1 when unknown */
+/* the backend registered for a device's kind, whether or not such a
+ * device is present (NULL without an error when none is) */
+const lm_backend *lm_backend_registered(int device);
 
 #endif

@@ -35,6 +35,24 @@ function loom.device_available(name)
   return false, require("ffi").string(lib.C.lm_last_error())
 end
 
+-- loom.ops(): every op of the table, in id order: {id, name, nin (-1: any),
+-- nout, differentiable, sharded (has a DTensor rule), inplace, kernels =
+-- {cpu = bool, cuda = bool}} (kernels: whether this build has the op's kernel
+-- for that kind of device, whether or not one is present)
+function loom.ops()
+  local ffi, C, list = require "ffi", lib.C, {}
+  local info = ffi.new("lm_op_info")
+  for id = 0, C.lm_op_count() - 1 do
+    C.lm_op_info_of(id, info)
+    list[id + 1] = { id = id, name = ffi.string(info.name), nin = info.nin, nout = info.nout,
+                     differentiable = info.differentiable == 1, sharded = info.sharded == 1,
+                     inplace = info.inplace == 1,
+                     kernels = { cpu = C.lm_op_has_kernel(id, C.LM_CPU) == 1,
+                                 cuda = C.lm_op_has_kernel(id, C.LM_CUDA0) == 1 } }
+  end
+  return list
+end
+
 function loom.num_threads() return lib.C.lm_num_threads() end
 function loom.set_num_threads(n) lib.C.lm_set_num_threads(n) end
 

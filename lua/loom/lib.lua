@@ -31,7 +31,7 @@ end
 local function cdef_of(dir)
   local out, skip = {}, false
   for line in (read(dir .. "loom.h") .. "\n"):gmatch("(.-)\n") do
-    local inc = line:match('^#include "(ops/op_list%.h)"')
+    local inc = line:match('^#include "(op_list%.h)"')
     if inc then
       for id in read(dir .. inc):gmatch("\nLM_OP%(([%w_]+),") do out[#out + 1] = "LM_OP_" .. id .. "," end
     elseif line:match("^#ifdef __cplusplus") then skip = true

@@ -107,9 +107,12 @@ function Tensor.free(x)
 end
 
 ---------------------------------------------------------------------------
--- op calls, by id: C.LM_OP_<ID>, from the op list (core/ops/op_list.h)
+-- op calls, by id: C.LM_OP_<ID>, from the op list (core/op_list.h)
 
-local function op_name(id) return ffi.string(C.lm_op_name(id)) end
+local function op_name(id)
+  local p = type(id) == "number" and C.lm_op_name(id) or nil
+  return p ~= nil and ffi.string(p) or "op " .. tostring(id)
+end
 M.op_name = op_name
 
 local inbuf = ffi.new("lm_tensor*[256]")
@@ -150,7 +153,11 @@ local function op(id, inputs, ints, floats, handles)
   if type(id) == "string" then id = ids_by_name[id] end
   local n = #inputs
   if n > 256 then error(op_name(id) .. ": at most 256 tensors, got " .. n, 2) end
-  for k = 1, n do inputs[k] = check_tensor(inputs[k], op_name(id), "argument #" .. k) inbuf[k - 1] = inputs[k] end
+  for k = 1, n do
+    local t = inputs[k]
+    if not is_tensor(t) then argerror(op_name(id), "argument #" .. k, "a tensor", describe(t)) end
+    inbuf[k - 1] = t
+  end
   set_attrs(ints, floats, handles)
   local nout = C.lm_op_call(id, n, inbuf, attrs, 4, outbuf)
   if nout < 0 then c_error(2) end
