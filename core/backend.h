@@ -107,6 +107,52 @@ typedef struct lm_backend {
   int (*adamw)(lm_tensor *p, const lm_tensor *g, lm_tensor *m, lm_tensor *v, const double *h);
   /* the allocator's counters (enum lm_memory_stat); NULL: none kept */
   int (*memory_stats)(int index, int64_t *stats);
+
+  /* ---- fused kernels: one pass where composed ops take several. An op
+   * whose fused slot is NULL runs its composed form (ops/fused*.c); specs
+   * compare the two. Float tensors are f32 or f64 unless said otherwise;
+   * "rows" are contiguous (rows, n) views. ---- */
+  /* gx = g * f'(x) for a unary kind, y = f(x) given too (derivatives of
+   * exp, tanh, sigmoid, sqrt read it); all of gx's shape and dtype */
+  int (*unary_grad)(int kind, lm_tensor *gx, const lm_tensor *g, const lm_tensor *x,
+                    const lm_tensor *y, const double *p);
+  /* SwiGLU on same-shape contiguous tensors: out = silu(a) * b; backward
+   * da = g * b * silu'(a), db = g * silu(a) */
+  int (*swiglu)(lm_tensor *out, const lm_tensor *a, const lm_tensor *b);
+  int (*swiglu_bwd)(lm_tensor *da, lm_tensor *db, const lm_tensor *g, const lm_tensor *a,
+                    const lm_tensor *b);
+  /* softmax backward over rows: gx = y * (g - sum(g * y)); log_softmax's
+   * (log = 1): gx = g - exp(y) * sum(g) */
+  int (*softmax_bwd)(lm_tensor *gx, const lm_tensor *g, const lm_tensor *y, int log);
+  /* layer/rms norm backward over rows (x, g, dx (rows, n); w (n) or NULL;
+   * mean, rstd (rows) as the forward computed them): dx, and dw, db (n)
+   * when not NULL */
+  int (*norm_bwd)(lm_tensor *dx, lm_tensor *dw, lm_tensor *db, const lm_tensor *g,
+                  const lm_tensor *x, const lm_tensor *w, const lm_tensor *mean,
+                  const lm_tensor *rstd, int rms);
+  /* rotary embedding of contiguous x (outer, T, H, D) by cos, sin (T, D/2):
+   * pairs (x[2i], x[2i+1]) rotate by sign * angle (sign 1 or -1) */
+  int (*rope)(lm_tensor *out, const lm_tensor *x, const lm_tensor *cos, const lm_tensor *sin,
+              int sign);
+  /* attention without the (L, S) matrix in memory (flash style) on
+   * contiguous q (B, L, E), k (B, S, E), v (B, S, Ev), B = batch x heads,
+   * f32 or bf16/f16 (f32 accumulation): o (B, L, Ev) in q's dtype and lse
+   * (B, L) f32, the log-sum-exp of each row of scaled scores, for
+   * backward; causal keeps key j for query i when j <= i */
+  int (*attention)(lm_tensor *o, lm_tensor *lse, const lm_tensor *q, const lm_tensor *k,
+                   const lm_tensor *v, double scale, int causal);
+  int (*attention_bwd)(lm_tensor *dq, lm_tensor *dk, lm_tensor *dv, const lm_tensor *g,
+                       const lm_tensor *q, const lm_tensor *k, const lm_tensor *v,
+                       const lm_tensor *o, const lm_tensor *lse, double scale, int causal);
+  /* cross entropy of contiguous logits x (N, C) against i64 targets (N)
+   * (0-based; `ignore` marks rows to skip), class weights w (C) or NULL,
+   * label smoothing eps: loss (N) per row (0 where ignored) and lse (N),
+   * both in x's compute dtype; backward: dx = gloss[n] * d loss[n] / dx */
+  int (*cross_entropy)(lm_tensor *loss, lm_tensor *lse, const lm_tensor *x,
+                       const lm_tensor *target, const lm_tensor *w, int64_t ignore, double eps);
+  int (*cross_entropy_bwd)(lm_tensor *dx, const lm_tensor *gloss, const lm_tensor *x,
+                           const lm_tensor *target, const lm_tensor *w, const lm_tensor *lse,
+                           int64_t ignore, double eps);
 } lm_backend;
 
 /* Device kinds: a device number is its kind's first device plus an index
