@@ -29,6 +29,8 @@ struct lm_storage {
   int32_t refcount;
   int8_t device;
   uint8_t data_inline;   /* data is inside owner's block, not from the backend */
+  uint8_t owner_pinned;  /* the owner was freed early but is still held: keep its block */
+  int64_t version;       /* incremented by every in-place write (tensor.h) */
   size_t nbytes;
   void *data;
   lm_tensor *owner;      /* the block to free with the storage */

@@ -29,7 +29,8 @@ typedef struct lm_tensor {
   uint8_t needs_grad;
   uint8_t output_nr;     /* which output of grad_fn this tensor is */
   uint8_t retains_grad;  /* a non-leaf that keeps .grad (retain_grad) */
-  int64_t shape[8];      /* at most 8 dims */
+  uint8_t freed;         /* released early by lm_tensor_free: any use is an error */
+  int64_t shape_[8];     /* at most 8 dims */
   int64_t stride_[8];
   int64_t offset;        /* first element, in elements of the storage */
   int64_t numel_;
@@ -77,6 +78,12 @@ lm_tensor *lm_empty(int ndim, const int64_t *shape, int dtype, int device);
 lm_tensor *lm_arange(double start, double end, double step, int dtype, int device);
 void lm_retain(lm_tensor *t);
 void lm_release(lm_tensor *t);
+/* Releases t's memory now (a view's storage when it is the last user) and
+ * marks t freed; the struct itself goes with the last lm_release. */
+int lm_tensor_free(lm_tensor *t);
+/* The version of t's storage: every in-place write (fill, copy, random,
+ * in-place ops) increments it; autograd checks what it saved. */
+int64_t lm_tensor_version(const lm_tensor *t);
 void *lm_data(const lm_tensor *t);   /* address of the first element (CPU) */
 int lm_is_contiguous(const lm_tensor *t);
 int lm_fill_(lm_tensor *t, double value);

@@ -49,8 +49,8 @@ static lm_tensor dense(lm_storage *s, void *data, const lm_tensor *like, int dty
   s->refcount = 1, s->device = (int8_t)device, s->data = data;
   s->nbytes = (size_t)like->numel_ * lm_dtype_size(dtype);
   t.refcount = 1, t.ndim = like->ndim, t.dtype_ = (int8_t)dtype, t.device_ = (int8_t)device;
-  memcpy(t.shape, like->shape, sizeof t.shape);
-  lm_contiguous_strides(t.ndim, t.shape, t.stride_);
+  memcpy(t.shape_, like->shape_, sizeof t.shape_);
+  lm_contiguous_strides(t.ndim, t.shape_, t.stride_);
   t.numel_ = like->numel_;
   t.storage = s;
   return t;

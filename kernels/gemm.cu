@@ -51,7 +51,7 @@ static int blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs,
 }
 
 int lm_cuda_gemm(lm_tensor *c, const lm_tensor *a, const lm_tensor *b, double alpha, double beta) {
-  int64_t B = c->shape[0], M = c->shape[1], N = c->shape[2], K = a->shape[2];
+  int64_t B = c->shape_[0], M = c->shape_[1], N = c->shape_[2], K = a->shape_[2];
   cublasOperation_t ta, tb;
   int64_t lda, ldb;
   if (blas_layout(M, K, a->stride_[1], a->stride_[2], &ta, &lda) < 0 ||

@@ -30,7 +30,7 @@ __global__ void softmax_kernel(T *out, const T *x, int64_t rows, int64_t n, int 
 }
 
 static int rows_of(const lm_tensor *x, int64_t *rows, int64_t *n) {
-  *n = x->ndim ? x->shape[x->ndim - 1] : 1;
+  *n = x->ndim ? x->shape_[x->ndim - 1] : 1;
   *rows = *n ? x->numel_ / *n : 0;
   return 0;
 }
@@ -144,7 +144,7 @@ int lm_cuda_embedding(lm_tensor *out, const lm_tensor *w, const lm_tensor *idx) 
       !lm_is_contiguous(out) || !lm_is_contiguous(idx))
     return lm_error("embedding kernel: expected a 2-D weight, contiguous i64 indices and output");
   if (lm_cuda_use(out) < 0) return -1;
-  int64_t rows = idx->numel_, d = w->shape[1], v = w->shape[0];
+  int64_t rows = idx->numel_, d = w->shape_[1], v = w->shape_[0];
   unsigned blocks = lm_blocks(rows * d);
   const int64_t *ip = (const int64_t *)lm_ptr(idx);
   switch (lm_dtype_size(w->dtype_)) {
@@ -175,7 +175,7 @@ __global__ void index_add_kernel(T *out, const int64_t *idx, const T *src, int64
 }
 
 int lm_cuda_index_add(lm_tensor *out, const lm_tensor *idx, const lm_tensor *src) {
-  int64_t rows = idx->numel_, d = out->ndim == 2 ? out->shape[1] : 0, v = out->shape[0];
+  int64_t rows = idx->numel_, d = out->ndim == 2 ? out->shape_[1] : 0, v = out->shape_[0];
   if (rows * d == 0) return 0;
   if (out->ndim != 2 || idx->dtype_ != LM_I64 || src->dtype_ != out->dtype_ ||
       !lm_is_contiguous(out) || !lm_is_contiguous(idx) || !lm_is_contiguous(src))

@@ -42,8 +42,8 @@ int lm_cuda_random(lm_tensor *t, int kind, double a, double b, uint64_t seed, ui
   memset(&r, 0, sizeof r);
   r.nd = t->ndim, r.dtype = t->dtype_, r.kind = kind;
   for (int d = 0; d < t->ndim; d++) {
-    r.shape[d] = t->shape[d], r.stride_[d] = t->stride_[d];
-    r.gshape[d] = gshape ? gshape[d] : t->shape[d];
+    r.shape[d] = t->shape_[d], r.stride_[d] = t->stride_[d];
+    r.gshape[d] = gshape ? gshape[d] : t->shape_[d];
     r.start[d] = start ? start[d] : 0;
   }
   r.base = lm_ptr(t), r.a = a, r.b = b, r.seed = seed, r.offset = offset;

@@ -11,6 +11,7 @@ struct lm_node {
   int64_t seq;          /* creation order: backward visits high to low */
   lm_saved call;        /* the op, its inputs (retained) and detached outputs */
   lm_tensor **retained; /* weak: outputs that asked for retain_grad */
+  int64_t *version;     /* of each input's, then output's, storage when recorded */
   int visit;            /* scratch of one backward pass */
   lm_tensor **gsum;     /* scratch: gradient summed per output */
 };
@@ -18,5 +19,8 @@ struct lm_node {
 /* Records op on the tape when grad mode is on, the op is differentiable
  * and an input requires grad: the outputs get the node as their grad_fn. */
 int lm_record(int op, int nin, lm_tensor *const *in, const lm_attrs *a, int nout, lm_tensor **out);
+/* 0 when nothing the node saved was changed in place since, else -1 with
+ * PyTorch's kind of message (which tensor, which op saved it, versions) */
+int lm_check_saved(const lm_node *n);
 
 #endif

@@ -34,7 +34,7 @@ static int accumulate_leaf(lm_tensor *leaf, lm_tensor *g) {
     if (!(g = s)) return -1;
   }
   if (leaf->dist) { /* a DTensor leaf's gradient is a DTensor alike */
-    lm_tensor *d = lm_view_of(g, g->ndim, g->shape, g->stride_, g->offset);
+    lm_tensor *d = lm_view_of(g, g->ndim, g->shape_, g->stride_, g->offset);
     lm_release(g);
     if (!(g = d) || lm_copy_parts(g, leaf) < 0) { lm_release(g); return -1; }
   }
@@ -114,6 +114,7 @@ static int run(lm_node *root_node, nodes *order, leaves *lv) {
         }
         if (n->retained[k]) rc = rc ? rc : lm_set_grad(n->retained[k], n->gsum[k]);
       }
+      if (rc == 0) rc = lm_check_saved(n);
       if (rc == 0 && def->backward(&n->call, n->gsum, gin) < 0) rc = -1;
     }
     for (int k = 0; k < n->call.nout; k++) lm_release(n->gsum[k]), n->gsum[k] = NULL;
@@ -138,10 +139,11 @@ static int run(lm_node *root_node, nodes *order, leaves *lv) {
 
 int lm_backward(lm_tensor *root, lm_tensor *grad) {
   if (!root) return lm_error("backward: tensor is nil");
+  if (root->freed) return lm_error("backward: the tensor was freed (t:free())");
   if (!root->needs_grad)
     return lm_error("backward: the tensor does not require grad and has no grad_fn");
   if (grad) {
-    if (grad->ndim != root->ndim || memcmp(grad->shape, root->shape, root->ndim * sizeof *root->shape))
+    if (grad->ndim != root->ndim || memcmp(grad->shape_, root->shape_, root->ndim * sizeof *root->shape_))
       return lm_error("backward: argument #1 (gradient) expected the shape of the tensor");
     lm_retain(grad);
   } else {

@@ -1,5 +1,6 @@
 /* tape.c: grad mode, leaves, and the nodes ops record (one per call). */
 #include "autograd.h"
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,6 +12,7 @@ int lm_set_grad_enabled(int flag) { int old = grad_enabled; grad_enabled = flag 
 
 int lm_set_requires_grad(lm_tensor *t, int flag) {
   if (!t) return lm_error("requires_grad: tensor is nil");
+  if (t->freed) return lm_error("requires_grad: the tensor was freed (t:free())");
   if (t->grad_fn_)
     return lm_error("requires_grad: only leaves can change it; this tensor was made by %s "
                     "(use detach() first)", lm_op_name(t->grad_fn_->call.op));
@@ -25,7 +27,7 @@ lm_tensor *lm_grad(lm_tensor *t) { if (t && t->grad_) lm_retain(t->grad_); retur
 
 int lm_set_grad(lm_tensor *t, lm_tensor *g) {
   if (!t) return lm_error("grad: tensor is nil");
-  if (g && (g->ndim != t->ndim || memcmp(g->shape, t->shape, t->ndim * sizeof *t->shape)))
+  if (g && (g->ndim != t->ndim || memcmp(g->shape_, t->shape_, t->ndim * sizeof *t->shape_)))
     return lm_error("grad: expected the shape of the tensor");
   lm_retain(g);
   lm_release(t->grad_);
@@ -44,7 +46,8 @@ int lm_retain_grad(lm_tensor *t) {
 
 /* An alias without history; a DTensor stays a DTensor. */
 lm_tensor *lm_detach(lm_tensor *t) {
-  lm_tensor *d = lm_view_of(t, t->ndim, t->shape, t->stride_, t->offset);
+  if (t->freed) { lm_error("detach: the tensor was freed (t:free())"); return NULL; }
+  lm_tensor *d = lm_view_of(t, t->ndim, t->shape_, t->stride_, t->offset);
   if (d && lm_copy_parts(d, t) < 0) { lm_release(d); return NULL; }
   return d;
 }
@@ -67,20 +70,22 @@ int lm_record(int op, int nin, lm_tensor *const *in, const lm_attrs *a, int nout
   int needed = 0;
   for (int i = 0; i < nin; i++) needed |= in[i]->needs_grad;
   if (!needed) return 0;
-  /* one block: the node, then its four pointer arrays */
-  lm_node *n = calloc(1, sizeof *n + sizeof(lm_tensor *) * (nin + 3 * nout));
+  /* one block: the node, its versions, then its four pointer arrays */
+  lm_node *n = calloc(1, sizeof *n + sizeof(int64_t) * (nin + nout) + sizeof(lm_tensor *) * (nin + 3 * nout));
   if (!n) return lm_error("%s: out of memory recording autograd", def->name);
   n->part.ops = &node_ops;
   n->call = (lm_saved){.op = op, .nin = nin, .nout = nout, .attrs = *a};
-  n->call.in = (lm_tensor **)(n + 1);
+  n->version = (int64_t *)(n + 1);
+  n->call.in = (lm_tensor **)(n->version + nin + nout);
   n->call.out = n->call.in + nin;
   n->retained = n->call.out + nout;
   n->gsum = n->retained + nout;
   n->seq = __atomic_fetch_add(&next_seq, 1, __ATOMIC_RELAXED);
-  for (int i = 0; i < nin; i++) lm_retain(n->call.in[i] = in[i]);
+  for (int i = 0; i < nin; i++) lm_retain(n->call.in[i] = in[i]), n->version[i] = lm_tensor_version(in[i]);
   int rc = 0;
   for (int k = 0; k < nout; k++) {
     if (!(n->call.out[k] = lm_detach(out[k]))) rc = -1;
+    n->version[nin + k] = lm_tensor_version(out[k]);
     if (!lm_is_float(out[k]->dtype_)) continue;
     out[k]->grad_fn_ = n;
     out[k]->output_nr = (uint8_t)k;
@@ -93,4 +98,31 @@ int lm_record(int op, int nin, lm_tensor *const *in, const lm_attrs *a, int nout
     release_node(&n->part, &dummy);
   }
   return rc;
+}
+
+static void describe_shape(const lm_tensor *t, char *buf, size_t len) {
+  int n = snprintf(buf, len, "(");
+  for (int d = 0; d < t->ndim && n < (int)len; d++)
+    n += snprintf(buf + n, len - n, "%s%lld", d ? ", " : "", (long long)t->shape_[d]);
+  if (n < (int)len) snprintf(buf + n, len - n, ")");
+}
+
+int lm_check_saved(const lm_node *n) {
+  const lm_op_def *def = lm_op_def_of(n->call.op);
+  if (def->flags & LM_OPF_NOSAVE) return 0;
+  int nin = n->call.nin;
+  for (int k = 0; k < nin + n->call.nout; k++) {
+    const lm_tensor *t = k < nin ? n->call.in[k] : n->call.out[k - nin];
+    int64_t now = lm_tensor_version(t);
+    if (now == n->version[k]) continue;
+    char shape[160], which[48];
+    describe_shape(t, shape, sizeof shape);
+    if (k < nin) snprintf(which, sizeof which, "its argument #%d", k + 1);
+    else snprintf(which, sizeof which, "its output #%d", k - nin + 1);
+    return lm_error("backward: a tensor needed for the gradient was modified in place: %s of %s, "
+                    "a %s tensor of shape %s, is at version %lld but %s saved it at version %lld "
+                    "(change a clone, or make the change before the forward)", which, def->name,
+                    lm_dtype_name(t->dtype_), shape, (long long)now, def->name, (long long)n->version[k]);
+  }
+  return 0;
 }

@@ -31,7 +31,7 @@ static void store_acc(lm_tensor *c, const char *cp, const float *acc, int64_t M,
 }
 
 int lm_cpu_gemm_half(lm_tensor *c, const lm_tensor *a, const lm_tensor *b, double alpha, double beta) {
-  int64_t B = c->shape[0], M = c->shape[1], N = c->shape[2], K = a->shape[2];
+  int64_t B = c->shape_[0], M = c->shape_[1], N = c->shape_[2], K = a->shape_[2];
   int dt = a->dtype_, es = 2;
   bool f32_out = c->dtype_ == LM_F32;
   int64_t kp = K < PANEL ? K : PANEL;

@@ -21,16 +21,16 @@ static void coalesce(walk *w, int narg, const lm_tensor *const *t) {
   w->narg = narg, w->nd = 0;
   for (int k = 0; k < narg; k++) w->base[k] = lm_ptr(t[k]);
   for (int d = 0; d < r->ndim; d++) {
-    if (r->shape[d] == 1) continue;
+    if (r->shape_[d] == 1) continue;
     int m = w->nd;
     bool merge = m > 0;
     for (int k = 0; k < narg && merge; k++)
-      merge = w->stride_[k][m - 1] == t[k]->stride_[d] * r->shape[d] * lm_dtype_size(t[k]->dtype_);
+      merge = w->stride_[k][m - 1] == t[k]->stride_[d] * r->shape_[d] * lm_dtype_size(t[k]->dtype_);
     if (merge) {
-      w->shape[m - 1] *= r->shape[d];
+      w->shape[m - 1] *= r->shape_[d];
       for (int k = 0; k < narg; k++) w->stride_[k][m - 1] = t[k]->stride_[d] * lm_dtype_size(t[k]->dtype_);
     } else {
-      w->shape[m] = r->shape[d];
+      w->shape[m] = r->shape_[d];
       for (int k = 0; k < narg; k++) w->stride_[k][m] = t[k]->stride_[d] * lm_dtype_size(t[k]->dtype_);
       w->nd++;
     }

@@ -38,7 +38,7 @@ SOFTMAX(float, softmax_f32, lm_expf, log)
 SOFTMAX(double, softmax_f64, exp, log)
 
 int lm_cpu_softmax(lm_tensor *out, const lm_tensor *x, int log) {
-  int64_t n = x->ndim ? x->shape[x->ndim - 1] : 1, rows = n ? x->numel_ / n : 0;
+  int64_t n = x->ndim ? x->shape_[x->ndim - 1] : 1, rows = n ? x->numel_ / n : 0;
   switch (x->dtype_) {
   case LM_F32: softmax_f32((float *)lm_ptr(out), (const float *)lm_ptr(x), rows, n, log); return 0;
   case LM_F64: softmax_f64((double *)lm_ptr(out), (const double *)lm_ptr(x), rows, n, log); return 0;
@@ -80,7 +80,7 @@ NORM(double, norm_f64)
 int lm_cpu_norm(lm_tensor *out, lm_tensor *mean, lm_tensor *rstd, const lm_tensor *x,
                 const lm_tensor *w, const lm_tensor *b, double eps, int rms) {
   /* the op passes x and out as (rows, n), w and b as (n), mean and rstd as (rows) */
-  int64_t n = x->ndim ? x->shape[x->ndim - 1] : 1, rows = n ? x->numel_ / n : 0;
+  int64_t n = x->ndim ? x->shape_[x->ndim - 1] : 1, rows = n ? x->numel_ / n : 0;
 #define P(t, T) ((t) ? (T *)lm_ptr(t) : NULL)
   switch (x->dtype_) {
   case LM_F32:
@@ -98,7 +98,7 @@ int lm_cpu_norm(lm_tensor *out, lm_tensor *mean, lm_tensor *rstd, const lm_tenso
 
 /* Rows are copied as bytes, so any dtype works. */
 int lm_cpu_embedding(lm_tensor *out, const lm_tensor *w, const lm_tensor *idx) {
-  int64_t rows = idx->numel_, d = w->ndim == 2 ? w->shape[1] : 0;
+  int64_t rows = idx->numel_, d = w->ndim == 2 ? w->shape_[1] : 0;
   size_t row = (size_t)d * lm_dtype_size(w->dtype_);
   const int64_t *id = (const int64_t *)lm_ptr(idx);
   const char *src = lm_ptr(w);
@@ -127,7 +127,7 @@ INDEX_ADD(float, index_add_f32)
 INDEX_ADD(double, index_add_f64)
 
 int lm_cpu_index_add(lm_tensor *out, const lm_tensor *idx, const lm_tensor *src) {
-  int64_t rows = idx->numel_, d = out->ndim == 2 ? out->shape[1] : 0;
+  int64_t rows = idx->numel_, d = out->ndim == 2 ? out->shape_[1] : 0;
   const int64_t *id = (const int64_t *)lm_ptr(idx);
   switch (out->dtype_) {
   case LM_F32: index_add_f32((float *)lm_ptr(out), id, (const float *)lm_ptr(src), rows, d); return 0;

@@ -11,11 +11,11 @@ int lm_cpu_random(lm_tensor *t, int kind, double a, double b, uint64_t seed, uin
   for (int64_t i = 0; i < t->numel_; i++) {
     int64_t rem = i, g = 0, gstride = 1, off = 0;
     for (int d = nd - 1; d >= 0; d--) {
-      int64_t idx = rem % t->shape[d];
-      rem /= t->shape[d];
+      int64_t idx = rem % t->shape_[d];
+      rem /= t->shape_[d];
       off += idx * t->stride_[d];
       g += (idx + (start ? start[d] : 0)) * gstride;
-      gstride *= gshape ? gshape[d] : t->shape[d];
+      gstride *= gshape ? gshape[d] : t->shape_[d];
     }
     double v = lm_philox_draw(kind, a, b, seed, offset + (uint64_t)g, t->dtype_);
     lm_store(base + off * es, t->dtype_, v);

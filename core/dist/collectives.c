@@ -35,6 +35,7 @@ static int check_args(const char *op, lm_comm *c, const lm_tensor *t, int min_nd
   if (lm_dist_ensure(op) < 0) return -1;
   if (!c) return lm_error("%s: comm is NULL", op);
   if (!t) return lm_error("%s: expected a tensor, got NULL", op);
+  if (t->freed) return lm_error("%s: the tensor was freed (t:free())", op);
   if (t->dtype_ < 0 || t->dtype_ >= LM_NDTYPES)
     return lm_error("%s: unknown dtype %d", op, t->dtype_);
   if (t->ndim < min_ndim)
@@ -131,7 +132,7 @@ static lm_tensor *block_of(lm_tensor *buf, int ndim, const int64_t *shape, int64
 /* A view of t narrowed to [off, off + len) on dim. */
 static lm_tensor *narrow(lm_tensor *t, int dim, int64_t off, int64_t len) {
   int64_t sh[LM_MAX_DIMS];
-  memcpy(sh, t->shape, sizeof sh);
+  memcpy(sh, t->shape_, sizeof sh);
   sh[dim] = len;
   return lm_view_of(t, t->ndim, sh, t->stride_, t->offset + off * t->stride_[dim]);
 }
@@ -143,7 +144,7 @@ static int move_blocks(lm_tensor *t, lm_tensor *buf, int dim, const int64_t *siz
   int64_t off = 0, at = 0;
   for (int q = 0; q < k; q++) {
     lm_tensor *part = narrow(t, dim, off, sizes[q]);
-    lm_tensor *blk = part ? block_of(buf, t->ndim, part->shape, at) : NULL;
+    lm_tensor *blk = part ? block_of(buf, t->ndim, part->shape_, at) : NULL;
     int rc = blk ? (to_buf ? lm_copy_(blk, part) : lm_copy_(part, blk)) : -1;
     at += part ? part->numel_ : 0;
     off += sizes[q];
@@ -156,14 +157,14 @@ static int move_blocks(lm_tensor *t, lm_tensor *buf, int dim, const int64_t *siz
 
 /* The blocks of t (cut on dim) laid out contiguously, in dtype. */
 static lm_tensor *pack(lm_tensor *t, int dim, const int64_t *sizes, int k, int dtype) {
-  lm_tensor *buf = lm_empty_as(t, t->ndim, t->shape, dtype);
+  lm_tensor *buf = lm_empty_as(t, t->ndim, t->shape_, dtype);
   if (buf && move_blocks(t, buf, dim, sizes, k, 1) < 0) { lm_release(buf); return NULL; }
   return buf;
 }
 
 /* True when blocks cut on dim are already consecutive in a contiguous t. */
 static int blocks_in_place(const lm_tensor *t, int dim) {
-  return lm_is_contiguous(t) && prod(dim, t->shape, -1, -1) == 1;
+  return lm_is_contiguous(t) && prod(dim, t->shape_, -1, -1) == 1;
 }
 
 static int divide(lm_tensor *t, double by) {
@@ -229,12 +230,12 @@ static lm_work *all_reduce_w(lm_comm *c, lm_tensor *t, int op, int blocking) {
 static int rank_sizes(const char *name, lm_comm *c, const lm_tensor *t, int dim, int64_t full,
                       int64_t *sizes) {
   for (int q = 0; q < c->size; q++)
-    sizes[q] = full < 0 ? t->shape[dim] : lm_chunk_size(full, c->size, q);
-  if (full >= 0 && sizes[c->rank] != t->shape[dim])
+    sizes[q] = full < 0 ? t->shape_[dim] : lm_chunk_size(full, c->size, q);
+  if (full >= 0 && sizes[c->rank] != t->shape_[dim])
     return lm_error("%s: rank %d of %d holds chunk %d of %lld rows on dim %d, which has %lld "
                     "rows (torch.chunk sizes), got %lld", name, c->rank, c->size, c->rank,
                     (long long)full, dim + 1, (long long)sizes[c->rank],
-                    (long long)t->shape[dim]);
+                    (long long)t->shape_[dim]);
   return 0;
 }
 
@@ -257,12 +258,12 @@ static lm_work *all_gather_w(lm_comm *c, lm_tensor *t, int dim, int64_t full, in
     lm_work_free(w);
     return NULL;
   }
-  int64_t sh[LM_MAX_DIMS], other = prod(t->ndim, t->shape, d, -1), total = 0;
+  int64_t sh[LM_MAX_DIMS], other = prod(t->ndim, t->shape_, d, -1), total = 0;
   for (int q = 0; q < c->size; q++) {
     w->rcounts[q] = (int)(w->fsizes[q] * other);
     total += w->fsizes[q];
   }
-  memcpy(sh, t->shape, sizeof sh);
+  memcpy(sh, t->shape_, sizeof sh);
   sh[d] = total;
   w->uneven = is_uneven(w->rcounts, c->size);
   w->dtype = t->dtype_;
@@ -289,12 +290,12 @@ static lm_work *reduce_scatter_w(lm_comm *c, lm_tensor *t, int op, int dim, int 
     return NULL;
   lm_work *w = new_work(c, LM_COLL_REDUCE_SCATTER, tr, blocking);
   if (!w) return NULL;
-  int64_t sh[LM_MAX_DIMS], other = prod(t->ndim, t->shape, d, -1);
+  int64_t sh[LM_MAX_DIMS], other = prod(t->ndim, t->shape_, d, -1);
   for (int q = 0; q < c->size; q++) {
-    w->fsizes[q] = lm_chunk_size(t->shape[d], c->size, q);
+    w->fsizes[q] = lm_chunk_size(t->shape_[d], c->size, q);
     w->rcounts[q] = (int)(w->fsizes[q] * other);
   }
-  memcpy(sh, t->shape, sizeof sh);
+  memcpy(sh, t->shape_, sizeof sh);
   sh[d] = w->fsizes[c->rank];
   w->op = op;
   w->uneven = is_uneven(w->rcounts, c->size);
@@ -326,7 +327,7 @@ static lm_work *all_to_all_w(lm_comm *c, lm_tensor *t, int split_dim, int cat_di
   const lm_transport *tr = transport_for(name, t);
   if (sd < 0 || cd < 0 || !tr) return NULL;
   int k = c->size, me = c->rank;
-  int64_t n = t->shape[sd];
+  int64_t n = t->shape_[sd];
   if (sd == cd && (full >= 0 || n % k != 0)) {
     lm_error("all_to_all: split_dim and cat_dim are both %d, so its size must divide evenly "
              "by the %d ranks (and full must be < 0), got %lld (full %lld)", sd + 1, k,
@@ -343,8 +344,8 @@ static lm_work *all_to_all_w(lm_comm *c, lm_tensor *t, int split_dim, int cat_di
     lm_work_free(w);
     return NULL;
   }
-  int64_t other = prod(t->ndim, t->shape, sd, cd), sh[LM_MAX_DIMS];
-  memcpy(sh, t->shape, sizeof sh);
+  int64_t other = prod(t->ndim, t->shape_, sd, cd), sh[LM_MAX_DIMS];
+  memcpy(sh, t->shape_, sizeof sh);
   for (int q = 0; q < k; q++) send_sizes[q] = lm_chunk_size(n, k, q);
   if (sd == cd) {
     for (int q = 0; q < k; q++) w->fsizes[q] = n / k;
@@ -352,7 +353,7 @@ static lm_work *all_to_all_w(lm_comm *c, lm_tensor *t, int split_dim, int cat_di
   } else {
     int64_t cat_total = 0;
     for (int q = 0; q < k; q++) {
-      w->scounts[q] = (int)(send_sizes[q] * t->shape[cd] * other);
+      w->scounts[q] = (int)(send_sizes[q] * t->shape_[cd] * other);
       w->rcounts[q] = (int)(send_sizes[me] * w->fsizes[q] * other);
       cat_total += w->fsizes[q];
     }

@@ -55,7 +55,7 @@ int lm_check_fingerprint(lm_comm *c, int kind, int op, const lm_tensor *t, int64
   if (t) {
     fp[FP_DTYPE] = t->dtype_;
     fp[FP_NDIM] = t->ndim;
-    for (int d = 0; d < t->ndim; d++) fp[FP_SHAPE + d] = d == wild_dim ? -1 : t->shape[d];
+    for (int d = 0; d < t->ndim; d++) fp[FP_SHAPE + d] = d == wild_dim ? -1 : t->shape_[d];
   }
   int64_t *all = malloc(sizeof *all * FP_LEN * c->size);
   if (!all) return lm_error("%s: out of memory (debug fingerprint)", kinds[kind]);

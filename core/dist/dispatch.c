@@ -10,6 +10,8 @@
 /* the op on (local) tensors, recorded by autograd */
 static int run_recorded(int op, int nin, lm_tensor *const *in, const lm_attrs *a, lm_tensor **out) {
   int nout = lm_op_run(op, nin, in, a, out);
+  if (nout >= 0 && (lm_op_def_of(op)->flags & LM_OPF_INPLACE))
+    for (int i = 0; i < nin; i++) lm_bump_version(in[i]);
   if (nout >= 0 && lm_record(op, nin, in, a, nout, out) < 0) {
     for (int k = 0; k < nout; k++) lm_release(out[k]), out[k] = NULL;
     return -1;
@@ -27,6 +29,7 @@ static int check_call(const lm_op_def *d, int nin, lm_tensor *const *in, const l
                     d->name, a->ni, a->nf, a->nh);
   for (int i = 0; i < nin; i++) {
     if (!in[i]) return lm_error("%s: argument #%d expected a tensor, got nil", d->name, i + 1);
+    if (in[i]->freed) return lm_error("%s: argument #%d was freed (t:free())", d->name, i + 1);
     if (in[i]->device_ != in[0]->device_)
       return lm_error("%s: argument #%d is on another device than argument #1", d->name, i + 1);
   }
@@ -144,7 +147,7 @@ int lm_dtensor_call(int op, int nin, lm_tensor *const *in, const lm_attrs *a, lm
         rc = lm_error("%s: argument #%d is a plain tensor mixed with DTensors; make it a DTensor "
                       "(distribute_tensor / from_local) or run inside implicit_replication", d->name, i + 1);
       wrapped[i] = (lm_dspec){.mesh = first->mesh, .nd = in[i]->ndim};
-      memcpy(wrapped[i].shape, in[i]->shape, sizeof wrapped[i].shape);
+      memcpy(wrapped[i].shape, in[i]->shape_, sizeof wrapped[i].shape);
       si = &wrapped[i];
     }
     r.in[i] = si;
@@ -161,7 +164,7 @@ int lm_dtensor_call(int op, int nin, lm_tensor *const *in, const lm_attrs *a, lm
       for (int o = 0; o < r.nout; o++)
         for (int k = 0; k < m->ndim; k++) varies |= !is_replicated_on(&r.out[o], k);
       if (!moves && !(varies && x->needs_grad && lm_is_grad_enabled())) continue;
-      if (!(x = lm_s(&s, lm_dtensor_from_local(x, (lm_mesh *)m, r.in[i]->pl, x->shape, 0)))) { rc = -1; break; }
+      if (!(x = lm_s(&s, lm_dtensor_from_local(x, (lm_mesh *)m, r.in[i]->pl, x->shape_, 0)))) { rc = -1; break; }
     }
     if (memcmp(r.want[i], r.in[i]->pl, m->ndim * sizeof(lm_placement)))
       x = lm_s(&s, lm_dtensor_redistribute(x, r.want[i]));

@@ -24,7 +24,7 @@ lm_attrs lm_comm_attrs(lm_comm *c) {
 
 /* an alias of x's storage without a spec (outputs get theirs afterwards) */
 static lm_tensor *alias(const lm_tensor *x) {
-  return lm_view_of(x, x->ndim, x->shape, x->stride_, x->offset);
+  return lm_view_of(x, x->ndim, x->shape_, x->stride_, x->offset);
 }
 
 /* _dist_all_gather(x; dim, full) and its conjugate _dist_slice(x; dim) */
@@ -37,7 +37,7 @@ int lm_fw_dist_slice(const lm_call *c, lm_tensor **out) {
   COMM(c->a, c->op);
   lm_tensor *x = c->in[0];
   int d = (int)c->a->i[0], k = lm_comm_size(comm), r = lm_comm_rank(comm);
-  int64_t n = x->shape[d];
+  int64_t n = x->shape_[d];
   lm_attrs na = {.i = {d, lm_chunk_offset(n, k, r), lm_chunk_size(n, k, r)}, .ni = 3};
   lm_tensor *v = lm_run(LM_OP_NARROW, 1, &x, &na);
   *out = v ? lm_contiguous(v) : NULL;
@@ -52,7 +52,7 @@ int lm_bw_dist_all_gather(const lm_saved *n, lm_tensor *const *g, lm_tensor **gi
 
 int lm_bw_dist_slice(const lm_saved *n, lm_tensor *const *g, lm_tensor **gin) {
   lm_attrs a = n->attrs;
-  a.i[1] = n->in[0]->shape[a.i[0]], a.ni = 2;
+  a.i[1] = n->in[0]->shape_[a.i[0]], a.ni = 2;
   lm_tensor *x = g[0];
   return (gin[0] = lm_run(LM_OP_DIST_ALL_GATHER, 1, &x, &a)) ? 0 : -1;
 }
@@ -96,7 +96,7 @@ int lm_bw_dist_reduce_scatter(const lm_saved *n, lm_tensor *const *g, lm_tensor 
   if (op != LM_RED_SUM && op != LM_RED_AVG)
     return lm_error("redistribute: Partial(max/min) to Shard is not differentiable");
   lm_attrs a = lm_comm_attrs(comm);
-  a.i[0] = d, a.i[1] = n->in[0]->shape[d], a.ni = 2;
+  a.i[0] = d, a.i[1] = n->in[0]->shape_[d], a.ni = 2;
   lm_tensor *x = g[0], *full = lm_run(LM_OP_DIST_ALL_GATHER, 1, &x, &a);
   if (!full || op == LM_RED_SUM) return (gin[0] = full) ? 0 : -1;
   gin[0] = over_size(full, comm);
@@ -114,7 +114,7 @@ int lm_fw_dist_all_to_all(const lm_call *c, lm_tensor **out) {
 int lm_bw_dist_all_to_all(const lm_saved *n, lm_tensor *const *g, lm_tensor **gin) {
   /* split the old cat dim, gather the old split dim to the input's size */
   lm_attrs a = n->attrs;
-  a.i[0] = n->attrs.i[1], a.i[1] = n->attrs.i[0], a.i[2] = n->in[0]->shape[n->attrs.i[0]], a.ni = 3;
+  a.i[0] = n->attrs.i[1], a.i[1] = n->attrs.i[0], a.i[2] = n->in[0]->shape_[n->attrs.i[0]], a.ni = 3;
   lm_tensor *x = g[0];
   return (gin[0] = lm_run(LM_OP_DIST_ALL_TO_ALL, 1, &x, &a)) ? 0 : -1;
 }

@@ -110,7 +110,7 @@ lm_tensor *lm_dtensor_from_local(lm_tensor *local, lm_mesh *m, const lm_placemen
   lm_dspec s = {.mesh = m, .nd = local->ndim};
   memcpy(s.pl, pl, m->ndim * sizeof *pl);
   for (int d = 0; d < local->ndim; d++) {
-    s.shape[d] = local->shape[d];
+    s.shape[d] = local->shape_[d];
     if (!gshape) /* even shards: every rank holds as much */
       for (int k = 0; k < m->ndim; k++)
         if (pl[k].kind == LM_SHARD && pl[k].dim == d) s.shape[d] *= m->shape[k];
@@ -120,9 +120,9 @@ lm_tensor *lm_dtensor_from_local(lm_tensor *local, lm_mesh *m, const lm_placemen
   lm_shard_layout(m, s.nd, s.shape, pl, NULL, lshape, off);
   if (gshape || run_check)
     for (int d = 0; d < s.nd; d++)
-      if (lshape[d] != local->shape[d]) {
+      if (lshape[d] != local->shape_[d]) {
         lm_error("from_local: this rank holds size %lld in dim %d, but the placements give it %lld of "
-                 "the global size %lld (pass shape= for uneven shards)", (long long)local->shape[d],
+                 "the global size %lld (pass shape= for uneven shards)", (long long)local->shape_[d],
                  d + 1, (long long)lshape[d], (long long)s.shape[d]);
         return NULL;
       }

@@ -12,25 +12,25 @@ static lm_tensor *as_3d(lm_tensor *x) {
   int64_t B = 1, bs = 0;
   bool merge = true;
   for (int d = nb - 1; d >= 0; d--) {
-    if (x->shape[d] == 1) continue;
+    if (x->shape_[d] == 1) continue;
     if (B == 1) bs = x->stride_[d];
     else if (x->stride_[d] != bs * B) merge = false;
-    B *= x->shape[d];
+    B *= x->shape_[d];
   }
   int64_t rs = x->stride_[nd - 2], cs = x->stride_[nd - 1];
-  bool blas_ok = cs == 1 || rs == 1 || x->shape[nd - 1] == 1 || x->shape[nd - 2] == 1;
+  bool blas_ok = cs == 1 || rs == 1 || x->shape_[nd - 1] == 1 || x->shape_[nd - 2] == 1;
   /* an expanded (stride 0) matrix dim is not a BLAS layout, even in a
    * single row or column (e.g. the gradient of sum() flowing into matmul) */
-  if ((rs == 0 && x->shape[nd - 2] > 1) || (cs == 0 && x->shape[nd - 1] > 1)) blas_ok = false;
+  if ((rs == 0 && x->shape_[nd - 2] > 1) || (cs == 0 && x->shape_[nd - 1] > 1)) blas_ok = false;
   if (merge && blas_ok) {
-    int64_t shape[3] = {B, x->shape[nd - 2], x->shape[nd - 1]}, stride[3] = {bs, rs, cs};
+    int64_t shape[3] = {B, x->shape_[nd - 2], x->shape_[nd - 1]}, stride[3] = {bs, rs, cs};
     if (shape[2] == 1) stride[2] = 1;
     else if (shape[1] == 1) stride[1] = cs == 1 ? shape[2] : 1;
     return lm_view_of(x, 3, shape, stride, x->offset);
   }
   lm_tensor *c = lm_contiguous(x);
   if (!c) return NULL;
-  int64_t shape[3] = {B, x->shape[nd - 2], x->shape[nd - 1]};
+  int64_t shape[3] = {B, x->shape_[nd - 2], x->shape_[nd - 1]};
   lm_tensor *v = lm_view_of(c, 3, shape, NULL, c->offset);
   lm_release(c);
   return v;
@@ -40,16 +40,16 @@ static lm_tensor *as_3d(lm_tensor *x) {
  * and rows are dense, else a contiguous copy. */
 static lm_tensor *fold_rows(lm_tensor *x) {
   int nd = x->ndim;
-  int64_t rows = 1, rs = 0, K = x->shape[nd - 1];
+  int64_t rows = 1, rs = 0, K = x->shape_[nd - 1];
   bool merge = x->stride_[nd - 1] == 1 || K == 1;
   for (int d = nd - 2; d >= 0 && merge; d--) {
-    if (x->shape[d] == 1) continue;
+    if (x->shape_[d] == 1) continue;
     if (rows == 1) rs = x->stride_[d];
     else if (x->stride_[d] != rs * rows) merge = false;
-    rows *= x->shape[d];
+    rows *= x->shape_[d];
   }
   int64_t shape[2] = {x->numel_ / (K ? K : 1), K}, stride[2] = {rows == 1 ? K : rs, 1};
-  if (K == 0) shape[0] = lm_shape_numel(nd - 1, x->shape);
+  if (K == 0) shape[0] = lm_shape_numel(nd - 1, x->shape_);
   if (merge) return lm_view_of(x, 2, shape, stride, x->offset);
   lm_tensor *c = lm_contiguous(x), *v = c ? lm_view_of(c, 2, shape, NULL, c->offset) : NULL;
   lm_release(c);
@@ -105,8 +105,8 @@ int lm_fw_matmul(const lm_call *c, lm_tensor **out) {
   if (a->ndim > 2 && b->ndim == 2 && a->numel_ > 0) return matmul_folded(c, out);
   const lm_backend *be = LM_KERNEL(c->op, a, gemm);
   if (!be) return -1;
-  int64_t M = a->ndim == 1 ? 1 : a->shape[a->ndim - 2], K = a->shape[a->ndim - 1];
-  int64_t N = b->ndim == 1 ? 1 : b->shape[b->ndim - 1];
+  int64_t M = a->ndim == 1 ? 1 : a->shape_[a->ndim - 2], K = a->shape_[a->ndim - 1];
+  int64_t N = b->ndim == 1 ? 1 : b->shape_[b->ndim - 1];
   /* the batch shape: the result's leading dims */
   int nbatch = c->out[0].ndim - (a->ndim > 1) - (b->ndim > 1);
   /* operands in the result's dtype (bf16 stays bf16: the GEMM takes it as
@@ -128,7 +128,7 @@ int lm_fw_matmul(const lm_call *c, lm_tensor **out) {
   lm_tensor *ea = ca ? lm_s(&s, lm_broadcast_to("matmul", "argument #1", ca, nbatch + 2, sa)) : NULL;
   lm_tensor *eb = cb ? lm_s(&s, lm_broadcast_to("matmul", "argument #2", cb, nbatch + 2, sb)) : NULL;
   lm_tensor *a3 = ea ? lm_s(&s, as_3d(ea)) : NULL, *b3 = eb ? lm_s(&s, as_3d(eb)) : NULL;
-  int64_t B = a3 ? a3->shape[0] : 0, cshape[3] = {B, M, N};
+  int64_t B = a3 ? a3->shape_[0] : 0, cshape[3] = {B, M, N};
   lm_tensor *c3 = a3 && b3 ? lm_s(&s, lm_empty_as(a, 3, cshape, cd)) : NULL;
   if (c3 && be->gemm(c3, a3, b3, 1, 0) == 0) r = lm_view_of(c3, c->out[0].ndim, c->out[0].shape, NULL, 0);
   lm_scope_end(&s);

@@ -16,7 +16,7 @@ int lm_shape_tri(int op, int nin, const lm_meta *in, const lm_attrs *a, lm_meta 
 }
 
 static lm_tensor *tri_mask(lm_scope *s, int op, const lm_tensor *x, const lm_attrs *a) {
-  int64_t R = x->shape[x->ndim - 2], C = x->shape[x->ndim - 1], rs[2] = {R, 1}, cs[2] = {1, C};
+  int64_t R = x->shape_[x->ndim - 2], C = x->shape_[x->ndim - 1], rs[2] = {R, 1}, cs[2] = {1, C};
   lm_tensor *r = lm_s_reshape(s, lm_s_arange(s, R, x->device_), 2, rs);
   lm_tensor *c = lm_s_reshape(s, lm_s_arange(s, C, x->device_), 2, cs);
   lm_tensor *diff = lm_s2(s, LM_OP_SUB, c, r);
@@ -87,12 +87,12 @@ int lm_shape_sdpa(int op, int nin, const lm_meta *in, const lm_attrs *a, lm_meta
 static lm_tensor *sdpa_probs(lm_scope *s, lm_tensor *const *in, int nin, const lm_attrs *a,
                              int cd, lm_tensor **q, lm_tensor **k, lm_tensor **v, double *scale) {
   *q = lm_s_cast(s, in[0], cd), *k = lm_s_cast(s, in[1], cd), *v = lm_s_cast(s, in[2], cd);
-  int64_t E = in[0]->shape[in[0]->ndim - 1];
+  int64_t E = in[0]->shape_[in[0]->ndim - 1];
   *scale = a->nf >= 1 && a->f[0] != 0 ? a->f[0] : 1 / sqrt((double)(E ? E : 1));
   lm_tensor *sc = lm_s_mulk(s, lm_s2(s, LM_OP_MATMUL, *q, lm_s_transpose(s, *k, -2, -1)), *scale);
   if (!sc) return NULL;
   if (a->ni >= 1 && a->i[0]) {
-    int64_t L = sc->shape[sc->ndim - 2], S = sc->shape[sc->ndim - 1], rs[2] = {L, 1}, cs[2] = {1, S};
+    int64_t L = sc->shape_[sc->ndim - 2], S = sc->shape_[sc->ndim - 1], rs[2] = {L, 1}, cs[2] = {1, S};
     lm_tensor *keep = lm_s2(s, LM_OP_LE, lm_s_reshape(s, lm_s_arange(s, S, sc->device_), 2, cs),
                             lm_s_reshape(s, lm_s_arange(s, L, sc->device_), 2, rs));
     sc = lm_s_where(s, keep, sc, lm_scalar(s, -INFINITY, sc));
@@ -166,8 +166,8 @@ int lm_shape_rope(int op, int nin, const lm_meta *in, const lm_attrs *a, lm_meta
 /* x rotated by sign * angle, in cd, x's shape */
 static lm_tensor *rope_rotate(lm_scope *s, lm_tensor *x, lm_tensor *cos, lm_tensor *sin, double sign, int cd) {
   int nd = x->ndim;
-  int64_t shape[LM_MAX_DIMS], T = x->shape[nd - 3], D = x->shape[nd - 1], cs[4] = {T, 1, D / 2, 1};
-  memcpy(shape, x->shape, nd * sizeof *shape);
+  int64_t shape[LM_MAX_DIMS], T = x->shape_[nd - 3], D = x->shape_[nd - 1], cs[4] = {T, 1, D / 2, 1};
+  memcpy(shape, x->shape_, nd * sizeof *shape);
   shape[nd - 1] = D / 2, shape[nd] = 2;
   lm_tensor *x5 = lm_s_reshape(s, lm_s_cast(s, x, cd), nd + 1, shape);
   lm_attrs n0 = {.i = {-1, 0, 1}, .ni = 3}, n1 = {.i = {-1, 1, 1}, .ni = 3};
@@ -178,7 +178,7 @@ static lm_tensor *rope_rotate(lm_scope *s, lm_tensor *x, lm_tensor *cos, lm_tens
   lm_tensor *o[2] = {lm_s2(s, LM_OP_SUB, lm_s2(s, LM_OP_MUL, a, c), lm_s2(s, LM_OP_MUL, b, sn)),
                      lm_s2(s, LM_OP_ADD, lm_s2(s, LM_OP_MUL, a, sn), lm_s2(s, LM_OP_MUL, b, c))};
   lm_tensor *r = lm_sop(s, LM_OP_CAT, 2, o, &(lm_attrs){.i = {-1}, .ni = 1});
-  return lm_s_reshape(s, r, x->ndim, x->shape);
+  return lm_s_reshape(s, r, x->ndim, x->shape_);
 }
 
 int lm_fw_rope(const lm_call *c, lm_tensor **out) {

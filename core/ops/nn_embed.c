@@ -11,7 +11,7 @@ static int check_ids(const char *op, int k, const char *arg, lm_tensor *idx, int
   lm_scope s = {0};
   lm_tensor *c = idx;
   if (idx->device_ != LM_CPU) {
-    c = lm_s(&s, lm_empty(idx->ndim, idx->shape, LM_I64, LM_CPU));
+    c = lm_s(&s, lm_empty(idx->ndim, idx->shape_, LM_I64, LM_CPU));
     if (!c || lm_copy_(c, idx) < 0) { lm_scope_end(&s); return -1; }
   }
   c = lm_s_contig(&s, lm_s_cast(&s, c, LM_I64));
@@ -72,11 +72,11 @@ static lm_tensor *keep_rows(lm_scope *s, lm_tensor *out, lm_tensor *inside) {
 
 int lm_fw_embedding(const lm_call *c, lm_tensor **out) {
   lm_tensor *w = c->in[0], *idx = c->in[1];
-  int64_t vocab = vocab_shard(c->a) && c->a->ni >= 3 ? c->a->i[2] : w->shape[0];
+  int64_t vocab = vocab_shard(c->a) && c->a->ni >= 3 ? c->a->i[2] : w->shape_[0];
   LM_TRY(check_ids("embedding", 2, "indices", idx, vocab, 0, 0, "id"));
   const lm_backend *be = LM_KERNEL(c->op, w, embedding);
   lm_scope s = {0};
-  lm_tensor *inside, *ids = be ? shard_ids(&s, idx, c->a, w->shape[0], &inside) : NULL;
+  lm_tensor *inside, *ids = be ? shard_ids(&s, idx, c->a, w->shape_[0], &inside) : NULL;
   lm_tensor *wc = lm_s_contig(&s, w), *ic = lm_s_contig(&s, ids);
   lm_tensor *o = ic && wc ? lm_s(&s, lm_empty_meta(&c->out[0], w)) : NULL;
   lm_tensor *r = o && be->embedding(o, wc, ic) == 0 ? keep_rows(&s, o, inside) : NULL;
@@ -89,7 +89,7 @@ int lm_fw_embedding(const lm_call *c, lm_tensor **out) {
 static lm_tensor *index_add_rows(lm_scope *s, int op, lm_tensor *g, lm_tensor *idx, int64_t V, int cd) {
   const lm_backend *be = LM_KERNEL(op, g, index_add);
   if (!be) return NULL;
-  int64_t D = g->ndim ? g->shape[g->ndim - 1] : 1, shape[2] = {V, D}, gshape[2] = {idx->numel_, D};
+  int64_t D = g->ndim ? g->shape_[g->ndim - 1] : 1, shape[2] = {V, D}, gshape[2] = {idx->numel_, D};
   lm_tensor *dw = lm_s(s, lm_empty(2, shape, cd, g->device_));
   lm_tensor *g2 = lm_s_reshape(s, lm_s_contig(s, lm_s_cast(s, g, cd)), 2, gshape);
   lm_tensor *ic = lm_s_contig(s, lm_s_cast(s, idx, LM_I64));
@@ -101,9 +101,9 @@ int lm_bw_embedding(const lm_saved *n, lm_tensor *const *gout, lm_tensor **gin) 
   lm_tensor *w = n->in[0];
   if (!w->needs_grad) return 0;
   lm_scope s = {0};
-  lm_tensor *inside, *ids = shard_ids(&s, n->in[1], &n->attrs, w->shape[0], &inside);
+  lm_tensor *inside, *ids = shard_ids(&s, n->in[1], &n->attrs, w->shape_[0], &inside);
   lm_tensor *g = keep_rows(&s, gout[0], inside);
-  lm_tensor *dw = g && ids ? index_add_rows(&s, n->op, g, ids, w->shape[0], lm_compute_dtype(w->dtype_)) : NULL;
+  lm_tensor *dw = g && ids ? index_add_rows(&s, n->op, g, ids, w->shape_[0], lm_compute_dtype(w->dtype_)) : NULL;
   int rc = dw ? lm_give(n, gin, 0, dw) : -1;
   lm_scope_end(&s);
   return rc;
@@ -309,12 +309,12 @@ int lm_bw_cross_entropy(const lm_saved *n, lm_tensor *const *gout, lm_tensor **g
       lm_tensor *sm = lm_sop(&s, LM_OP_SOFTMAX, 1, &c.x, &(lm_attrs){.i = {-1}, .ni = 1});
       d = lm_s2(&s, LM_OP_MUL, g, lm_s2(&s, LM_OP_SUB, lm_s2(&s, LM_OP_MUL, sm, lm_s_sum(&s, c.q, 1, 1)), c.q));
     } else d = ce_grad_ids(&s, &p, &c, g);
-    rc = d ? lm_give(n, gin, 0, lm_s_reshape(&s, d, in[0]->ndim, in[0]->shape)) : -1;
+    rc = d ? lm_give(n, gin, 0, lm_s_reshape(&s, d, in[0]->ndim, in[0]->shape_)) : -1;
   }
   if (rc == 0 && dt) { /* -g (1-eps) w logp */
     lm_tensor *logp = lm_sop(&s, LM_OP_LOG_SOFTMAX, 1, &c.x, &(lm_attrs){.i = {-1}, .ni = 1});
     lm_tensor *d = lm_s_mulk(&s, lm_s2(&s, LM_OP_MUL, g, c.w ? lm_s2(&s, LM_OP_MUL, logp, c.w) : logp), -(1 - p.eps));
-    rc = d ? lm_give(n, gin, 1, lm_s_reshape(&s, d, in[1]->ndim, in[1]->shape)) : -1;
+    rc = d ? lm_give(n, gin, 1, lm_s_reshape(&s, d, in[1]->ndim, in[1]->shape_)) : -1;
   }
   lm_scope_end(&s);
   return rc;

@@ -146,7 +146,7 @@ int lm_fw_norm(const lm_call *c, lm_tensor **out) {
   lm_scope s = {0};
   lm_tensor *x2, *o, *mean, *rstd;
   int rc = norm_run(&s, c->op, &p, x, w, b, lm_compute_dtype(x->dtype_), &x2, &o, &mean, &rstd);
-  lm_tensor *r = rc == 0 ? lm_s_reshape(&s, o, x->ndim, x->shape) : NULL;
+  lm_tensor *r = rc == 0 ? lm_s_reshape(&s, o, x->ndim, x->shape_) : NULL;
   *out = r ? lm_cast(r, x->dtype_) : NULL;
   lm_scope_end(&s);
   return *out ? 0 : -1;
@@ -172,15 +172,15 @@ int lm_bw_norm(const lm_saved *n, lm_tensor *const *gout, lm_tensor **gin) {
     lm_tensor *t = lm_s2(&s, LM_OP_SUB, gh, lm_s2(&s, LM_OP_MUL, xhat, lm_sop(&s, LM_OP_MEAN, 1, &ghx, &mean1)));
     if (!p.rms) t = lm_s2(&s, LM_OP_SUB, t, lm_sop(&s, LM_OP_MEAN, 1, &gh, &mean1));
     lm_tensor *dx = lm_s2(&s, LM_OP_MUL, t, r);
-    rc |= lm_give(n, gin, 0, dx ? lm_s_reshape(&s, dx, x->ndim, x->shape) : NULL);
+    rc |= lm_give(n, gin, 0, dx ? lm_s_reshape(&s, dx, x->ndim, x->shape_) : NULL);
   }
   if (w && w->needs_grad) {
     lm_tensor *dw = lm_s_sum(&s, lm_s2(&s, LM_OP_MUL, g, xhat), 0, 0);
-    rc |= lm_give(n, gin, 1, dw ? lm_s_reshape(&s, dw, w->ndim, w->shape) : NULL);
+    rc |= lm_give(n, gin, 1, dw ? lm_s_reshape(&s, dw, w->ndim, w->shape_) : NULL);
   }
   if (b && b->needs_grad) {
     lm_tensor *db = lm_s_sum(&s, g, 0, 0);
-    rc |= lm_give(n, gin, 1 + p.has_w, db ? lm_s_reshape(&s, db, b->ndim, b->shape) : NULL);
+    rc |= lm_give(n, gin, 1 + p.has_w, db ? lm_s_reshape(&s, db, b->ndim, b->shape_) : NULL);
   }
   lm_scope_end(&s);
   return rc ? -1 : 0;

@@ -50,6 +50,7 @@ typedef int (*lm_rule_fn)(struct lm_rule *r);
 enum lm_op_flags {
   LM_OPF_NATIVE = 1,  /* takes DTensors as they are (the collectives) */
   LM_OPF_INPLACE = 2, /* updates its inputs, makes no outputs */
+  LM_OPF_NOSAVE = 4,  /* its backward reads no input's or output's values, only shapes */
 };
 
 typedef struct lm_op_def {

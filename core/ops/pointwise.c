@@ -35,7 +35,7 @@ static int prepare(lm_scope *s, const char *op, int n, lm_tensor *const *in, int
   static const char *names[] = {"argument #1", "argument #2", "argument #3"};
   for (int k = 0; k < n; k++) {
     lm_tensor *t = in[k];
-    if (t->dtype_ == cd && t->ndim == m->ndim && !memcmp(t->shape, m->shape, m->ndim * sizeof *m->shape)) {
+    if (t->dtype_ == cd && t->ndim == m->ndim && !memcmp(t->shape_, m->shape, m->ndim * sizeof *m->shape)) {
       v[k] = t;
       continue;
     }
@@ -136,7 +136,7 @@ int lm_fw_unary(const lm_call *c, lm_tensor **out) {
   const lm_backend *be = LM_KERNEL(c->op, c->in[0], unary);
   lm_scope s = {0};
   lm_tensor *x = lm_s_cast(&s, c->in[0], cd), *tmp = NULL;
-  int rc = be && x && (tmp = lm_s(&s, lm_empty_as(x, x->ndim, x->shape, cd))) ? be->unary(kind, tmp, x, p) : -1;
+  int rc = be && x && (tmp = lm_s(&s, lm_empty_as(x, x->ndim, x->shape_, cd))) ? be->unary(kind, tmp, x, p) : -1;
   if (rc == 0) rc = finish(tmp, dt, out);
   lm_scope_end(&s);
   return rc;

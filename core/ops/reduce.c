@@ -37,10 +37,10 @@ typedef struct {
 static plan plan_of(const lm_tensor *x, const lm_attrs *a) {
   if (a->ni == 0) return (plan){1, x->numel_, 1};
   int d = lm_wrap_dim("", "", a->i[0], x->ndim);
-  plan p = {1, x->ndim ? x->shape[d] : 1, 1};
+  plan p = {1, x->ndim ? x->shape_[d] : 1, 1};
   for (int k = 0; k < x->ndim; k++) {
-    if (k < d) p.outer *= x->shape[k];
-    if (k > d) p.inner *= x->shape[k];
+    if (k < d) p.outer *= x->shape_[k];
+    if (k > d) p.inner *= x->shape_[k];
   }
   return p;
 }
@@ -95,7 +95,7 @@ int lm_fw_arg(const lm_call *c, lm_tensor **out) {
 static lm_tensor *keepdim_view(lm_scope *s, lm_tensor *t, const lm_tensor *x, const lm_attrs *a) {
   if (!t) return NULL;
   int64_t shape[LM_MAX_DIMS];
-  memcpy(shape, x->shape, sizeof shape);
+  memcpy(shape, x->shape_, sizeof shape);
   if (a->ni == 0) for (int d = 0; d < x->ndim; d++) shape[d] = 1;
   else shape[lm_wrap_dim("", "", a->i[0], x->ndim)] = 1;
   return lm_s(s, lm_view_of(t, x->ndim, shape, NULL, t->offset));
@@ -104,7 +104,7 @@ static lm_tensor *keepdim_view(lm_scope *s, lm_tensor *t, const lm_tensor *x, co
 static lm_tensor *expand_to(lm_scope *s, lm_tensor *g, const lm_tensor *x) {
   if (!g) return NULL;
   lm_attrs e = {.ni = x->ndim};
-  memcpy(e.i, x->shape, x->ndim * sizeof *x->shape);
+  memcpy(e.i, x->shape_, x->ndim * sizeof *x->shape_);
   return lm_sop(s, LM_OP_EXPAND, 1, &g, &e);
 }
 
@@ -119,7 +119,7 @@ int lm_bw_sum(const lm_saved *n, lm_tensor *const *gout, lm_tensor **gin) {
 int lm_bw_mean(const lm_saved *n, lm_tensor *const *gout, lm_tensor **gin) {
   lm_scope s = {0};
   const lm_tensor *x = n->in[0];
-  double count = n->attrs.ni == 0 ? (double)x->numel_ : (double)x->shape[lm_wrap_dim("", "", n->attrs.i[0], x->ndim)];
+  double count = n->attrs.ni == 0 ? (double)x->numel_ : (double)x->shape_[lm_wrap_dim("", "", n->attrs.i[0], x->ndim)];
   lm_tensor *g = lm_s2(&s, LM_OP_DIV, gout[0], lm_scalar(&s, count, gout[0]));
   g = g ? lm_s(&s, lm_contiguous(g)) : NULL;
   gin[0] = lm_grad_like(expand_to(&s, keepdim_view(&s, g, x, &n->attrs), x), x);
@@ -131,11 +131,11 @@ int lm_bw_mean(const lm_saved *n, lm_tensor *const *gout, lm_tensor **gin) {
 int lm_bw_minmax(const lm_saved *n, lm_tensor *const *gout, lm_tensor **gin) {
   lm_scope s = {0};
   lm_tensor *x = n->in[0], *idx = lm_s(&s, lm_contiguous(n->out[1]));
-  int64_t len = n->attrs.ni == 0 ? x->numel_ : x->shape[lm_wrap_dim("", "", n->attrs.i[0], x->ndim)];
+  int64_t len = n->attrs.ni == 0 ? x->numel_ : x->shape_[lm_wrap_dim("", "", n->attrs.i[0], x->ndim)];
   lm_tensor *pos = lm_s(&s, lm_arange(0, (double)len, 1, LM_I64, x->device_));
   int64_t shape[LM_MAX_DIMS];
   for (int d = 0; d < x->ndim; d++) shape[d] = 1;
-  if (n->attrs.ni == 0) memcpy(shape, x->shape, sizeof shape);
+  if (n->attrs.ni == 0) memcpy(shape, x->shape_, sizeof shape);
   else shape[lm_wrap_dim("", "", n->attrs.i[0], x->ndim)] = len;
   lm_tensor *posv = pos ? lm_s(&s, lm_view_of(pos, x->ndim, shape, NULL, 0)) : NULL;
   lm_tensor *mask = lm_s2(&s, LM_OP_EQ, posv, keepdim_view(&s, idx, x, &n->attrs));

@@ -116,7 +116,7 @@ const lm_backend *lm_kernel_of(int op, const lm_tensor *t, size_t slot, const ch
 /* ---- running an op ---- */
 lm_meta lm_meta_of(const lm_tensor *t) {
   lm_meta m = {.ndim = t->ndim, .dtype = t->dtype_};
-  memcpy(m.shape, t->shape, t->ndim * sizeof *t->shape);
+  memcpy(m.shape, t->shape_, t->ndim * sizeof *t->shape_);
   return m;
 }
 

@@ -78,7 +78,7 @@ lm_tensor *lm_grad_like(lm_tensor *g, const lm_tensor *t) {
   lm_retain(g);
   int lead = g->ndim - t->ndim;
   for (int d = g->ndim - 1; d >= 0; d--) {
-    if (d >= lead && (t->shape[d - lead] != 1 || g->shape[d] == 1)) continue;
+    if (d >= lead && (t->shape_[d - lead] != 1 || g->shape_[d] == 1)) continue;
     lm_attrs a = {.i = {d, 1}, .ni = 2};
     lm_tensor *s = lm_run(LM_OP_SUM, 1, &g, &a);
     lm_release(g);
@@ -86,7 +86,7 @@ lm_tensor *lm_grad_like(lm_tensor *g, const lm_tensor *t) {
   }
   if (g->ndim != t->ndim) {
     lm_attrs a = {.ni = t->ndim};
-    memcpy(a.i, t->shape, t->ndim * sizeof *t->shape);
+    memcpy(a.i, t->shape_, t->ndim * sizeof *t->shape_);
     lm_tensor *v = lm_run(LM_OP_RESHAPE, 1, &g, &a);
     lm_release(g);
     if (!(g = v)) return NULL;

@@ -42,8 +42,8 @@ static int view_strides(const lm_tensor *x, int nd, const int64_t *shape, int64_
   int vd = nd - 1;
   int64_t chunk = 1, base_stride = x->ndim ? x->stride_[x->ndim - 1] : 1;
   for (int td = x->ndim - 1; td >= 0; td--) {
-    chunk *= x->shape[td];
-    if (td == 0 || (x->shape[td - 1] != 1 && x->stride_[td - 1] != chunk * base_stride)) {
+    chunk *= x->shape_[td];
+    if (td == 0 || (x->shape_[td - 1] != 1 && x->stride_[td - 1] != chunk * base_stride)) {
       int64_t acc = 1;
       while (vd >= 0 && (acc < chunk || shape[vd] == 1)) {
         stride[vd] = acc * base_stride;
@@ -82,7 +82,7 @@ int lm_fw_reshape(const lm_call *c, lm_tensor **out) {
 int lm_bw_reshape(const lm_saved *n, lm_tensor *const *gout, lm_tensor **gin) {
   const lm_tensor *x = n->in[0];
   lm_attrs a = {.ni = x->ndim};
-  memcpy(a.i, x->shape, x->ndim * sizeof *x->shape);
+  memcpy(a.i, x->shape_, x->ndim * sizeof *x->shape_);
   lm_tensor *g = gout[0], *r = lm_run(LM_OP_RESHAPE, 1, &g, &a);
   gin[0] = lm_grad_like(r, x);
   lm_release(r);
@@ -262,7 +262,7 @@ int lm_fw_unsqueeze(const lm_call *c, lm_tensor **out) {
   int d = lm_wrap_dim("", "", c->a->i[0], x->ndim + 1);
   int64_t stride[LM_MAX_DIMS];
   for (int k = 0, s = 0; k <= x->ndim; k++)
-    if (k == d) stride[k] = s < x->ndim ? x->shape[s] * x->stride_[s] : 1;
+    if (k == d) stride[k] = s < x->ndim ? x->shape_[s] * x->stride_[s] : 1;
     else stride[k] = x->stride_[s++];
   return (*out = lm_view_of(x, x->ndim + 1, c->out[0].shape, stride, x->offset)) ? 0 : -1;
 }
@@ -289,7 +289,7 @@ int lm_fw_squeeze(const lm_call *c, lm_tensor **out) {
   int64_t stride[LM_MAX_DIMS];
   squeeze_dim(c->a, x->ndim, &only);
   for (int d = 0; d < x->ndim; d++)
-    if (!(x->shape[d] == 1 && (only < 0 || only == d))) stride[nd++] = x->stride_[d];
+    if (!(x->shape_[d] == 1 && (only < 0 || only == d))) stride[nd++] = x->stride_[d];
   return (*out = lm_view_of(x, nd, c->out[0].shape, stride, x->offset)) ? 0 : -1;
 }
 
@@ -322,12 +322,12 @@ int lm_fw_cat(const lm_call *c, lm_tensor **out) {
   if (!r) return -1;
   int64_t at = 0;
   for (int k = 0; k < c->nin; k++) {
-    lm_attrs na = {.i = {d, at, c->in[k]->shape[d]}, .ni = 3};
+    lm_attrs na = {.i = {d, at, c->in[k]->shape_[d]}, .ni = 3};
     lm_tensor *slot = lm_run(LM_OP_NARROW, 1, &r, &na);
     int rc = slot ? lm_copy_(slot, c->in[k]) : -1;
     lm_release(slot);
     if (rc < 0) { lm_release(r); return -1; }
-    at += c->in[k]->shape[d];
+    at += c->in[k]->shape_[d];
   }
   *out = r;
   return 0;
@@ -338,8 +338,8 @@ int lm_bw_cat(const lm_saved *n, lm_tensor *const *gout, lm_tensor **gin) {
   int64_t at = 0;
   lm_tensor *g = gout[0];
   for (int k = 0; k < n->nin; k++) {
-    lm_attrs na = {.i = {d, at, n->in[k]->shape[d]}, .ni = 3};
-    at += n->in[k]->shape[d];
+    lm_attrs na = {.i = {d, at, n->in[k]->shape_[d]}, .ni = 3};
+    at += n->in[k]->shape_[d];
     if (!n->in[k]->needs_grad) continue;
     lm_tensor *slice = lm_run(LM_OP_NARROW, 1, &g, &na);
     gin[k] = lm_grad_like(slice, n->in[k]);

@@ -18,8 +18,8 @@ void lm_contiguous_strides(int ndim, const int64_t *shape, int64_t *stride) {
 int lm_is_contiguous(const lm_tensor *t) {
   int64_t s = 1;
   for (int d = t->ndim - 1; d >= 0; d--) {
-    if (t->shape[d] != 1 && t->stride_[d] != s) return 0;
-    s *= t->shape[d];
+    if (t->shape_[d] != 1 && t->stride_[d] != s) return 0;
+    s *= t->shape_[d];
   }
   return 1;
 }
@@ -58,11 +58,11 @@ lm_tensor *lm_broadcast_to(const char *op, const char *arg, const lm_tensor *t, 
   for (int d = 0; d < ndim; d++) {
     int s = d - lead;
     if (s < 0) { stride[d] = 0; continue; }
-    if (t->shape[s] == shape[d]) stride[d] = shape[d] == 1 ? 0 : t->stride_[s];
-    else if (t->shape[s] == 1) stride[d] = 0;
+    if (t->shape_[s] == shape[d]) stride[d] = shape[d] == 1 ? 0 : t->stride_[s];
+    else if (t->shape_[s] == 1) stride[d] = 0;
     else {
       lm_error("%s: %s has size %lld in dim %d, cannot broadcast to %lld", op, arg,
-               (long long)t->shape[s], s + 1, (long long)shape[d]);
+               (long long)t->shape_[s], s + 1, (long long)shape[d]);
       return NULL;
     }
   }

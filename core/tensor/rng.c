@@ -17,6 +17,7 @@ void lm_rng_set_state(uint64_t seed, uint64_t offset) { rng_seed = seed, rng_off
 int lm_random_(lm_tensor *t, int kind, double a, double b, const int64_t *global_shape,
                const int64_t *local_start) {
   if (!t) return lm_error("random: tensor is nil");
+  if (t->freed) return lm_error("random: the tensor was freed (t:free())");
   if (kind < LM_UNIFORM || kind > LM_RANDINT) return lm_error("random: unknown kind %d", kind);
   if (kind == LM_RANDINT && !(b > a))
     return lm_error("randint: expected low < high, got low %g high %g", a, b);
@@ -27,5 +28,6 @@ int lm_random_(lm_tensor *t, int kind, double a, double b, const int64_t *global
   int64_t gnumel = global_shape ? lm_shape_numel(t->ndim, global_shape) : t->numel_;
   int rc = be->random(t, kind, a, b, rng_seed, rng_offset, global_shape, local_start);
   rng_offset += (uint64_t)gnumel;
+  lm_bump_version(t);
   return rc;
 }

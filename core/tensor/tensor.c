@@ -16,7 +16,7 @@ static void init_tensor(lm_tensor *t, int ndim, const int64_t *shape, const int6
   t->ndim = (int8_t)ndim;
   t->dtype_ = (int8_t)dtype;
   t->device_ = (int8_t)device;
-  if (ndim) memcpy(t->shape, shape, ndim * sizeof *shape);
+  if (ndim) memcpy(t->shape_, shape, ndim * sizeof *shape);
   if (stride && ndim) memcpy(t->stride_, stride, ndim * sizeof *stride);
   else lm_contiguous_strides(ndim, shape, t->stride_);
   t->numel_ = lm_shape_numel(ndim, shape);
@@ -82,7 +82,7 @@ lm_tensor *lm_empty_as(const lm_tensor *t, int ndim, const int64_t *shape, int d
   return lm_empty(ndim, shape, dtype, t->device_);
 }
 lm_tensor *lm_empty_like(const lm_tensor *t) {
-  return lm_empty(t->ndim, t->shape, t->dtype_, t->device_);
+  return lm_empty(t->ndim, t->shape_, t->dtype_, t->device_);
 }
 
 void lm_retain(lm_tensor *t) {
@@ -96,14 +96,19 @@ static bool drop(int32_t *rc) {
          __atomic_sub_fetch(rc, 1, __ATOMIC_ACQ_REL) == 0;
 }
 
-/* The last reference frees the buffer and the block holding the storage
- * (its owner tensor, which is dead by then: it held a reference). */
+/* The last reference frees the buffer, and the block holding the storage
+ * (its owner tensor's, dead by then: it held a reference) unless the owner
+ * was freed early while Lua still holds it: its lm_release frees the block. */
 static void release_storage(lm_storage *s) {
   if (!drop(&s->refcount)) return;
-  if (!s->data_inline) lm_backend_of(s->device)->free(s->data);
-  live_bytes -= (int64_t)s->nbytes;
-  live_storages--;
-  free(s->owner);
+  s->refcount = 0;
+  if (s->data) { /* NULL: released already */
+    if (!s->data_inline) lm_backend_of(s->device)->free(s->data);
+    live_bytes -= (int64_t)s->nbytes;
+    live_storages--;
+    s->data = NULL;
+  }
+  if (!s->owner_pinned) free(s->owner);
 }
 
 static void release_part(lm_part *p, lm_tensor *owner) {
@@ -116,16 +121,45 @@ void lm_release(lm_tensor *t) {
   release_part((lm_part *)t->dist, t);
   release_part((lm_part *)t->grad_fn_, t);
   lm_storage *s = t->storage;
+  if (s && s->owner == t && t->freed) { /* its storage reference went at lm_tensor_free */
+    s->owner_pinned = 0;
+    if (s->refcount == 0) free(t);
+    return;
+  }
   if (!s || s->owner != t) free(t); /* else the storage frees t's block */
   if (s) release_storage(s);
 }
 
-void *lm_data(const lm_tensor *t) { return t && t->storage ? lm_ptr(t) : NULL; }
+void *lm_data(const lm_tensor *t) { return t && !t->freed && t->storage ? lm_ptr(t) : NULL; }
+
+int64_t lm_tensor_version(const lm_tensor *t) { return t && t->storage ? t->storage->version : 0; }
+
+int lm_tensor_free(lm_tensor *t) {
+  if (!t) return lm_error("free: tensor is NULL");
+  if (t->freed) return 0;
+  t->freed = 1;
+  lm_release(t->grad_), t->grad_ = NULL;
+  release_part((lm_part *)t->dist, t), t->dist = NULL;
+  release_part((lm_part *)t->grad_fn_, t), t->grad_fn_ = NULL;
+  lm_storage *s = t->storage;
+  if (s && s->owner != t) t->storage = NULL; /* a view: it lets go of the storage */
+  else if (s) s->owner_pinned = 1;           /* the owner: the block holds t, kept until lm_release */
+  if (s) release_storage(s);
+  return 0;
+}
+
+static int check_live(const char *op, const lm_tensor *t, const char *arg) {
+  if (!t) return lm_error("%s: %s is NULL", op, arg);
+  if (t->freed) return lm_error("%s: %s was freed (t:free())", op, arg);
+  return 0;
+}
 
 int lm_fill_(lm_tensor *t, double v) {
-  if (!t) return lm_error("fill: tensor is NULL");
+  LM_TRY(check_live("fill", t, "tensor"));
   const lm_backend *be = lm_backend_of(t->device_);
-  return be ? be->fill(t, v) : -1;
+  int rc = be ? be->fill(t, v) : -1;
+  lm_bump_version(t);
+  return rc;
 }
 
 int lm_copy_parts(lm_tensor *d, const lm_tensor *t) {
@@ -136,12 +170,15 @@ int lm_copy_parts(lm_tensor *d, const lm_tensor *t) {
 }
 
 int lm_copy_(lm_tensor *dst, const lm_tensor *src) {
-  if (!dst || !src) return lm_error("copy: tensor is NULL");
-  if (dst->ndim != src->ndim || memcmp(dst->shape, src->shape, dst->ndim * 8))
+  LM_TRY(check_live("copy", dst, "destination"));
+  LM_TRY(check_live("copy", src, "source"));
+  if (dst->ndim != src->ndim || memcmp(dst->shape_, src->shape_, dst->ndim * 8))
     return lm_error("copy: source and destination shapes differ");
   /* across devices, the accelerator's backend copies to, from and between its devices */
   const lm_backend *be = lm_backend_of(dst->device_ != LM_CPU ? dst->device_ : src->device_);
-  return be ? be->copy(dst, src) : -1;
+  int rc = be ? be->copy(dst, src) : -1;
+  lm_bump_version(dst);
+  return rc;
 }
 
 lm_tensor *lm_contiguous(lm_tensor *t) {
@@ -153,7 +190,7 @@ lm_tensor *lm_contiguous(lm_tensor *t) {
 
 lm_tensor *lm_cast(lm_tensor *t, int dtype) {
   if (t->dtype_ == dtype) { lm_retain(t); return t; }
-  lm_tensor *c = lm_empty_as(t, t->ndim, t->shape, dtype);
+  lm_tensor *c = lm_empty_as(t, t->ndim, t->shape_, dtype);
   if (c && lm_copy_(c, t) < 0) { lm_release(c); return NULL; }
   return c;
 }

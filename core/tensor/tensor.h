@@ -34,6 +34,11 @@ lm_tensor *lm_broadcast_to(const char *op, const char *arg, const lm_tensor *t, 
 /* t's spec copied onto d (an alias of t): a DTensor's alias stays one. */
 int lm_copy_parts(lm_tensor *d, const lm_tensor *t);
 
+/* an in-place write to t's storage: autograd's saved tensors notice it */
+static inline void lm_bump_version(lm_tensor *t) {
+  if (t->storage) __atomic_add_fetch(&t->storage->version, 1, __ATOMIC_RELAXED);
+}
+
 /* ---- dtype rules (dtype.c) ---- */
 /* The dtype kernels compute in: f64 stays, other floats use f32, ints i64. */
 int lm_compute_dtype(int dtype);

@@ -25,13 +25,26 @@ local function read(path)
   return s
 end
 
+-- A field of lm_tensor made read-only for Lua (`T *const f;`, `const T f;`):
+-- the core owns the layout, and a write from Lua would corrupt it.
+local function readonly(line)
+  local code, rest = line:match("^(.-;)(.*)$")
+  if not code or code:find("/%*") then return line end
+  local star = code:match("^.*()%*")
+  if star then return code:sub(1, star) .. "const " .. code:sub(star + 1) .. rest end
+  return (code:gsub("^(%s*)", "%1const ", 1)) .. rest
+end
+
 -- ffi.cdef takes no preprocessor lines: drop them and the C++ guards. The
 -- one include the header has, the op list, becomes the enum's entries:
--- each LM_OP(ID, ...) line gives LM_OP_ID.
+-- each LM_OP(ID, ...) line gives LM_OP_ID. The tensor's fields are read-only.
 local function cdef_of(dir)
-  local out, skip = {}, false
+  local out, skip, tensor = {}, false, false
   for line in (read(dir .. "loom.h") .. "\n"):gmatch("(.-)\n") do
     local inc = line:match('^#include "(op_list%.h)"')
+    if line:match("^typedef struct lm_tensor {") then tensor = true
+    elseif tensor and line:match("^} lm_tensor;") then tensor = false
+    elseif tensor then line = readonly(line) end
     if inc then
       for id in read(dir .. inc):gmatch("\nLM_OP%(([%w_]+),") do out[#out + 1] = "LM_OP_" .. id .. "," end
     elseif line:match("^#ifdef __cplusplus") then skip = true

@@ -101,9 +101,10 @@ local function wrap(ptr, level)
 end
 M.wrap = wrap
 
+-- Releases the tensor's memory now (views keep theirs); any later use of x
+-- is an error.
 function Tensor.free(x)
-  ffi.gc(x, nil)
-  C.lm_release(x)
+  if C.lm_tensor_free(x) < 0 then c_error() end
 end
 
 ---------------------------------------------------------------------------
@@ -402,6 +403,7 @@ M.as_tensor = as_tensor
 -- fields
 
 function props.dtype(x) return DTYPES[x.dtype_ + 1] end
+function props.shape(x) return Tensor.size(x) end   -- a table, as x:size()
 function props.device(x)
   if x.device_ == 0 then return "cpu" end
   return "cuda:" .. (x.device_ - 1)
@@ -433,14 +435,14 @@ Tensor.nelement = Tensor.numel
 function Tensor.size(x, d)
   if d == nil then
     local s = {}
-    for k = 0, x.ndim - 1 do s[k + 1] = tonumber(x.shape[k]) end
+    for k = 0, x.ndim - 1 do s[k + 1] = tonumber(x.shape_[k]) end
     return s
   end
   local n = x.ndim
   if type(d) ~= "number" or d == 0 or d > n or d < -n then
     argerror("size", "dim", string.format("a dim in [%d, -1] or [1, %d]", -n, n), describe(d))
   end
-  return tonumber(x.shape[d > 0 and d - 1 or n + d])
+  return tonumber(x.shape_[d > 0 and d - 1 or n + d])
 end
 
 function Tensor.stride(x, d)
@@ -541,16 +543,31 @@ function Tensor.long(x) return x:to("i64") end
 function Tensor.int(x) return x:to("i32") end
 function Tensor.bool(x) return x:to("bool") end
 
+-- In-place changes of a tensor that requires grad would corrupt its
+-- gradient: they are allowed only where autograd records nothing.
+local function check_inplace(x, fname)
+  if x.needs_grad ~= 0 and C.lm_is_grad_enabled() == 1 then
+    error(string.format("%s: a tensor that requires grad cannot be changed in place while autograd "
+                        .. "records (its gradient would be wrong); do it inside loom.no_grad(function() ... end) "
+                        .. "or on x:detach()", fname), 3)
+  end
+end
+
 function Tensor.fill_(x, v)
+  check_inplace(x, "fill_")
+  if type(v) ~= "number" and type(v) ~= "boolean" then argerror("fill_", "value", "a number", describe(v)) end
   if C.lm_fill_(x, v == true and 1 or v == false and 0 or v) < 0 then c_error() end
   return x
 end
 function Tensor.zero_(x) return Tensor.fill_(x, 0) end
 function Tensor.copy_(x, src)
   check_tensor(src, "copy_", "src")
+  check_inplace(x, "copy_")
   if C.lm_copy_(x, src) < 0 then c_error() end
   return x
 end
+-- the version of x's storage, incremented by every in-place change
+function Tensor._version(x) return tonumber(C.lm_tensor_version(x)) end
 
 -- values as Lua numbers, through an f64 copy
 local function values(x)
@@ -595,7 +612,7 @@ end
 
 function Tensor.backward(x, grad)
   if grad ~= nil then check_tensor(grad, "backward", "gradient") end
-  if C.lm_backward(x, grad) < 0 then c_error() end
+  if C.lm_backward(x, grad) < 0 then c_error(3) end   -- through autograd_hooks' wrapper
 end
 
 function Tensor.detach(x) return wrap(C.lm_detach(x)) end
@@ -702,6 +719,7 @@ end
 
 local mt = {
   __index = function(x, k)
+    if x.freed ~= 0 and k ~= "free" then error("tensor: this tensor was freed (t:free()); it cannot be used any more", 2) end
     local m = Tensor[k]
     if m ~= nil then return m end
     local p = props[k]
@@ -714,7 +732,7 @@ local mt = {
     s(x, v)
   end,
   __tostring = function(x) return M.format(x) end,
-  __len = function(x) return x.ndim > 0 and tonumber(x.shape[0]) or 0 end,
+  __len = function(x) return x.ndim > 0 and tonumber(x.shape_[0]) or 0 end,
 }
 M.metatable = mt
 

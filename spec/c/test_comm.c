@@ -50,15 +50,15 @@ static void expect_shape(const lm_tensor *t, int64_t n0, int64_t n1, const char 
     fprintf(stderr, "rank %d: %s: %s\n", rank, what, lm_last_error());
     return;
   }
-  expect(t->ndim == 2 && t->shape[0] == n0 && t->shape[1] == n1, what, t->dtype_,
-         (double)t->shape[0], (double)n0);
+  expect(t->ndim == 2 && t->shape_[0] == n0 && t->shape_[1] == n1, what, t->dtype_,
+         (double)t->shape_[0], (double)n0);
 }
 
 static void check_all(const lm_tensor *t, int dtype, const char *what,
                       double (*ref)(int64_t, int64_t, const void *), const void *ctx) {
   if (!t) return;
-  for (int64_t i = 0; i < t->shape[0]; i++)
-    for (int64_t j = 0; j < t->shape[1]; j++) {
+  for (int64_t i = 0; i < t->shape_[0]; i++)
+    for (int64_t j = 0; j < t->shape_[1]; j++) {
       double want = in_dtype(ref(i, j, ctx), dtype), got = at(t, i, j);
       expect(got == want, what, dtype, got, want);
     }

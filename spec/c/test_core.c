@@ -56,7 +56,7 @@ static void test_layout(void) {
   lm_tensor *t = lm_empty(3, shape, LM_F32, LM_CPU);
   lm_attrs a = {.i = {0, 2}, .ni = 2};
   lm_tensor *tr = lm_run(LM_OP_TRANSPOSE, 1, &t, &a);
-  CHECK(tr && tr->shape[0] == 4 && tr->stride_[0] == 1 && tr->stride_[2] == 12);
+  CHECK(tr && tr->shape_[0] == 4 && tr->stride_[0] == 1 && tr->stride_[2] == 12);
   CHECK(tr && !lm_is_contiguous(tr) && lm_is_contiguous(t));
   lm_release(tr), lm_release(t);
 }
@@ -70,7 +70,7 @@ static void test_refcount(void) {
   lm_tensor *v = lm_run(LM_OP_NARROW, 1, &t, &a); /* a view keeps the storage */
   lm_release(t);
   CHECK(lm_storage_count() == before + 1);
-  CHECK(v && v->offset == 2 && v->shape[0] == 4);
+  CHECK(v && v->offset == 2 && v->shape_[0] == 4);
   lm_release(v);
   CHECK(lm_storage_count() == before);
   /* the same past the small-buffer size, reading through the view after
