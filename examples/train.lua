@@ -38,42 +38,18 @@ local FLAGS = {
   { "dtype", "f32", "f32 or bf16 (bf16: parameters and activations in bf16, master weights f32)" },
 }
 
-local function parse_args(argv)
-  local opts, known = {}, {}
-  for _, f in ipairs(FLAGS) do opts[f[1]] = f[2] known[f[1]] = f end
-  local i = 1
-  while i <= #argv do
-    local a = argv[i]
-    if a == "--help" or a == "-h" then
-      print("usage: luajit examples/train.lua [flags]")
-      for _, f in ipairs(FLAGS) do print(string.format("  --%-14s %s (default %s)", f[1], f[3], tostring(f[2]))) end
-      os.exit(0)
-    end
-    local name, value = a:match("^%-%-([%w%-]+)=(.*)$")
-    name = name or a:match("^%-%-([%w%-]+)$")
-    local f = name and known[name]
-    if not f then error("train.lua: unknown argument " .. a .. " (see --help)", 0) end
-    if type(f[2]) == "boolean" then opts[name] = true
-    else
-      if not value then i = i + 1 value = argv[i] end
-      if value == nil then error("train.lua: --" .. name .. " needs a value", 0) end
-      if type(f[2]) == "number" then
-        opts[name] = tonumber(value)
-        if not opts[name] then error("train.lua: --" .. name .. " expects a number, got " .. value, 0) end
-      else opts[name] = value end
-    end
-    i = i + 1
-  end
-  return opts
-end
+local json = require "dkjson"
 
-local function json_line(t)
+-- one JSON object per line, keys in the given order; numbers with %.17g
+-- (dkjson's %.14g is not exact, and resumed runs are compared bit for bit)
+local function json_line(t, order)
   local parts = {}
-  for _, k in ipairs(t.__order) do
+  for _, k in ipairs(order) do
     local v = t[k]
-    if type(v) == "string" then v = string.format("%q", v)
-    elseif type(v) == "number" then v = string.format("%.17g", v) end   -- exact: resumed runs compare bit for bit
-    if v ~= nil then parts[#parts + 1] = string.format("%q: %s", k, tostring(v)) end
+    if v ~= nil then
+      local finite = type(v) == "number" and v == v and math.abs(v) ~= math.huge
+      parts[#parts + 1] = json.encode(k) .. ": " .. (finite and string.format("%.17g", v) or json.encode(v))
+    end
   end
   return "{" .. table.concat(parts, ", ") .. "}"
 end
@@ -135,9 +111,10 @@ local function plot(log_path)
   local csv = os.tmpname()
   local f = assert(io.open(csv, "w"))
   for line in io.lines(log_path) do
-    local step, loss = line:match('"step": ([%d.]+), "loss": ([%d.e+-]+)')
-    local val = line:match('"val_loss": ([%d.e+-]+)')
-    if step then f:write(step, " ", loss, " ", val or "NaN", "\n") end
+    local e = json.decode(line)
+    if type(e) == "table" and e.step and e.loss then
+      f:write(string.format("%d %.17g %s\n", e.step, e.loss, e.val_loss and string.format("%.17g", e.val_loss) or "NaN"))
+    end
   end
   f:close()
   local script = string.format([[set terminal png size 800,480; set output '%s'; set xlabel 'step'; set ylabel 'loss';
@@ -148,7 +125,7 @@ set datafile missing 'NaN'; plot '%s' using 1:2 with lines title 'train', '' usi
 end
 
 local function main(argv)
-  local o = parse_args(argv)
+  local o = require("loom.cli").parse("train.lua", FLAGS, argv, "Trains a Llama-style transformer on a text file.")
   if o.dtype ~= "f32" and o.dtype ~= "bf16" then error("train.lua: --dtype expects f32 or bf16, got " .. o.dtype, 0) end
   local dist = require "loom.distributed"
   local w = layout(o, dist)
@@ -218,7 +195,7 @@ local function main(argv)
     if o.save == "" then return end
     local sd = extras(step)
     if w.world == 1 then
-      os.execute("mkdir -p '" .. o.save .. "'")
+      require("loom.fs").mkdir_p(o.save)
       sd.model, sd.optim = model:state_dict(), opt:state_dict()
       loom.save(sd, o.save .. "/checkpoint.loom")
     else
@@ -243,9 +220,9 @@ local function main(argv)
 
   local log = main_rank and o.log ~= "" and assert(io.open(o.log, start_step > 0 and "a" or "w")) or nil
   if log and start_step == 0 then
-    log:write(string.format('{"world": %d, "tp": %d, "dp": %d, "sequence_parallel": %s, "loss_parallel": %s, '
-                            .. '"dtype": "%s", "threads_per_rank": %d}\n', w.world, w.tp, w.dp,
-                            tostring(o["sequence-parallel"]), tostring(o.lp), o.dtype, loom.num_threads()))
+    log:write(json_line({ world = w.world, tp = w.tp, dp = w.dp, sequence_parallel = o["sequence-parallel"],
+                          loss_parallel = o.lp, dtype = o.dtype, threads_per_rank = loom.num_threads() },
+                        { "world", "tp", "dp", "sequence_parallel", "loss_parallel", "dtype", "threads_per_rank" }), "\n")
   end
   say(string.format("model: %d layers, dim %d, %d heads, %d parameters; %d steps of %dx%d tokens; "
                     .. "world %d = tp %d x dp %d%s%s, %s", o.layers, o.dim, o.heads, nparams, o.steps, o.batch,
@@ -264,14 +241,13 @@ local function main(argv)
     tokens = tokens + o.batch * o.seq
     local elapsed = now() - t0
     local tps = tokens / elapsed
-    local entry = { __order = { "step", "loss", "val_loss", "tokens_per_s" }, step = step,
-                    loss = last_loss, tokens_per_s = math.floor(tps) }
+    local entry = { step = step, loss = last_loss, tokens_per_s = math.floor(tps) }
     if step % o["eval-every"] == 0 or step == o.steps then
       last_val = val_loss()
       entry.val_loss = last_val
       save(step)
     elseif step == last_step then save(step) end
-    if log then log:write(json_line(entry), "\n") log:flush() end
+    if log then log:write(json_line(entry, { "step", "loss", "val_loss", "tokens_per_s" }), "\n") log:flush() end
     local eta = (o.steps - step) * elapsed / (step - start_step)
     local line = string.format("step %d/%d | loss %.4f%s | %.0f tok/s | ETA %s", step, o.steps, last_loss,
       last_val and string.format(" | val %.4f", last_val) or "", tps, fmt_time(eta))

@@ -36,6 +36,7 @@ local ffi = require "ffi"
 local loom = require "loom"
 local T = require "loom.tensor"
 local serialize = require "loom.serialize"
+local fs = require "loom.fs"
 local C = loom.C
 local libc = ffi.C   -- fopen/fwrite/fsync as declared by loom.serialize
 
@@ -56,14 +57,11 @@ M._hook = nil
 local function dist() return require "loom.distributed" end
 local function is_dtensor(x) return T.is_tensor(x) and x.dist ~= nil end
 
-local function shq(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
-local function exists(p) return (os.rename(p, p)) == true end
-local function file_exists(p)
-  local f = io.open(p, "rb")
-  if f then f:close() return true end
-  return false
+local exists, file_exists = fs.exists, fs.is_file
+local function rm_rf(p)
+  local ok, err = pcall(fs.rm_rf, p)
+  if not ok then error("checkpoint.save: " .. tostring(err), 0) end
 end
-local function rm_rf(p) os.execute("rm -rf " .. shq(p) .. " 2>/dev/null") end
 local function shard_file(r) return string.format("rank%05d.shards", r) end
 
 ---------------------------------------------------------------------------
@@ -359,8 +357,8 @@ function M.save(state_dict, dir)
     if rank ~= 0 then return end
     check_target(dir)
     rm_rf(tmp)
-    os.execute("mkdir -p " .. shq(tmp))
-    if not exists(tmp) then error("checkpoint.save: cannot create the directory " .. tmp, 0) end
+    local ok, err = pcall(fs.mkdir_p, tmp)
+    if not ok then error("checkpoint.save: " .. tostring(err), 0) end
   end)
   together(function() if M._hook then M._hook("write") end end)
 
