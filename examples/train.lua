@@ -165,8 +165,9 @@ local function main(argv)
     return v:item()
   end
 
-  -- checkpoints: one file in one process; per-rank shards and a manifest
-  -- (loom.distributed.checkpoint) in a distributed run
+  -- checkpoints: one file (DIR/checkpoint.loom, loom.save) in one process;
+  -- per-rank shards and a manifest (dist.checkpoint) in a distributed run.
+  -- Each reads the other's, so a run resumes at any layout.
   local function ckpt() return require "loom.distributed.checkpoint" end
   local function extras(step)
     return { sampler = sampler:state(), rng = loom.get_rng_state(), step = step, vocab = tok.vocab, config = cfg }
@@ -176,13 +177,15 @@ local function main(argv)
     local function check(e)
       if e.vocab ~= tok.vocab then error("train.lua: the checkpoint's vocabulary differs from this corpus", 0) end
     end
+    local file = o.resume .. "/checkpoint.loom"
+    local src = require("loom.fs").is_file(file) and file or o.resume
     if w.world == 1 then
-      extra = loom.load(o.resume .. "/checkpoint.loom")
+      extra = loom.load(src)
       check(extra)
       model:load_state_dict(extra.model)
       opt:load_state_dict(extra.optim)
     else
-      extra = ckpt().load({ model = model:state_dict(), optim = ckpt().optim_state_dict(opt) }, o.resume)
+      extra = ckpt().load({ model = model:state_dict(), optim = ckpt().optim_state_dict(opt) }, src)
       check(extra)
       ckpt().load_optim_state_dict(opt, extra.optim)
     end

@@ -3,7 +3,8 @@
 -- placements the given state_dict has. The pieces: format.lua (the files
 -- and the atomic replacement), plan.lua (who writes which block, which part
 -- of a saved block a rank reads), state.lua (a state_dict as paths),
--- ranks.lua (agreement between ranks), optim.lua (optimizer state).
+-- ranks.lua (agreement between ranks), optim.lua (optimizer state),
+-- interop.lua (loom.save's files and checkpoint directories read each other).
 --
 -- Who writes what: every rank offers the block of each tensor it holds
 -- (a DTensor's local shard, the whole of a plain tensor); of the ranks
@@ -25,6 +26,8 @@ local plan = require "loom.distributed.checkpoint.plan"
 local state = require "loom.distributed.checkpoint.state"
 local ranks = require "loom.distributed.checkpoint.ranks"
 local optim = require "loom.distributed.checkpoint.optim"
+local interop = require "loom.distributed.checkpoint.interop"
+local fs = require "loom.fs"
 local C = loom.C
 
 local M = {}
@@ -172,6 +175,8 @@ end
 -- state_dict's tables. strict: a tensor of state_dict missing from the
 -- checkpoint is an error (otherwise it is left as it is). Tensors in the
 -- checkpoint that state_dict lacks are ignored. Returns state_dict.
+-- dir may also be a file that loom.save wrote (a state_dict of whole
+-- tensors): each rank then takes its block of them.
 function M.load(state_dict, dir, opts)
   if type(state_dict) ~= "table" then T.argerror("checkpoint.load", "state_dict", "a table", T.describe(state_dict)) end
   dir = dir_arg("checkpoint.load", dir)
@@ -179,15 +184,21 @@ function M.load(state_dict, dir, opts)
   dist().init()
   local fname = "checkpoint.load"
   together(function()
-    local m, mpath = format.read_manifest(dir, fname)
-    local saved = {}
-    for _, te in ipairs(m.tensors) do saved[state.path_key(te.path)] = te end
+    local saved, values, read, close, where = {}, nil, nil, function() end, dir
+    if fs.is_file(dir) then
+      saved, values, read = interop.read_file(dir, fname)
+    else
+      local m
+      m, where = format.read_manifest(dir, fname)
+      for _, te in ipairs(m.tensors) do saved[state.path_key(te.path)] = te end
+      values = m.values
+      read, close = format.reader(dir, m, fname)
+    end
     local entries = state.flatten(state_dict, fname)
-    local read, close = format.reader(dir, m, fname)
-    local ok, err = pcall(loom.no_grad, fill, entries, saved, read, mpath, strict, fname)
+    local ok, err = pcall(loom.no_grad, fill, entries, saved, read, where, strict, fname)
     close()
     if not ok then error(err, 0) end
-    state.merge_values(m.values or {}, state_dict)
+    state.merge_values(values or {}, state_dict)
   end)
   return state_dict
 end
