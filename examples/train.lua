@@ -29,7 +29,8 @@ local FLAGS = {
   { "resume", "", "resume from the checkpoint in this directory" },
   { "stop-after", 0, "stop after this step, as if interrupted, saving a checkpoint (0: run all steps)" },
   { "sample", 200, "characters to generate at the end (0: none)" },
-  { "quiet", false, "no live progress line" },
+  { "quiet", false, "no live progress line (only whole lines, as without a terminal)" },
+  { "print-every", 0, "without a terminal, a progress line every N steps too (0: at each eval only)" },
   { "tp", 0, "tensor-parallel degree (0: the world size over --dp)" },
   { "dp", 0, "data-parallel degree (0: the world size over --tp); tp * dp = world size" },
   { "sequence-parallel", false, "shard norms and residuals on the sequence (with --tp > 1)" },
@@ -57,6 +58,14 @@ end
 local function fmt_time(s)
   if s >= 60 then return string.format("%dm%02ds", math.floor(s / 60), math.floor(s % 60)) end
   return string.format("%.1fs", s)
+end
+
+-- stdout is a terminal of this process's own: under an MPI launcher it is
+-- a pty that mpirun forwards line by line, so no live \r line there
+local function own_terminal()
+  local ffi = require "ffi"
+  pcall(ffi.cdef, "int isatty(int fd);")
+  return ffi.C.isatty(1) == 1 and not (os.getenv("OMPI_COMM_WORLD_SIZE") or os.getenv("PMI_SIZE"))
 end
 
 local function now()
@@ -221,7 +230,14 @@ local function main(argv)
     return total / o["eval-iters"]
   end
 
-  local log = main_rank and o.log ~= "" and assert(io.open(o.log, start_step > 0 and "a" or "w")) or nil
+  local log
+  if main_rank and o.log ~= "" then
+    local folder = o.log:match("^(.*[^/])/+[^/]+$")
+    if folder then require("loom.fs").mkdir_p(folder) end
+    local err
+    log, err = io.open(o.log, start_step > 0 and "a" or "w")
+    if not log then error("train.lua: cannot open the log " .. tostring(err), 0) end
+  end
   if log and start_step == 0 then
     log:write(json_line({ world = w.world, tp = w.tp, dp = w.dp, sequence_parallel = o["sequence-parallel"],
                           loss_parallel = o.lp, dtype = o.dtype, threads_per_rank = loom.num_threads() },
@@ -231,9 +247,23 @@ local function main(argv)
                     .. "world %d = tp %d x dp %d%s%s, %s", o.layers, o.dim, o.heads, nparams, o.steps, o.batch,
                     o.seq, w.world, w.tp, w.dp, o["sequence-parallel"] and ", sequence parallel" or "",
                     o.lp and ", loss parallel" or "", o.dtype))
+  -- progress: on a terminal, a live line rewritten with \r and kept at each
+  -- eval; otherwise (a pipe, a file, under loomrun) whole lines at each
+  -- eval, every --print-every steps and at the last step
+  local last_step = o["stop-after"] > 0 and math.min(o["stop-after"], o.steps) or o.steps
+  local live, live_open = main_rank and not o.quiet and own_terminal(), false
+  local function progress(step, line, eval)
+    if not main_rank then return end
+    if live then
+      io.write("\r", line, "   ", eval and "\n" or "")
+      live_open = not eval
+    elseif eval or step == last_step or (o["print-every"] > 0 and step % o["print-every"] == 0) then
+      io.write(line, "\n")
+    end
+    io.flush()
+  end
   local sched = { lr = o.lr, warmup = o.warmup, total = o.steps, min_lr = o.lr / 10 }
   local t0, tokens, last_loss, last_val = now(), 0, nil, nil
-  local last_step = o["stop-after"] > 0 and math.min(o["stop-after"], o.steps) or o.steps
   for step = start_step + 1, last_step do
     opt:set_lr(loom.optim.lr_scheduler.cosine_lr(step, sched))
     local x, y = sampler:next()
@@ -254,12 +284,12 @@ local function main(argv)
     local eta = (o.steps - step) * elapsed / (step - start_step)
     local line = string.format("step %d/%d | loss %.4f%s | %.0f tok/s | ETA %s", step, o.steps, last_loss,
       last_val and string.format(" | val %.4f", last_val) or "", tps, fmt_time(eta))
-    if main_rank and not o.quiet then io.write("\r", line, "   ") io.flush() end
-    if main_rank and entry.val_loss then io.write(o.quiet and "" or "\n", o.quiet and line .. "\n" or "") end
+    progress(step, line, entry.val_loss ~= nil)
   end
   if log then log:close() end
+  if live_open then io.write("\n") end
   local wall = now() - t0
-  say(string.format("\ndone: %d steps in %s, %.0f tokens/s, final loss %.4f, val loss %s", last_step - start_step,
+  say(string.format("done: %d steps in %s, %.0f tokens/s, final loss %.4f, val loss %s", last_step - start_step,
                     fmt_time(wall), tokens / math.max(wall, 1e-9), last_loss or 0 / 0,
                     last_val and string.format("%.4f", last_val) or "n/a"))
   if main_rank and o.log ~= "" then plot(o.log) end
