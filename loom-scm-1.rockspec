@@ -8,7 +8,7 @@ description = {
           .. "with a LuaJIT FFI layer exposing Torch-like nn modules and PyTorch-style tensor parallelism.",
   license = "MIT",
 }
-dependencies = { "lua >= 5.1" }
+dependencies = { "lua >= 5.1", "dkjson", "argparse", "luafilesystem" }
 build = {
   type = "cmake",
   variables = {

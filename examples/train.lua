@@ -29,7 +29,8 @@ local FLAGS = {
   { "resume", "", "resume from the checkpoint in this directory" },
   { "stop-after", 0, "stop after this step, as if interrupted, saving a checkpoint (0: run all steps)" },
   { "sample", 200, "characters to generate at the end (0: none)" },
-  { "quiet", false, "no live progress line" },
+  { "quiet", false, "no live progress line (only whole lines, as without a terminal)" },
+  { "print-every", 0, "without a terminal, a progress line every N steps too (0: at each eval only)" },
   { "tp", 0, "tensor-parallel degree (0: the world size over --dp)" },
   { "dp", 0, "data-parallel degree (0: the world size over --tp); tp * dp = world size" },
   { "sequence-parallel", false, "shard norms and residuals on the sequence (with --tp > 1)" },
@@ -39,42 +40,18 @@ local FLAGS = {
   { "init-from", "", "start from a Hugging Face Llama checkpoint (DIR or .safetensors; its config sets the model)" },
 }
 
-local function parse_args(argv)
-  local opts, known = {}, {}
-  for _, f in ipairs(FLAGS) do opts[f[1]] = f[2] known[f[1]] = f end
-  local i = 1
-  while i <= #argv do
-    local a = argv[i]
-    if a == "--help" or a == "-h" then
-      print("usage: luajit examples/train.lua [flags]")
-      for _, f in ipairs(FLAGS) do print(string.format("  --%-14s %s (default %s)", f[1], f[3], tostring(f[2]))) end
-      os.exit(0)
-    end
-    local name, value = a:match("^%-%-([%w%-]+)=(.*)$")
-    name = name or a:match("^%-%-([%w%-]+)$")
-    local f = name and known[name]
-    if not f then error("train.lua: unknown argument " .. a .. " (see --help)", 0) end
-    if type(f[2]) == "boolean" then opts[name] = true
-    else
-      if not value then i = i + 1 value = argv[i] end
-      if value == nil then error("train.lua: --" .. name .. " needs a value", 0) end
-      if type(f[2]) == "number" then
-        opts[name] = tonumber(value)
-        if not opts[name] then error("train.lua: --" .. name .. " expects a number, got " .. value, 0) end
-      else opts[name] = value end
-    end
-    i = i + 1
-  end
-  return opts
-end
+local json = require "dkjson"
 
-local function json_line(t)
+-- one JSON object per line, keys in the given order; numbers with %.17g
+-- (dkjson's %.14g is not exact, and resumed runs are compared bit for bit)
+local function json_line(t, order)
   local parts = {}
-  for _, k in ipairs(t.__order) do
+  for _, k in ipairs(order) do
     local v = t[k]
-    if type(v) == "string" then v = string.format("%q", v)
-    elseif type(v) == "number" then v = string.format("%.17g", v) end   -- exact: resumed runs compare bit for bit
-    if v ~= nil then parts[#parts + 1] = string.format("%q: %s", k, tostring(v)) end
+    if v ~= nil then
+      local finite = type(v) == "number" and v == v and math.abs(v) ~= math.huge
+      parts[#parts + 1] = json.encode(k) .. ": " .. (finite and string.format("%.17g", v) or json.encode(v))
+    end
   end
   return "{" .. table.concat(parts, ", ") .. "}"
 end
@@ -82,6 +59,14 @@ end
 local function fmt_time(s)
   if s >= 60 then return string.format("%dm%02ds", math.floor(s / 60), math.floor(s % 60)) end
   return string.format("%.1fs", s)
+end
+
+-- stdout is a terminal of this process's own: under an MPI launcher it is
+-- a pty that mpirun forwards line by line, so no live \r line there
+local function own_terminal()
+  local ffi = require "ffi"
+  pcall(ffi.cdef, "int isatty(int fd);")
+  return ffi.C.isatty(1) == 1 and not (os.getenv("OMPI_COMM_WORLD_SIZE") or os.getenv("PMI_SIZE"))
 end
 
 local function now()
@@ -136,9 +121,10 @@ local function plot(log_path)
   local csv = os.tmpname()
   local f = assert(io.open(csv, "w"))
   for line in io.lines(log_path) do
-    local step, loss = line:match('"step": ([%d.]+), "loss": ([%d.e+-]+)')
-    local val = line:match('"val_loss": ([%d.e+-]+)')
-    if step then f:write(step, " ", loss, " ", val or "NaN", "\n") end
+    local e = json.decode(line)
+    if type(e) == "table" and e.step and e.loss then
+      f:write(string.format("%d %.17g %s\n", e.step, e.loss, e.val_loss and string.format("%.17g", e.val_loss) or "NaN"))
+    end
   end
   f:close()
   local script = string.format([[set terminal png size 800,480; set output '%s'; set xlabel 'step'; set ylabel 'loss';
@@ -149,7 +135,7 @@ set datafile missing 'NaN'; plot '%s' using 1:2 with lines title 'train', '' usi
 end
 
 local function main(argv)
-  local o = parse_args(argv)
+  local o = require("loom.cli").parse("train.lua", FLAGS, argv, "Trains a Llama-style transformer on a text file.")
   if o.dtype ~= "f32" and o.dtype ~= "bf16" then error("train.lua: --dtype expects f32 or bf16, got " .. o.dtype, 0) end
   local dist = require "loom.distributed"
   local w = layout(o, dist)
@@ -193,8 +179,9 @@ local function main(argv)
     return v:item()
   end
 
-  -- checkpoints: one file in one process; per-rank shards and a manifest
-  -- (loom.distributed.checkpoint) in a distributed run
+  -- checkpoints: one file (DIR/checkpoint.loom, loom.save) in one process;
+  -- per-rank shards and a manifest (dist.checkpoint) in a distributed run.
+  -- Each reads the other's, so a run resumes at any layout.
   local function ckpt() return require "loom.distributed.checkpoint" end
   local function extras(step)
     return { sampler = sampler:state(), rng = loom.get_rng_state(), step = step, vocab = tok.vocab, config = cfg }
@@ -204,13 +191,15 @@ local function main(argv)
     local function check(e)
       if e.vocab ~= tok.vocab then error("train.lua: the checkpoint's vocabulary differs from this corpus", 0) end
     end
+    local file = o.resume .. "/checkpoint.loom"
+    local src = require("loom.fs").is_file(file) and file or o.resume
     if w.world == 1 then
-      extra = loom.load(o.resume .. "/checkpoint.loom")
+      extra = loom.load(src)
       check(extra)
       model:load_state_dict(extra.model)
       opt:load_state_dict(extra.optim)
     else
-      extra = ckpt().load({ model = model:state_dict(), optim = ckpt().optim_state_dict(opt) }, o.resume)
+      extra = ckpt().load({ model = model:state_dict(), optim = ckpt().optim_state_dict(opt) }, src)
       check(extra)
       ckpt().load_optim_state_dict(opt, extra.optim)
     end
@@ -223,7 +212,7 @@ local function main(argv)
     if o.save == "" then return end
     local sd = extras(step)
     if w.world == 1 then
-      os.execute("mkdir -p '" .. o.save .. "'")
+      require("loom.fs").mkdir_p(o.save)
       sd.model, sd.optim = model:state_dict(), opt:state_dict()
       loom.save(sd, o.save .. "/checkpoint.loom")
     else
@@ -246,19 +235,40 @@ local function main(argv)
     return total / o["eval-iters"]
   end
 
-  local log = main_rank and o.log ~= "" and assert(io.open(o.log, start_step > 0 and "a" or "w")) or nil
+  local log
+  if main_rank and o.log ~= "" then
+    local folder = o.log:match("^(.*[^/])/+[^/]+$")
+    if folder then require("loom.fs").mkdir_p(folder) end
+    local err
+    log, err = io.open(o.log, start_step > 0 and "a" or "w")
+    if not log then error("train.lua: cannot open the log " .. tostring(err), 0) end
+  end
   if log and start_step == 0 then
-    log:write(string.format('{"world": %d, "tp": %d, "dp": %d, "sequence_parallel": %s, "loss_parallel": %s, '
-                            .. '"dtype": "%s", "threads_per_rank": %d}\n', w.world, w.tp, w.dp,
-                            tostring(o["sequence-parallel"]), tostring(o.lp), o.dtype, loom.num_threads()))
+    log:write(json_line({ world = w.world, tp = w.tp, dp = w.dp, sequence_parallel = o["sequence-parallel"],
+                          loss_parallel = o.lp, dtype = o.dtype, threads_per_rank = loom.num_threads() },
+                        { "world", "tp", "dp", "sequence_parallel", "loss_parallel", "dtype", "threads_per_rank" }), "\n")
   end
   say(string.format("model: %d layers, dim %d, %d heads, %d parameters; %d steps of %dx%d tokens; "
                     .. "world %d = tp %d x dp %d%s%s, %s", o.layers, o.dim, o.heads, nparams, o.steps, o.batch,
                     o.seq, w.world, w.tp, w.dp, o["sequence-parallel"] and ", sequence parallel" or "",
                     o.lp and ", loss parallel" or "", o.dtype))
+  -- progress: on a terminal, a live line rewritten with \r and kept at each
+  -- eval; otherwise (a pipe, a file, under loomrun) whole lines at each
+  -- eval, every --print-every steps and at the last step
+  local last_step = o["stop-after"] > 0 and math.min(o["stop-after"], o.steps) or o.steps
+  local live, live_open = main_rank and not o.quiet and own_terminal(), false
+  local function progress(step, line, eval)
+    if not main_rank then return end
+    if live then
+      io.write("\r", line, "   ", eval and "\n" or "")
+      live_open = not eval
+    elseif eval or step == last_step or (o["print-every"] > 0 and step % o["print-every"] == 0) then
+      io.write(line, "\n")
+    end
+    io.flush()
+  end
   local sched = { lr = o.lr, warmup = o.warmup, total = o.steps, min_lr = o.lr / 10 }
   local t0, tokens, last_loss, last_val = now(), 0, nil, nil
-  local last_step = o["stop-after"] > 0 and math.min(o["stop-after"], o.steps) or o.steps
   for step = start_step + 1, last_step do
     opt:set_lr(loom.optim.lr_scheduler.cosine_lr(step, sched))
     local x, y = sampler:next()
@@ -269,23 +279,22 @@ local function main(argv)
     tokens = tokens + o.batch * o.seq
     local elapsed = now() - t0
     local tps = tokens / elapsed
-    local entry = { __order = { "step", "loss", "val_loss", "tokens_per_s" }, step = step,
-                    loss = last_loss, tokens_per_s = math.floor(tps) }
+    local entry = { step = step, loss = last_loss, tokens_per_s = math.floor(tps) }
     if step % o["eval-every"] == 0 or step == o.steps then
       last_val = val_loss()
       entry.val_loss = last_val
       save(step)
     elseif step == last_step then save(step) end
-    if log then log:write(json_line(entry), "\n") log:flush() end
+    if log then log:write(json_line(entry, { "step", "loss", "val_loss", "tokens_per_s" }), "\n") log:flush() end
     local eta = (o.steps - step) * elapsed / (step - start_step)
     local line = string.format("step %d/%d | loss %.4f%s | %.0f tok/s | ETA %s", step, o.steps, last_loss,
       last_val and string.format(" | val %.4f", last_val) or "", tps, fmt_time(eta))
-    if main_rank and not o.quiet then io.write("\r", line, "   ") io.flush() end
-    if main_rank and entry.val_loss then io.write(o.quiet and "" or "\n", o.quiet and line .. "\n" or "") end
+    progress(step, line, entry.val_loss ~= nil)
   end
   if log then log:close() end
+  if live_open then io.write("\n") end
   local wall = now() - t0
-  say(string.format("\ndone: %d steps in %s, %.0f tokens/s, final loss %.4f, val loss %s", last_step - start_step,
+  say(string.format("done: %d steps in %s, %.0f tokens/s, final loss %.4f, val loss %s", last_step - start_step,
                     fmt_time(wall), tokens / math.max(wall, 1e-9), last_loss or 0 / 0,
                     last_val and string.format("%.4f", last_val) or "n/a"))
   if main_rank and o.log ~= "" then plot(o.log) end

@@ -6,26 +6,11 @@
 local ffi = require "ffi"
 local loom = require "loom"
 local dist = require "loom.distributed"
+local bench = require "loom.bench"
+local now = bench.now
 
-ffi.cdef [[
-typedef struct { long tv_sec; long tv_nsec; } lm_bench_timespec;
-int clock_gettime(int clk, lm_bench_timespec *ts);
-]]
-local ts = ffi.new("lm_bench_timespec")
-local function now()
-  ffi.C.clock_gettime(1, ts) -- CLOCK_MONOTONIC
-  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
-end
-
-local json_path, max_mib = nil, 64
-do
-  local i = 1
-  while i <= #arg do
-    if arg[i] == "--json" then json_path, i = arg[i + 1], i + 2
-    elseif arg[i] == "--max-mib" then max_mib, i = tonumber(arg[i + 1]), i + 2
-    else error("bench_comm: unknown argument " .. arg[i] .. " (--json FILE, --max-mib N)") end
-  end
-end
+local o = bench.args(arg, { json = "", ["max-mib"] = 64 }, "bench_comm.lua")
+local json_path, max_mib = o.json ~= "" and o.json or nil, o["max-mib"]
 
 local n, me = dist.world_size(), dist.rank()
 local function say(...) if me == 0 then print(string.format(...)) end end
@@ -97,18 +82,6 @@ while bytes <= max_mib * 2^20 do
 end
 
 if json_path and me == 0 then
-  local parts = {}
-  for _, r in ipairs(rows) do
-    local kv = {}
-    for _, k in ipairs { "bytes", "iters", "all_reduce", "all_gather", "reduce_scatter", "memcpy",
-                         "t_all_reduce_us", "t_all_gather_us", "t_reduce_scatter_us" } do
-      kv[#kv + 1] = string.format("%q: %.6g", k, r[k])
-    end
-    parts[#parts + 1] = "{" .. table.concat(kv, ", ") .. "}"
-  end
-  local fh = assert(io.open(json_path, "w"))
-  fh:write(string.format('{"ranks": %d, "latency_us": %.4f, "barrier_us": %.4f, "rows": [\n  %s\n]}\n',
-                         n, lat * 1e6, barrier_lat * 1e6, table.concat(parts, ",\n  ")))
-  fh:close()
+  bench.write_json(json_path, { ranks = n, latency_us = lat * 1e6, barrier_us = barrier_lat * 1e6, rows = rows })
   say("wrote %s", json_path)
 end

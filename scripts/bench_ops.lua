@@ -10,7 +10,8 @@ local ffi = require "ffi"
 local loom = require "loom"
 local bench = require "loom.bench"
 
-local o = bench.args(arg, { json = "", sizes = "256,512,1024,2048", numel = 16 * 2^20, calls = 200000 })
+local o = bench.args(arg, { json = "", sizes = "256,512,1024,2048", numel = 16 * 2^20, calls = 200000 },
+                     "bench_ops.lua")
 
 -- OpenBLAS is already loaded (globally, with libloom): call it through ffi.C.
 ffi.cdef [[
@@ -134,8 +135,6 @@ bench.table({ "what", "ms", "GB/s" }, bw_rows)
 a:free() b:free()
 
 if o.json ~= "" then
-  local fh = assert(io.open(o.json, "w"))
-  fh:write(bench.json(report), "\n")
-  fh:close()
+  bench.write_json(o.json, report)
   print("wrote " .. o.json)
 end

@@ -8,7 +8,8 @@ local loom = require "loom"
 local bench = require "loom.bench"
 local C = loom.C
 
-local o = bench.args(arg, { layers = 4, dim = 128, heads = 4, seq = 64, batch = 12, steps = 20, vocab = 65 })
+local o = bench.args(arg, { layers = 4, dim = 128, heads = 4, seq = 64, batch = 12, steps = 20, vocab = 65 },
+                     "bench_train.lua")
 loom.manual_seed(0)
 local model = loom.models.transformer.new { vocab_size = o.vocab, dim = o.dim, n_layers = o.layers,
                                             n_heads = o.heads, max_seq_len = o.seq }

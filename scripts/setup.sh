@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 pkgs=(build-essential cmake pkg-config luajit libluajit-5.1-dev lua-busted luarocks
+      lua-dkjson lua-argparse lua-filesystem
       libopenblas-dev libopenmpi-dev openmpi-bin gnuplot-nox valgrind)
 missing=()
 for p in "${pkgs[@]}"; do

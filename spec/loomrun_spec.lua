@@ -142,9 +142,9 @@ end)
     local rc, out = sh("printf 'x = dist.rank() * 10\\nprint(\"val\", x + 1)\\nfor i = 1, 2 do\\nprint(\"loop\", i)\\nend\\n' | "
                        .. loomrun .. " -n 2 --repl")
     assert.equal(0, rc)
-    assert.matches("%[0%] val\t1", out)
-    assert.matches("%[1%] val\t11", out)
-    assert.equal(4, count(out, "loop\t%d"))
+    assert.matches("%[rank 0%] val\t1", out)
+    assert.matches("%[rank 1%] val\t11", out)
+    assert.equal(2, count(out, "%[ranks 0%-1%] loop\t%d"))   -- identical on both ranks: printed once
   end)
 
   it("lets plain luajit run distributed code as a world of one", function()

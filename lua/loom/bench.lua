@@ -1,5 +1,5 @@
 -- bench.lua: what the scripts/bench_* share: a monotonic clock, flag
--- parsing, medians and a plain table printer.
+-- parsing, medians, a plain table printer and a JSON writer.
 local ffi = require "ffi"
 
 local M = {}
@@ -14,19 +14,11 @@ function M.now()
   return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
 end
 
--- args(arg, defaults): --name value pairs over numeric or string defaults
-function M.args(argv, defaults)
-  local o = {}
-  for k, v in pairs(defaults) do o[k] = v end
-  local i = 1
-  while argv and i <= #argv do
-    local name = argv[i]:match("^%-%-(.+)$")
-    if not name or o[name] == nil then error("unknown argument " .. argv[i], 0) end
-    local v = argv[i + 1]
-    o[name] = type(defaults[name]) == "number" and assert(tonumber(v), "--" .. name .. " needs a number") or v
-    i = i + 2
-  end
-  return o
+-- args(argv, defaults, prog): --name value flags over number, string or
+-- boolean defaults (lua-argparse through loom.cli); --help lists them.
+function M.args(argv, defaults, prog)
+  local cli = require "loom.cli"
+  return cli.parse(prog or "bench", cli.flags_of(defaults), argv)
 end
 
 function M.median(t)
@@ -84,26 +76,13 @@ function M.table(header, rows)
   for _, r in ipairs(rows) do line(r) end
 end
 
--- json(value): tables with string keys become objects, arrays stay arrays
-function M.json(v)
-  local t = type(v)
-  if t == "number" then
-    if v ~= v or math.abs(v) == math.huge then return "null" end
-    return string.format("%.6g", v)
-  end
-  if t == "string" then return string.format("%q", v) end
-  if t == "boolean" then return tostring(v) end
-  if t ~= "table" then return "null" end
-  local parts = {}
-  if #v > 0 or next(v) == nil then
-    for i = 1, #v do parts[i] = M.json(v[i]) end
-    return "[" .. table.concat(parts, ", ") .. "]"
-  end
-  local keys = {}
-  for k in pairs(v) do keys[#keys + 1] = tostring(k) end
-  table.sort(keys)
-  for i, k in ipairs(keys) do parts[i] = string.format("%q: %s", k, M.json(v[k])) end
-  return "{" .. table.concat(parts, ", ") .. "}"
+-- write_json(path, value): value as JSON (dkjson), one object per file
+function M.write_json(path, value)
+  local text = assert(require("dkjson").encode(value, { indent = true }))
+  local f, err = io.open(path, "w")
+  if not f then error("write_json: cannot open " .. path .. ": " .. tostring(err), 2) end
+  f:write(text, "\n")
+  f:close()
 end
 
 return M

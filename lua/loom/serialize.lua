@@ -17,9 +17,12 @@
 -- PATH, so a crash never leaves a half-written file where a good one was.
 -- load tells a truncated file (shorter than its header says) from a
 -- corrupt one (checksum mismatch) and from a file that is not loom's.
+-- load also reads a dist.checkpoint directory (whole, plain tensors); save
+-- refuses DTensors (dist.checkpoint.save writes them, shard by shard).
 local ffi = require "ffi"
 local T = require "loom.tensor"
 local C = require("loom.lib").C
+local fs = require "loom.fs"
 local libc = ffi.C
 
 local M = {}
@@ -50,6 +53,10 @@ local function encode(v, out, path)
   elseif tv == "string" then out[#out + 1] = "s" .. u32(#v) .. v
   elseif tv == "boolean" then out[#out + 1] = v and "b\1" or "b\0"
   elseif T.is_tensor(v) then
+    if v.dist ~= nil then
+      error("save: " .. path .. " is a DTensor (each rank holds a shard): save a state_dict with DTensors through "
+            .. "dist.checkpoint.save(state_dict, dir), or save " .. path .. ":full_tensor()", 0)
+    end
     if v.device ~= "cpu" then error("save: " .. path .. ": only CPU tensors can be saved; call :to(\"cpu\")", 0) end
     local c = v:contiguous()
     local dims = ffi.new("int64_t[?]", math.max(1, c:dim()))
@@ -97,6 +104,10 @@ end
 -- and renamed over path.
 function M.save(obj, path)
   if type(path) ~= "string" then T.argerror("save", "path", "a file name", T.describe(path)) end
+  if fs.is_dir(path) then
+    error("save: " .. path .. " is a directory; loom.save writes one file (dist.checkpoint.save writes a "
+          .. "checkpoint directory)", 2)
+  end
   local out = {}
   encode(obj, out, "obj")
   local rec = table.concat(out)
@@ -166,11 +177,27 @@ local function decoder(s, path)
   end
 end
 
--- load(path) -> obj
+-- a directory: a distributed checkpoint, read whole (see
+-- loom.distributed.checkpoint.interop); anything else is an error
+local function load_dir(path)
+  local dir = path:gsub("(.)/+$", "%1")
+  local format = require "loom.distributed.checkpoint.format"
+  if format.is_checkpoint(dir) then return require("loom.distributed.checkpoint.interop").read_dir(dir, "load") end
+  error("load: " .. dir .. " is a directory, not a loom file nor a checkpoint (no " .. format.MANIFEST .. ")"
+        .. format.old_hint(dir, "load"), 0)
+end
+
+-- load(path) -> obj. path may be a dist.checkpoint directory: its
+-- state_dict comes back whole, with plain tensors.
 function M.load(path)
   if type(path) ~= "string" then T.argerror("load", "path", "a file name", T.describe(path)) end
+  if fs.is_dir(path) then return load_dir(path) end
   local f, err = io.open(path, "rb")
-  if not f then error("load: cannot open " .. path .. ": " .. tostring(err), 2) end
+  if not f then
+    local dir = path:gsub("(.)/+$", "%1")
+    local hint = fs.exists(dir .. ".old") and require("loom.distributed.checkpoint.format").old_hint(dir, "load") or ""
+    error("load: cannot open " .. path .. ": " .. tostring(err):gsub("^.-: ", "") .. hint, 2)
+  end
   local s = f:read("*a")
   f:close()
   if s:sub(1, 4) ~= "LOOM" then

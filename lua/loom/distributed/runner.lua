@@ -4,11 +4,11 @@
 -- aborts the whole job (MPI_Abort) so no other rank waits forever.
 local ffi = require "ffi"
 
-ffi.cdef [[
-int setenv(const char *name, const char *value, int overwrite);
-long sysconf(int name);
-int isatty(int fd);
-]]
+for _, decl in ipairs {
+  "int setenv(const char *name, const char *value, int overwrite);",
+  "long sysconf(int name);",
+  "int sched_getaffinity(int pid, size_t size, void *mask);",
+} do pcall(ffi.cdef, decl) end
 local SC_NPROCESSORS_ONLN = 84 -- glibc's value
 
 -- The checkout's (or the install's) lua/ dir, from where this file lives.
@@ -19,14 +19,36 @@ end
 
 local rank = os.getenv("OMPI_COMM_WORLD_RANK") or os.getenv("PMI_RANK") or "0"
 
--- cores / local ranks threads each, unless LOOM_NUM_THREADS says otherwise;
--- set before libloom (and OpenBLAS, libgomp) load, as they read it then.
+-- the logical CPUs this process may run on (its affinity mask: all of the
+-- machine's, a taskset's or a cgroup's, or its own under loomrun --bind)
+local function cpus()
+  local mask = ffi.new("uint8_t[128]")   -- 1024 CPUs
+  if ffi.C.sched_getaffinity(0, 128, mask) ~= 0 then return tonumber(ffi.C.sysconf(SC_NPROCESSORS_ONLN)) or 1 end
+  local n = 0
+  for i = 0, 127 do
+    local b = mask[i]
+    while b > 0 do n, b = n + b % 2, math.floor(b / 2) end
+  end
+  return math.max(1, n)
+end
+
+-- threads per rank: its CPUs / local ranks (all of its CPUs when bound to
+-- its own), so that ranks x threads never exceed the cores; at least 1.
+-- LOOM_NUM_THREADS overrides it (with a warning when it oversubscribes).
+-- Set before libloom (and OpenBLAS, libgomp) load, as they read it then.
 local function set_threads()
-  local cores = tonumber(ffi.C.sysconf(SC_NPROCESSORS_ONLN)) or 1
+  local n = cpus()
   local local_size = tonumber(os.getenv("OMPI_COMM_WORLD_LOCAL_SIZE") or os.getenv("MPI_LOCALNRANKS") or "1") or 1
-  local n = tostring(math.max(1, math.floor(cores / math.max(1, local_size))))
-  local threads = os.getenv("LOOM_NUM_THREADS") or n
-  ffi.C.setenv("LOOM_NUM_THREADS", threads, 0)
+  local bound = os.getenv("LOOM_BIND") == "1"
+  local per_rank = bound and n or math.max(1, math.floor(n / math.max(1, local_size)))
+  local threads = tonumber(os.getenv("LOOM_NUM_THREADS") or "") or per_rank
+  local sharing = bound and 1 or local_size   -- ranks on these CPUs
+  if threads > per_rank and threads * sharing > n and (os.getenv("OMPI_COMM_WORLD_LOCAL_RANK") or "0") == "0" then
+    io.stderr:write(string.format("loomrun: LOOM_NUM_THREADS=%d x %d ranks oversubscribes the %d CPUs here\n",
+                                  threads, sharing, n))
+  end
+  threads = tostring(threads)
+  ffi.C.setenv("LOOM_NUM_THREADS", threads, 1)
   ffi.C.setenv("OPENBLAS_NUM_THREADS", threads, 0)
   ffi.C.setenv("OMP_NUM_THREADS", threads, 0)
 end
@@ -43,70 +65,11 @@ local function die(msg)
   os.exit(1)
 end
 
--- SPMD REPL: rank 0 reads a chunk, every rank runs it.
-local function repl()
-  local loom = require "loom"
-  local dist = require "loom.distributed"
-  local me = dist.rank()
-  local function share(s) -- s on rank 0 (nil: end), the same string everywhere
-    local n = loom.tensor({ s and #s or -1 }, { dtype = "i64" })
-    n = dist.broadcast(n, 0):item()
-    if n < 0 then return nil end
-    local buf = loom.empty({ math.max(n, 1) }, { dtype = "i32" })
-    if me == 0 then
-      local p = ffi.cast("int32_t*", buf:data_ptr())
-      for i = 1, n do p[i - 1] = s:byte(i) end
-    end
-    buf = dist.broadcast(buf, 0)
-    local p, chars = ffi.cast("int32_t*", buf:data_ptr()), {}
-    for i = 1, n do chars[i] = string.char(p[i - 1]) end
-    return table.concat(chars)
-  end
-  local prompt = ffi.C.isatty(0) == 1 -- no prompts when stdin is a pipe
-  local env = setmetatable({ loom = loom, dist = dist }, { __index = _G })
-  while true do
-    local chunk
-    if me == 0 then
-      local lines = {}
-      repeat
-        if prompt then
-          io.write(#lines == 0 and "loom> " or "loom>> ")
-          io.stdout:flush()
-        end
-        local line = io.read("*l")
-        if not line then break end
-        lines[#lines + 1] = line
-        local src = table.concat(lines, "\n")
-        local f, err = loadstring("return " .. src)
-        if not f then f, err = loadstring(src) end
-        local incomplete = not f and err:match("<eof>") ~= nil
-      until not incomplete
-      chunk = #lines > 0 and table.concat(lines, "\n") or nil
-    end
-    chunk = share(chunk)
-    if not chunk then break end
-    local f, err = loadstring("return " .. chunk, "=repl")
-    if not f then f, err = loadstring(chunk, "=repl") end
-    if f then
-      setfenv(f, env)
-      local res = { n = 0 }
-      local ok, e = xpcall(function() res = { n = 0 } res = { f() } end, debug.traceback)
-      if not ok then print("error: " .. tostring(e))
-      elseif #res > 0 then
-        for i = 1, table.maxn(res) do res[i] = tostring(res[i]) end
-        print(table.concat(res, "\t"))
-      end
-    else
-      print("error: " .. err)
-    end
-  end
-end
-
 local function main(...)
   set_threads()
   io.stdout:setvbuf("line") -- whole lines, so ranks interleave by line
   local script = ...
-  if script == "--repl" then return repl() end
+  if script == "--repl" then return require("loom.distributed.repl").run() end
   if not script then die("usage: runner.lua script.lua [args...] | --repl") end
   local chunk, err = loadfile(script)
   if not chunk then die(err) end

@@ -15,44 +15,20 @@ local function warn(msg)
   if C.lm_dist_rank() == 0 then io.stderr:write("loom warning: ", msg, "\n") end
 end
 
--- fnmatch on one FQN atom: * ? [seq] [!seq] (ranges a-z inside brackets);
--- every other character is literal
-local function fnmatch_pattern(pattern)
-  local out, i, n = { "^" }, 1, #pattern
-  while i <= n do
-    local c = pattern:sub(i, i)
-    local close = c == "[" and pattern:find("]", i + (pattern:sub(i + 1, i + 1) == "!" and 3 or 2), true)
-    if c == "*" then out[#out + 1] = ".*"
-    elseif c == "?" then out[#out + 1] = "."
-    elseif close then
-      local body, cls = pattern:sub(i + 1, close - 1), { "[" }
-      if body:sub(1, 1) == "!" then cls[2] = "^" body = body:sub(2) end
-      local j = 1
-      while j <= #body do
-        local a = body:sub(j, j)
-        if body:sub(j + 1, j + 1) == "-" and j + 2 <= #body then
-          cls[#cls + 1] = "%" .. a .. "-%" .. body:sub(j + 2, j + 2)
-          -- Lua ranges take plain chars: unescape alphanumerics
-          cls[#cls] = cls[#cls]:gsub("%%(%w)", "%1")
-          j = j + 3
-        else
-          cls[#cls + 1] = a:match("%w") and a or "%" .. a
-          j = j + 1
-        end
-      end
-      out[#out + 1] = table.concat(cls) .. "]"
-      i = close
-    else
-      out[#out + 1] = c:match("%w") and c or "%" .. c
-    end
-    i = i + 1
-  end
-  return table.concat(out) .. "$"
-end
+-- fnmatch on one FQN atom, by libc's fnmatch(3) as Python's fnmatch does
+-- it: * ? [seq] [!seq] with ranges; a backslash is an ordinary character
+-- (FNM_NOESCAPE), and a dot is matched by * and ? (no FNM_PERIOD).
+local ffi = require "ffi"
+pcall(ffi.cdef, "int fnmatch(const char *pattern, const char *string, int flags);")
+local FNM_NOESCAPE = 2   -- glibc's and POSIX's value
 local function fnmatch(name, pattern)
-  return name:match(fnmatch_pattern(pattern)) ~= nil
+  return ffi.C.fnmatch(pattern, name, FNM_NOESCAPE) == 0
 end
-M.fnmatch = fnmatch
+function M.fnmatch(name, pattern)
+  if type(name) ~= "string" then T.argerror("fnmatch", "name", "a string", T.describe(name)) end
+  if type(pattern) ~= "string" then T.argerror("fnmatch", "pattern", "a string", T.describe(pattern)) end
+  return fnmatch(name, pattern)
+end
 
 local function is_style(v) return type(v) == "table" and getmetatable(v) and v.apply ~= nil and v.__name ~= nil end
 

@@ -1,0 +1,214 @@
+-- format.lua: a distributed checkpoint on disk. A checkpoint is a directory:
+--   manifest.loom       loom.save format: {format = "loom-dcp", version = 1,
+--                       world_size, files = {[r+1] = {name, size, checksum}},
+--                       tensors = {{path = {keys...}, name, shape, dtype,
+--                       placements = {"Shard(dim=1)", ...}, mesh_shape,
+--                       shards = {{file (1-based index into files),
+--                       byte_offset, nbytes, checksum, offset (0-based
+--                       global offset per dim), size}}}},
+--                       values = the state_dict with its tensors left out}
+--   rankNNNNN.shards    one per rank: the raw bytes of the shards it wrote,
+--                       contiguous, in the order of `tensors` (no header)
+-- Checksums are FNV-1a (lm_fnv1a), one per shard and one per file.
+--
+-- Atomic replacement: everything is written into DIR.tmp-ckpt; then a
+-- previous DIR moves to DIR.old, DIR.tmp-ckpt to DIR, and DIR.old is
+-- removed. A crash before that leaves the previous DIR intact; a crash
+-- between the two renames leaves it in DIR.old, which load errors offer.
+local ffi = require "ffi"
+local T = require "loom.tensor"
+local C = require("loom.lib").C
+local serialize = require "loom.serialize"
+local fs = require "loom.fs"
+local libc = ffi.C   -- fopen/fwrite/fsync as declared by loom.serialize
+
+local M = {}
+
+M.MANIFEST = "manifest.loom"
+M.FORMAT, M.VERSION = "loom-dcp", 1
+
+function M.shard_file(r) return string.format("rank%05d.shards", r) end
+function M.tmp_of(dir) return dir .. ".tmp-ckpt" end
+function M.old_of(dir) return dir .. ".old" end
+function M.is_checkpoint(dir) return fs.is_file(dir .. "/" .. M.MANIFEST) end
+
+-- the hint a failed load of dir ends with when dir.old holds a checkpoint
+function M.old_hint(dir, fname)
+  local old = M.old_of(dir)
+  if not M.is_checkpoint(old) then return "" end
+  local call = fname == "load" and string.format("loom.load(%q)", old)
+      or string.format("dist.checkpoint.load(state_dict, %q)", old)
+  return string.format("; %s holds an earlier checkpoint (left by an interrupted save): load it with %s, "
+                       .. "or move it back to %s", old, call, dir)
+end
+
+-- fail(dir, fname, fmt, ...): raises a load error about the files of dir
+function M.fail(dir, fname, fmt, ...)
+  error(fname .. ": " .. string.format(fmt, ...) .. M.old_hint(dir, fname), 0)
+end
+
+---------------------------------------------------------------------------
+-- writing
+
+-- write_shards(path, entries, mine): writes the local blocks of the
+-- entries this rank owns (mine[i]) to path, durably; returns the file's
+-- size, its checksum and each written shard's checksum
+function M.write_shards(path, entries, mine)
+  local f = libc.fopen(path, "wb")
+  if f == nil then error("checkpoint.save: cannot open " .. path .. " for writing", 0) end
+  local fsum, size, sums, ok = C.lm_fnv1a("", 0, 0), 0, {}, true
+  for i, e in ipairs(entries) do
+    if mine[i] then
+      local c = e.local_t
+      if c.device ~= "cpu" then c = c:to("cpu") end
+      c = c:contiguous()
+      local n = c:numel() * C.lm_dtype_size(c.dtype_)
+      local p = C.lm_data(c)
+      sums[i] = C.lm_fnv1a(p, n, 0)
+      fsum = C.lm_fnv1a(p, n, fsum)
+      if n > 0 and libc.fwrite(p, 1, n, f) ~= n then ok = false break end
+      size = size + n
+    end
+  end
+  ok = ok and libc.fflush(f) == 0 and libc.fsync(libc.fileno(f)) == 0
+  if libc.fclose(f) ~= 0 then ok = false end
+  if not ok then error("checkpoint.save: writing " .. path .. " failed (disk full?)", 0) end
+  return size, fsum, sums
+end
+
+function M.write_manifest(dir, m)
+  m.format, m.version = M.FORMAT, M.VERSION
+  serialize.save(m, dir .. "/" .. M.MANIFEST)
+end
+
+local function wrap(fn, ...)
+  local ok, err = pcall(fn, ...)
+  if not ok then error("checkpoint.save: " .. tostring(err), 0) end
+end
+
+-- check_target(dir): dir may be replaced (it is missing, an empty
+-- directory, or a checkpoint); raises otherwise
+function M.check_target(dir)
+  if fs.exists(dir) and not M.is_checkpoint(dir) then
+    -- an empty directory (mkdir -p DIR before saving) may be replaced
+    if fs.is_dir(dir) and #fs.list(dir) == 0 then return wrap(fs.rm_rf, dir) end
+    error("checkpoint.save: " .. dir .. " exists and is not a loom checkpoint (no " .. M.MANIFEST
+          .. "); refusing to replace it", 0)
+  end
+end
+
+-- make_tmp(dir): a fresh, empty dir.tmp-ckpt
+function M.make_tmp(dir)
+  M.check_target(dir)
+  wrap(fs.rm_rf, M.tmp_of(dir))
+  wrap(fs.mkdir_p, M.tmp_of(dir))
+end
+
+-- install(dir): dir.tmp-ckpt becomes dir (see the top of the file)
+function M.install(dir)
+  M.check_target(dir)
+  local tmp, old = M.tmp_of(dir), M.old_of(dir)
+  local had = fs.exists(dir)
+  if had then
+    if fs.exists(old) then
+      if not M.is_checkpoint(old) then
+        error("checkpoint.save: " .. old .. " exists and is not a loom checkpoint; refusing to replace it", 0)
+      end
+      wrap(fs.rm_rf, old)
+    end
+    wrap(fs.rename, dir, old)
+  end
+  local ok, err = pcall(fs.rename, tmp, dir)
+  if not ok then
+    if had then os.rename(old, dir) end
+    error("checkpoint.save: " .. tostring(err), 0)
+  end
+  if had then wrap(fs.rm_rf, old) end
+end
+
+---------------------------------------------------------------------------
+-- reading
+
+-- read_manifest(dir, fname) -> manifest, its path
+function M.read_manifest(dir, fname)
+  local path = dir .. "/" .. M.MANIFEST
+  if not fs.exists(dir) then
+    M.fail(dir, fname, "%s is not a checkpoint: the directory does not exist (no %s)", dir, path)
+  end
+  if not M.is_checkpoint(dir) then
+    M.fail(dir, fname, "%s is not a checkpoint: %s is missing", dir, path)
+  end
+  local ok, m = pcall(serialize.load, path)
+  if not ok then M.fail(dir, fname, "%s", (tostring(m):gsub("^load: ", ""))) end
+  if type(m) ~= "table" or m.format ~= M.FORMAT or type(m.tensors) ~= "table" or type(m.files) ~= "table" then
+    M.fail(dir, fname, "%s is not a loom distributed checkpoint manifest", path)
+  end
+  if m.version ~= M.VERSION then
+    error(string.format("%s: %s has format version %s (this loom reads version %d)", fname, path,
+                        tostring(m.version), M.VERSION), 0)
+  end
+  return m, path
+end
+
+-- reader(dir, m, fname) -> read(shard, name), close(): read returns the
+-- saved shard as a tensor, after checking its file's size and the
+-- shard's checksum (errors name the tensor and the file)
+function M.reader(dir, m, fname)
+  local handles = {}
+  local function open(fi, name)
+    if handles[fi] then return handles[fi], dir .. "/" .. m.files[fi].name end
+    local fe = m.files[fi]
+    if fe == nil then M.fail(dir, fname, "%s/%s names file #%d, which it does not list", dir, M.MANIFEST, fi) end
+    local path = dir .. "/" .. fe.name
+    local f, err = io.open(path, "rb")
+    if not f then M.fail(dir, fname, "tensor %s: cannot open %s: %s", name, path, tostring(err)) end
+    local len = f:seek("end")
+    if len ~= fe.size then
+      f:close()
+      if len < fe.size then M.fail(dir, fname, "tensor %s: %s is truncated (%d of %d bytes)", name, path, len, fe.size) end
+      M.fail(dir, fname, "tensor %s: %s has %d bytes, the manifest says %d (corrupt)", name, path, len, fe.size)
+    end
+    handles[fi] = f
+    return f, path
+  end
+  local function read(sh, te)
+    local f, path = open(sh.file, te.name)
+    f:seek("set", sh.byte_offset)
+    local s = f:read(sh.nbytes) or ""
+    if #s ~= sh.nbytes then
+      M.fail(dir, fname, "tensor %s: %s is truncated (its shard at byte %d runs past the end)", te.name, path,
+             sh.byte_offset)
+    end
+    if C.lm_fnv1a(s, #s, 0) ~= sh.checksum then
+      M.fail(dir, fname, "tensor %s: its shard in %s (bytes %d to %d) is corrupt (checksum mismatch)", te.name,
+             path, sh.byte_offset, sh.byte_offset + sh.nbytes - 1)
+    end
+    local src = T.empty(sh.size, { dtype = te.dtype })
+    if sh.nbytes > 0 then ffi.copy(C.lm_data(src), s, sh.nbytes) end
+    return src
+  end
+  local function close()
+    for _, f in pairs(handles) do f:close() end
+    handles = {}
+  end
+  return read, close
+end
+
+-- verify(dir, fname): every file's size and checksum against the manifest
+function M.verify(dir, fname)
+  local m = M.read_manifest(dir, fname)
+  for _, fe in ipairs(m.files) do
+    local path = dir .. "/" .. fe.name
+    local f, err = io.open(path, "rb")
+    if not f then M.fail(dir, fname, "cannot open %s: %s", path, tostring(err)) end
+    local s = f:read("*a")
+    f:close()
+    if #s < fe.size then M.fail(dir, fname, "%s is truncated (%d of %d bytes)", path, #s, fe.size) end
+    if #s ~= fe.size or C.lm_fnv1a(s, #s, 0) ~= fe.checksum then
+      M.fail(dir, fname, "%s is corrupt (checksum mismatch)", path)
+    end
+  end
+  return m
+end
+
+return M

@@ -1,0 +1,69 @@
+-- ranks.lua: agreement between ranks for the collective save and load
+-- (over the world): exchanging int64 records, and raising an error on
+-- every rank when any one fails, so none is left waiting in a collective.
+local ffi = require "ffi"
+local T = require "loom.tensor"
+local C = require("loom.lib").C
+
+local M = {}
+
+local MSGLEN = 1000   -- bytes of an error message passed between ranks
+
+local function dist() return require "loom.distributed" end
+
+-- i64s(n) -> a zeroed i64 tensor of n and a pointer to its data
+function M.i64s(n)
+  local t = T.zeros({ n }, { dtype = "i64" })
+  return t, ffi.cast("int64_t*", C.lm_data(t))
+end
+
+-- gather_i64(t) -> pointer to every rank's t, concatenated in rank order
+-- (and the tensor that holds them)
+function M.gather_i64(t)
+  local g = dist().all_gather(t, 1, dist().world_group())
+  return ffi.cast("int64_t*", C.lm_data(g)), g
+end
+
+-- every rank passes its error message (or nil); returns the message of the
+-- lowest failing rank and that rank, or nil
+local function agree(msg)
+  local d = dist()
+  if d.world_size() == 1 then return msg, msg and 0 or nil end
+  local t = T.zeros({ MSGLEN + 1 }, { dtype = "i32" })
+  local p = ffi.cast("int32_t*", C.lm_data(t))
+  if msg then
+    msg = tostring(msg)
+    p[0] = 1
+    for i = 1, math.min(#msg, MSGLEN) do p[i] = msg:byte(i) end
+  end
+  local g = d.all_gather(t, 1, d.world_group())
+  local q = ffi.cast("int32_t*", C.lm_data(g))
+  for r = 0, d.world_size() - 1 do
+    local base = r * (MSGLEN + 1)
+    if q[base] ~= 0 then
+      local b = {}
+      for i = 1, MSGLEN do
+        local c = q[base + i]
+        if c == 0 then break end
+        b[i] = string.char(c)
+      end
+      return table.concat(b), r
+    end
+  end
+  return nil
+end
+
+-- together(fn, ...): runs fn under pcall on every rank, then raises on
+-- every rank if it failed on any (the lowest failing rank's message);
+-- returns fn's first result
+function M.together(fn, ...)
+  local ok, err = pcall(fn, ...)
+  local msg, r = agree(not ok and tostring(err) or nil)
+  if msg then
+    if r ~= dist().rank() then msg = msg .. " [on rank " .. r .. "]" end
+    error(msg, 0)
+  end
+  return err
+end
+
+return M

@@ -1,0 +1,171 @@
+-- cli_spec.lua: the helpers that stand on Debian's Lua libraries: flags
+-- (loom.cli over lua-argparse, as train.lua and the benchmarks use them),
+-- file work (loom.fs over lua-filesystem), JSON (dkjson through
+-- loom.bench.write_json) and FQN patterns (libc's fnmatch).
+local cli = require "loom.cli"
+local fs = require "loom.fs"
+local bench = require "loom.bench"
+local tp = require "loom.parallel"
+local json = require "dkjson"
+
+local FLAGS = {
+  { "steps", 600, "optimizer steps" },
+  { "log", "", "log file" },
+  { "dtype", "f32", "f32 or bf16" },
+  { "quiet", false, "no progress" },
+  { "loss-parallel", true, "loss parallel" },
+}
+
+local function parse(...) return cli.parse("prog", FLAGS, { ... }) end
+local function err_of(fn, ...)
+  local ok, e = pcall(fn, ...)
+  assert.is_false(ok, "expected an error")
+  return tostring(e)
+end
+
+local function sh(cmd)
+  local p = io.popen("( " .. cmd .. " ) 2>&1; echo \"@@rc=$?\"")
+  local out = p:read("*a")
+  p:close()
+  return tonumber(out:match("@@rc=(%d+)%s*$")), out:gsub("@@rc=%d+%s*$", "")
+end
+
+local function tmpdir()
+  local d = os.tmpname()
+  os.remove(d)
+  return d
+end
+
+describe("loom.cli", function()
+  it("gives every flag its default when absent", function()
+    local o = parse()
+    assert.same({ steps = 600, log = "", dtype = "f32", quiet = false, ["loss-parallel"] = true }, o)
+  end)
+
+  it("converts numbers, takes strings, sets boolean flags, accepts --name=value", function()
+    local o = parse("--steps", "20", "--log=out/x.jsonl", "--quiet", "--dtype", "bf16", "--steps=1e3")
+    assert.equal(1000, o.steps)   -- the last one wins
+    assert.equal("out/x.jsonl", o.log)
+    assert.equal("bf16", o.dtype)
+    assert.is_true(o.quiet)
+    assert.equal("number", type(parse("--steps", "7").steps))
+  end)
+
+  it("names an unknown flag, a flag without its value and a bad number", function()
+    local e = err_of(parse, "--nope", "3")
+    assert.truthy(e:find("prog: unknown argument --nope (see --help)", 1, true), e)
+    e = err_of(parse, "--step", "3")
+    assert.truthy(e:find("unknown argument --step", 1, true), e)
+    assert.truthy(e:find("--steps", 1, true), e)   -- the tip names the likely flag
+    e = err_of(parse, "--steps")
+    assert.truthy(e:find("--steps", 1, true) and e:find("argument", 1, true), e)
+    e = err_of(parse, "--steps", "many")
+    assert.truthy(e:find("--steps expects a number, got 'many'", 1, true), e)
+    e = err_of(parse, "stray")
+    assert.truthy(e:find("prog: ", 1, true), e)
+  end)
+
+  it("bench scripts: defaults as flags, --help lists them, unknown flags are errors", function()
+    local o = bench.args({ "--dim", "64" }, { dim = 128, json = "" }, "b")
+    assert.same({ dim = 64, json = "" }, o)
+    local rc, out = sh("luajit scripts/bench_train.lua --help")
+    assert.equal(0, rc, out)
+    assert.truthy(out:find("--layers", 1, true), out)
+    rc, out = sh("luajit scripts/bench_train.lua --bogus 1")
+    assert.is_not.equal(0, rc)
+    assert.truthy(out:find("bench_train.lua: unknown argument --bogus", 1, true), out)
+    rc, out = sh("luajit scripts/bench_ops.lua --sizes")
+    assert.is_not.equal(0, rc)
+    assert.truthy(out:find("--sizes", 1, true), out)
+  end)
+end)
+
+describe("loom.fs", function()
+  it("makes nested directories, lists them and removes a tree without following links", function()
+    local root = tmpdir()
+    local outside = tmpdir()
+    fs.mkdir_p(outside)
+    local keep = io.open(outside .. "/keep.txt", "w")
+    keep:write("x")
+    keep:close()
+    fs.mkdir_p(root .. "/a/b/c/")
+    fs.mkdir_p(root .. "/a/b/c")   -- again: nothing to do
+    assert.is_true(fs.is_dir(root .. "/a/b/c"))
+    local f = io.open(root .. "/a/file.txt", "w")
+    f:write("hello")
+    f:close()
+    assert.equal(0, (sh("ln -s '" .. outside .. "' '" .. root .. "/a/link'")))
+    assert.same({ "b", "file.txt", "link" }, fs.list(root .. "/a"))
+    assert.equal("link", fs.mode(root .. "/a/link"))
+    fs.rm_rf(root)
+    assert.is_false(fs.exists(root))
+    assert.is_true(fs.is_file(outside .. "/keep.txt"))   -- the link's target is untouched
+    fs.rm_rf(root)   -- a missing path is no error
+    fs.rm_rf(outside)
+    assert.is_false(fs.exists(outside))
+  end)
+
+  it("errors name the path", function()
+    local root = tmpdir()
+    fs.mkdir_p(root)
+    local f = io.open(root .. "/plain", "w")
+    f:close()
+    local e = err_of(fs.mkdir_p, root .. "/plain/sub")
+    assert.truthy(e:find("cannot create the directory " .. root .. "/plain/sub: " .. root
+                         .. "/plain exists and is not a directory", 1, true), e)
+    e = err_of(fs.mkdir_p, "/proc/loom-spec-no-such-dir")
+    assert.truthy(e:find("cannot create the directory /proc/loom-spec-no-such-dir: ", 1, true), e)
+    e = err_of(fs.list, root .. "/missing")
+    assert.truthy(e:find("cannot list the directory " .. root .. "/missing", 1, true), e)
+    e = err_of(fs.rename, root .. "/missing", root .. "/other")
+    assert.truthy(e:find("cannot rename " .. root .. "/missing to " .. root .. "/other", 1, true), e)
+    fs.rm_rf(root)
+  end)
+end)
+
+describe("JSON through dkjson", function()
+  it("bench.write_json writes what dkjson reads back; NaN becomes null", function()
+    local path = os.tmpname()
+    local report = { threads = 2, matmul = { { n = 256, gflops = 12.5 }, { n = 512, gflops = 30.25 } },
+                     name = "quote \" and newline \n", bad = 0 / 0, overhead_us = { add = 1.5 } }
+    bench.write_json(path, report)
+    local f = io.open(path)
+    local text = f:read("*a")
+    f:close()
+    os.remove(path)
+    local back, _, err = json.decode(text)
+    assert.is_nil(err)
+    assert.equal(2, back.threads)
+    assert.equal(30.25, back.matmul[2].gflops)
+    assert.equal("quote \" and newline \n", back.name)
+    assert.is_nil(back.bad)
+    assert.truthy(text:find('"bad":null', 1, true), text)
+    assert.equal(1.5, back.overhead_us.add)
+  end)
+end)
+
+describe("FQN patterns (libc fnmatch)", function()
+  it("matches the patterns of parallelize_module plans", function()
+    assert.is_true(tp.fnmatch("wq", "w?"))
+    assert.is_true(tp.fnmatch("12", "*"))
+    assert.is_true(tp.fnmatch("", "*"))
+    assert.is_true(tp.fnmatch("2", "[1-2]"))
+    assert.is_false(tp.fnmatch("3", "[1-2]"))
+    assert.is_true(tp.fnmatch("3", "[!1-2]"))
+    assert.is_true(tp.fnmatch("attention", "att*on"))
+    assert.is_false(tp.fnmatch("attention", "att*x"))
+    assert.is_true(tp.fnmatch("a.b", "a?b"))          -- no FNM_PERIOD: ? matches a dot
+    assert.is_true(tp.fnmatch("[x", "[x"))            -- an unclosed bracket is literal
+    assert.is_true(tp.fnmatch("a\\b", "a\\b"))        -- a backslash is literal (Python's fnmatch)
+    assert.is_false(tp.fnmatch("ab", "a\\b"))
+    assert.is_true(tp.fnmatch("w%", "w%"))            -- no Lua pattern characters leak through
+    assert.is_false(tp.fnmatch("wx", "w%"))
+  end)
+
+  it("names a bad argument", function()
+    local e = err_of(tp.fnmatch, nil, "*")
+    assert.truthy(e:find("fnmatch", 1, true) and e:find("name", 1, true), e)
+    e = err_of(tp.fnmatch, "x", 3)
+    assert.truthy(e:find("pattern", 1, true), e)
+  end)
+end)
