@@ -11,7 +11,8 @@ struct lm_comm {
   MPI_Comm mpi;
   int rank, size;
   int *world_ranks;     /* world rank of each member, for messages */
-  int64_t calls;        /* collectives issued on it, for debug fingerprints */
+  int64_t calls;        /* collectives issued on it (call numbers in checks, the watchdog) */
+  uint64_t key;         /* the same on every member (watchdog.c) */
   int owned;            /* freed with MPI_Comm_free by lm_comm_free */
   void *nccl;           /* ncclComm_t, made on the first CUDA collective */
 };
@@ -58,11 +59,21 @@ void lm_nccl_comm_free(lm_comm *c); /* destroys c->nccl */
 
 /* mpi.c helpers for the rest of core/comm/ */
 int lm_dist_ensure(const char *who);  /* lm_dist_init, error naming who */
-int lm_comm_allgather_i64(lm_comm *c, const int64_t *mine, int n, int64_t *all);
+int lm_comm_allgather_i64(lm_comm *c, const int64_t *mine, int n, int64_t *all, const char *what);
 int lm_comm_bcast_bytes(lm_comm *c, void *buf, int n, int root);
 int lm_debug_collectives(void);
 
-/* debug.c: fingerprints exchanged before each collective in debug mode */
+/* watchdog.c: ends the job when ranks can no longer meet; waits that sleep */
+int lm_watch_start(int rank, int size, int thread_level);
+void lm_watch_finish(void);  /* announces this rank's end, waits for all */
+uint64_t lm_watch_key(const int *world_ranks, int size);
+void lm_watch_comm(const lm_comm *c, int alive); /* a comm made (1) or freed (0) */
+int lm_watch_check(const lm_comm *c, const char *what); /* -1 when a member finished */
+/* waits for a call on c, polling test(arg) (1 done, 0 pending, -1 error)
+ * with growing naps, where the watchdog can see it */
+int lm_watch_wait(const lm_comm *c, const char *what, int (*test)(void *), void *arg);
+
+/* debug.c: fingerprints exchanged before each collective (on by default) */
 int lm_check_fingerprint(lm_comm *c, int kind, int op, const lm_tensor *t,
                          int64_t a1, int64_t a2, int64_t wild_dim, int64_t wild_size);
 #endif

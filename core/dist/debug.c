@@ -1,6 +1,7 @@
-/* debug.c: LOOM_DEBUG_COLLECTIVES=1. Before each collective the ranks of the
- * communicator swap a fingerprint (call number, kind, op, dtype, shape) and
- * fail with a message naming both calls when they disagree, not hang. */
+/* debug.c: before each collective the ranks of the communicator swap a
+ * fingerprint (call number, kind, op, dtype, shape) and fail with a message
+ * naming both calls when they disagree, instead of hanging or returning
+ * garbage. On by default; LOOM_CHECK_COLLECTIVES=0 turns it off. */
 #include "comm.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,6 +44,7 @@ static void describe(const int64_t *fp, char *buf, size_t len) {
 int lm_check_fingerprint(lm_comm *c, int kind, int op, const lm_tensor *t, int64_t a1,
                          int64_t a2, int64_t wild_dim, int64_t wild_size) {
   c->calls++;
+  if (lm_watch_check(c, kinds[kind]) < 0) return -1;
   if (!lm_debug_collectives()) return 0;
   int64_t fp[FP_LEN] = {0};
   fp[FP_RANK] = c->world_ranks[c->rank];
@@ -59,7 +61,7 @@ int lm_check_fingerprint(lm_comm *c, int kind, int op, const lm_tensor *t, int64
   }
   int64_t *all = malloc(sizeof *all * FP_LEN * c->size);
   if (!all) return lm_error("%s: out of memory (debug fingerprint)", kinds[kind]);
-  if (lm_comm_allgather_i64(c, fp, FP_LEN, all) < 0) { free(all); return -1; }
+  if (lm_comm_allgather_i64(c, fp, FP_LEN, all, kinds[kind]) < 0) { free(all); return -1; }
   int rc = 0;
   for (int q = 0; q < c->size && rc == 0; q++) {
     const int64_t *o = all + (size_t)q * FP_LEN;
@@ -67,7 +69,7 @@ int lm_check_fingerprint(lm_comm *c, int kind, int op, const lm_tensor *t, int64
     char mine[256], theirs[256];
     describe(fp, mine, sizeof mine);
     describe(o, theirs, sizeof theirs);
-    rc = lm_error("collective mismatch (LOOM_DEBUG_COLLECTIVES) in a group of %d ranks: "
+    rc = lm_error("collective mismatch in a group of %d ranks: "
                   "rank %lld issued %s, but rank %lld issued %s", c->size,
                   (long long)fp[FP_RANK], mine, (long long)o[FP_RANK], theirs);
   }

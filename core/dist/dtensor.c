@@ -130,7 +130,7 @@ lm_tensor *lm_dtensor_from_local(lm_tensor *local, lm_mesh *m, const lm_placemen
     for (int k = 0; k < m->ndim; k++) {
       int64_t mine[LM_MAX_DIMS + 1] = {s.nd}, *all = malloc(sizeof(int64_t) * (LM_MAX_DIMS + 1) * m->shape[k]);
       memcpy(mine + 1, s.shape, s.nd * sizeof *mine);
-      int rc = all ? lm_comm_allgather_i64(m->comm[k], mine, LM_MAX_DIMS + 1, all) : lm_error("oom");
+      int rc = all ? lm_comm_allgather_i64(m->comm[k], mine, LM_MAX_DIMS + 1, all, "from_local's run_check") : lm_error("oom");
       for (int r = 0; rc == 0 && r < m->shape[k]; r++)
         if (memcmp(all + r * (LM_MAX_DIMS + 1), mine, sizeof mine))
           rc = lm_error("from_local: run_check: rank %d of mesh dim %d has another global shape", r, k + 1);

@@ -37,8 +37,8 @@ int lm_dist_init(void) {
   int flag = 0, provided, rc;
   MPI_Initialized(&flag);
   if (!flag) {
-    /* SERIALIZED: loom's kernel threads never call MPI, but a comm thread may. */
-    rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided);
+    /* MULTIPLE: the watchdog's thread calls MPI beside the main thread. */
+    rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
     if (rc != MPI_SUCCESS) return mpi_fail("dist.init", rc);
     own_mpi = 1;
     atexit(at_exit);
@@ -50,12 +50,13 @@ int lm_dist_init(void) {
   MPI_Comm_rank(MPI_COMM_WORLD, &world.rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world.size);
   world.world_ranks = identity_ranks(world.size);
-  if (debug < 0) {
-    const char *e = getenv("LOOM_DEBUG_COLLECTIVES");
-    debug = e && *e && strcmp(e, "0") != 0;
-  }
+  world.key = lm_watch_key(world.world_ranks, world.size);
+  if (!flag) MPI_Query_thread(&provided);
+  else provided = MPI_THREAD_SINGLE; /* someone else's MPI: no thread of ours */
+  lm_dist_debug();
   inited = 1;
-  return 0;
+  lm_watch_comm(&world, 1);
+  return own_mpi ? lm_watch_start(world.rank, world.size, provided) : 0;
 }
 
 int lm_dist_ensure(const char *who) {
@@ -80,6 +81,7 @@ int lm_dist_local_size(void) {
 
 int lm_dist_finalize(void) {
   if (!inited || !own_mpi || mpi_finalized()) return 0;
+  lm_watch_finish();
   int rc = MPI_Finalize();
   return rc == MPI_SUCCESS ? 0 : mpi_fail("dist.finalize", rc);
 }
@@ -93,11 +95,14 @@ void lm_abort(int code) {
   _exit(code);
 }
 
+/* The check that every rank calls the same collective is on unless
+ * LOOM_CHECK_COLLECTIVES=0 (LOOM_DEBUG_COLLECTIVES, its old name, too). */
 void lm_dist_set_debug(int on) { debug = on != 0; }
 int lm_dist_debug(void) {
   if (debug < 0) {
-    const char *e = getenv("LOOM_DEBUG_COLLECTIVES");
-    debug = e && *e && strcmp(e, "0") != 0;
+    const char *e = getenv("LOOM_CHECK_COLLECTIVES");
+    if (!e) e = getenv("LOOM_DEBUG_COLLECTIVES");
+    debug = !e || !*e || strcmp(e, "0") != 0;
   }
   return debug;
 }
@@ -137,6 +142,8 @@ static lm_comm *wrap_comm(MPI_Comm m) {
   MPI_Group_free(&g);
   MPI_Group_free(&wg);
   free(mine);
+  c->key = lm_watch_key(c->world_ranks, c->size);
+  lm_watch_comm(c, 1);
   return c;
 }
 
@@ -194,6 +201,7 @@ lm_comm *lm_comm_from_ranks(int n, const int32_t *ranks) {
 
 void lm_comm_free(lm_comm *c) {
   if (!c || c == &world) return;
+  lm_watch_comm(c, 0);
 #ifdef LOOM_HAVE_NCCL
   lm_nccl_comm_free(c);
 #endif
@@ -212,9 +220,18 @@ int lm_comm_world_rank(const lm_comm *c, int rank) {
   return c->world_ranks[rank];
 }
 
-int lm_comm_allgather_i64(lm_comm *c, const int64_t *mine, int n, int64_t *all) {
-  int rc = MPI_Allgather(mine, n, MPI_INT64_T, all, n, MPI_INT64_T, c->mpi);
-  return rc == MPI_SUCCESS ? 0 : mpi_fail("allgather", rc);
+static int test_request(void *req) {
+  int flag = 0, rc = MPI_Test(req, &flag, MPI_STATUS_IGNORE);
+  return rc == MPI_SUCCESS ? flag : mpi_fail("allgather", rc);
+}
+
+/* (a small allgather of the core's own: shapes, fingerprints; it waits
+ * where the watchdog sees it) */
+int lm_comm_allgather_i64(lm_comm *c, const int64_t *mine, int n, int64_t *all, const char *what) {
+  MPI_Request req;
+  int rc = MPI_Iallgather(mine, n, MPI_INT64_T, all, n, MPI_INT64_T, c->mpi, &req);
+  if (rc != MPI_SUCCESS) return mpi_fail("allgather", rc);
+  return lm_watch_wait(c, what, test_request, &req);
 }
 
 int lm_comm_bcast_bytes(lm_comm *c, void *buf, int n, int root) {
@@ -250,7 +267,7 @@ static int mpi_start(lm_work *w) {
   MPI_Op op = mpi_op(w->op);
   void *s = w->send ? lm_data(w->send) : NULL, *r = w->recv ? lm_data(w->recv) : NULL;
   const void *sb = w->in_place ? MPI_IN_PLACE : s;
-  int n = w->recv ? (int)w->recv->numel_ : 0, rc = MPI_SUCCESS, b = w->blocking;
+  int n = w->recv ? (int)w->recv->numel_ : 0, rc = MPI_SUCCESS, b = 0; /* nonblocking: waits sleep */
   MPI_Request *q = &w->req;
   *q = MPI_REQUEST_NULL;
   int me = w->comm->rank;
@@ -293,15 +310,13 @@ static int mpi_start(lm_work *w) {
   return rc == MPI_SUCCESS ? 0 : mpi_fail(kind_name[w->kind], rc);
 }
 
-static int mpi_wait(lm_work *w) {
-  int rc = MPI_Wait(&w->req, MPI_STATUS_IGNORE);
-  return rc == MPI_SUCCESS ? 0 : mpi_fail(kind_name[w->kind], rc);
-}
-
 static int mpi_test(lm_work *w) {
   int flag = 0, rc = MPI_Test(&w->req, &flag, MPI_STATUS_IGNORE);
   return rc == MPI_SUCCESS ? flag : mpi_fail(kind_name[w->kind], rc);
 }
+
+static int test_work(void *w) { return mpi_test(w); }
+static int mpi_wait(lm_work *w) { return lm_watch_wait(w->comm, kind_name[w->kind], test_work, w); }
 
 static void mpi_release(lm_work *w) { (void)w; }
 
