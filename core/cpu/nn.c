@@ -1,6 +1,7 @@
 /* nn.c: row kernels for softmax, layer/rms norm, embedding and its
  * gradient (index_add). Rows are contiguous; f32 and f64 (norm statistics
  * accumulate in double). The ops check shapes, dtypes and ids first. */
+#include "simd.h"
 #include "fastmath.h"
 #include "kernels.h"
 #include <math.h>

@@ -1,5 +1,6 @@
 /* reduce.c: reductions of a contiguous (outer, n, inner) tensor over its
  * middle dim into (outer, inner). Sums accumulate in double. */
+#include "simd.h"
 #include "kernels.h"
 #include <stdlib.h>
 
