@@ -7,46 +7,6 @@
 #include <math.h>
 #include <string.h>
 
-/* The simd reductions let the compiler vectorize (reordering the sums);
- * a NaN anywhere in a row reaches every output through exp. */
-#define SOFTMAX(T, NAME, EXP, LOG)                                             \
-  static void NAME(T *out, const T *x, int64_t rows, int64_t n, int lg) {      \
-    _Pragma("omp parallel for num_threads(lm_threads_for(rows * n)) schedule(static)") \
-    for (int64_t r = 0; r < rows; r++) {                                       \
-      const T *xr = x + r * n;                                                 \
-      T *o = out + r * n;                                                      \
-      T m = -INFINITY;                                                         \
-      _Pragma("omp simd reduction(max:m)")                                     \
-      for (int64_t j = 0; j < n; j++) m = xr[j] > m ? xr[j] : m;               \
-      if (m == -INFINITY) m = 0; /* all -inf: 0/0, NaN as in PyTorch */       \
-      double sum = 0;                                                          \
-      _Pragma("omp simd")                                                      \
-      for (int64_t j = 0; j < n; j++) o[j] = EXP(xr[j] - m);                   \
-      _Pragma("omp simd reduction(+:sum)")                                     \
-      for (int64_t j = 0; j < n; j++) sum += o[j];                             \
-      if (lg) {                                                                \
-        T lse = m + (T)LOG(sum);                                               \
-        _Pragma("omp simd")                                                    \
-        for (int64_t j = 0; j < n; j++) o[j] = xr[j] - lse;                    \
-      } else {                                                                 \
-        T inv = (T)(1 / sum);                                                  \
-        _Pragma("omp simd")                                                    \
-        for (int64_t j = 0; j < n; j++) o[j] *= inv;                           \
-      }                                                                        \
-    }                                                                          \
-  }
-SOFTMAX(float, softmax_f32, lm_expf, log)
-SOFTMAX(double, softmax_f64, exp, log)
-
-int lm_cpu_softmax(lm_tensor *out, const lm_tensor *x, int log) {
-  int64_t n = x->ndim ? x->shape[x->ndim - 1] : 1, rows = n ? x->numel_ / n : 0;
-  switch (x->dtype_) {
-  case LM_F32: softmax_f32((float *)lm_ptr(out), (const float *)lm_ptr(x), rows, n, log); return 0;
-  case LM_F64: softmax_f64((double *)lm_ptr(out), (const double *)lm_ptr(x), rows, n, log); return 0;
-  default: return lm_error("softmax kernel: no kernel for dtype %s", lm_dtype_name(x->dtype_));
-  }
-}
-
 /* sum of x[j] (sq 0) or of (x[j] - mu)^2 (sq 1) in double, over 16
  * partial sums so the vectorised loop is not bound by one add chain */
 #define ROWSUM(T)                                                              \
@@ -69,6 +29,44 @@ typedef float f32;
 typedef double f64;
 ROWSUM(f32)
 ROWSUM(f64)
+
+/* The simd reductions let the compiler vectorize (reordering the sums);
+ * a NaN anywhere in a row reaches every output through exp. */
+#define SOFTMAX(T, NAME, EXP, LOG)                                             \
+  static void NAME(T *out, const T *x, int64_t rows, int64_t n, int lg) {      \
+    _Pragma("omp parallel for num_threads(lm_threads_for(rows * n)) schedule(static)") \
+    for (int64_t r = 0; r < rows; r++) {                                       \
+      const T *xr = x + r * n;                                                 \
+      T *o = out + r * n;                                                      \
+      T m = -INFINITY;                                                         \
+      _Pragma("omp simd reduction(max:m)")                                     \
+      for (int64_t j = 0; j < n; j++) m = xr[j] > m ? xr[j] : m;               \
+      if (m == -INFINITY) m = 0; /* all -inf: 0/0, NaN as in PyTorch */       \
+      _Pragma("omp simd")                                                      \
+      for (int64_t j = 0; j < n; j++) o[j] = EXP(xr[j] - m);                   \
+      double sum = sum_##T(o, n, 0, 0);                                        \
+      if (lg) {                                                                \
+        T lse = m + (T)LOG(sum);                                               \
+        _Pragma("omp simd")                                                    \
+        for (int64_t j = 0; j < n; j++) o[j] = xr[j] - lse;                    \
+      } else {                                                                 \
+        T inv = (T)(1 / sum);                                                  \
+        _Pragma("omp simd")                                                    \
+        for (int64_t j = 0; j < n; j++) o[j] *= inv;                           \
+      }                                                                        \
+    }                                                                          \
+  }
+SOFTMAX(f32, softmax_f32, lm_expf, log)
+SOFTMAX(f64, softmax_f64, exp, log)
+
+int lm_cpu_softmax(lm_tensor *out, const lm_tensor *x, int log) {
+  int64_t n = x->ndim ? x->shape[x->ndim - 1] : 1, rows = n ? x->numel_ / n : 0;
+  switch (x->dtype_) {
+  case LM_F32: softmax_f32((float *)lm_ptr(out), (const float *)lm_ptr(x), rows, n, log); return 0;
+  case LM_F64: softmax_f64((double *)lm_ptr(out), (const double *)lm_ptr(x), rows, n, log); return 0;
+  default: return lm_error("softmax kernel: no kernel for dtype %s", lm_dtype_name(x->dtype_));
+  }
+}
 
 #define NORM(T, NAME)                                                          \
   static void NAME(T *out, T *mean, T *rstd, const T *x, const T *w, const T *b, \
