@@ -6,7 +6,7 @@
  * Largest errors against double math on the f32 inputs (2^22 points per
  * range; ulp of the result, or of 1 for the derivatives, which cross 0):
  * exp 1.0, tanh 1.3, erf 1.0, sigmoid 2.4, silu 2.4, silu' 1.9, gelu 5.4
- * (x near -1.2 and -5: 1 + erf cancels), gelu' 1.1, gelu_tanh' 1.8,
+ * (x near -1.2 and -5: 1 + erf cancels), gelu' 1.2, gelu_tanh' 1.8,
  * gelu_tanh 9 on |x| < 2.5 (its exponent 2z carries z's rounding; in the
  * tail, where it is below 1e-6, more). libm-based f32 gelu, 0.5 x (1 +
  * erf(x / sqrt 2)), was 44 ulp near -5.5 and 0 instead of 1e-8 beyond. */
@@ -20,12 +20,19 @@ static inline float lm_f32_bits(uint32_t b) { float f; memcpy(&f, &b, 4); return
 static inline uint32_t lm_bits_f32(float f) { uint32_t b; memcpy(&b, &f, 4); return b; }
 
 /* Cephes' expf: n = round(x / ln 2) (the 1.5 * 2^23 trick), r = x - n ln 2
- * in two exact steps, a degree-6 polynomial, then the exponent. Below
- * ln(FLT_MIN) = -87.3365 it gives 0 (no subnormals), above 88.72 inf; NaN
- * stays NaN. */
+ * in two exact steps, a degree-6 polynomial, then 2^n from the exponent
+ * bits. x is first clamped to [-88, 89] (max and min; NaN passes through
+ * and stays NaN): at -88, n = -127 makes the scale 0, so results below
+ * FLT_MIN (x < -87.34) flush to 0; at 89, n = 128 overflows to inf. */
+/* The bounds are read from memory (fastmath.c): as constants GCC folds the
+ * clamped paths through to the end and turns two vmaxps/vminps into a dozen
+ * compares and blends (1.6x slower). As uint32_t they cannot alias the
+ * floats a loop stores, so the loads leave the loop. */
+extern uint32_t lm_expf_bounds[2];
 static inline float lm_expf(float x) {
-  float xc = x < -87.33654f ? -87.33654f : x;
-  xc = xc > 88.72f ? 88.72f : xc;
+  float lo = lm_f32_bits(lm_expf_bounds[0]), hi = lm_f32_bits(lm_expf_bounds[1]);
+  float xc = x < lo ? lo : x;
+  xc = xc > hi ? hi : xc;
   float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
   float r = xc - n * 0.693359375f; /* n * C1 is exact: C1 has 9 bits */
   r = r + n * 2.12194440e-4f;
@@ -36,13 +43,10 @@ static inline float lm_expf(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = (p * r) * r + r + 1.0f;
-  /* 2^n for n up to 128: 2^min(n, 127), times 2 when n is 128 */
+  /* 2^n, n in [-127, 128]: 2^min(n, 127), doubled when n is 128 */
   int32_t ni = (int32_t)n;
-  int32_t nc = ni > 127 ? 127 : ni;
-  float res = p * lm_f32_bits((uint32_t)(nc + 127) << 23) * (ni > 127 ? 2.0f : 1.0f);
-  res = x < -87.33654f ? 0.0f : res;
-  res = x > 88.72f ? INFINITY : res;
-  return x != x ? x : res;
+  float res = p * lm_f32_bits((uint32_t)((ni > 127 ? 127 : ni) + 127) << 23);
+  return ni > 127 ? res + res : res;
 }
 
 /* Cephes' tanhf: an odd polynomial below 0.625, else 1 - 2/(e^2|x| + 1). */
@@ -82,11 +86,17 @@ static inline float lm_sq_lo(float a, float hi) {
   return ((ah * ah - hi) + 2.0f * ah * al) + al * al;
 }
 
-/* erfc(t) for t >= LM_ERF_T: exp(-t^2) * g(1/t) / t, with t^2 = hi + lo
- * given exactly (so the large exponent loses nothing) and g(w) = t erfc(t)
- * e^(t^2) a degree-11 fit in w - 0.595 on t in [0.92, 9.5] (relative error
- * 2e-8). Past 9.5 the exponential is 0, as erfc is in f32. */
-static inline float lm_erfc_big(float t, float hi, float lo) {
+/* exp(-k a^2) for k = 1 or 1/2, with a^2 = hi + lo exactly, so the large
+ * exponent loses nothing to the rounding of a^2 (nor of x / sqrt 2). */
+static inline float lm_exp_neg_sq(float a, float k) {
+  float hi = a * a, lo = a < 1e19f ? lm_sq_lo(a, hi) : 0.0f; /* not inf - inf */
+  return lm_expf(-k * hi) * (1.0f - k * lo);
+}
+
+/* erfc(t) e^(t^2) for t >= LM_ERF_T: g(1/t) / t, g(w) = t erfc(t) e^(t^2) a
+ * degree-11 fit in w - 0.595 on t in [0.92, 9.5] (relative error 2e-8).
+ * Past 9.5 (where e^(-t^2) is 0 in f32) t is held at 9.5. */
+static inline float lm_erfcx_big(float t) {
   float tc = t < 9.5f ? t : 9.5f;
   float w = 1.0f / tc, s = w - 0.5950044603033007f;
   float g = 0.062068957013466736f;
@@ -101,24 +111,25 @@ static inline float lm_erfc_big(float t, float hi, float lo) {
   g = g * s - 0.008220114411066919f;
   g = g * s - 0.17130477006153405f;
   g = g * s + 0.49466842550983336f;
-  hi = t < 9.5f ? hi : 90.25f; /* and not inf - inf from an infinite t */
-  lo = t < 9.5f ? lo : 0.0f;
-  return lm_expf(-hi) * (1.0f - lo) * (g * w);
+  return g * w;
 }
 
 static inline float lm_erff(float x) {
-  float t = fabsf(x), hi = t * t;
-  float big = copysignf(1.0f - lm_erfc_big(t, hi, lm_sq_lo(t, hi)), x);
+  float t = fabsf(x);
+  float big = copysignf(1.0f - lm_exp_neg_sq(t, 1.0f) * lm_erfcx_big(t), x);
   return t >= LM_ERF_T ? big : lm_erf_small(x); /* NaN: small, NaN */
 }
 
 /* 1 + erf(x / sqrt 2) = 2 Phi(x), without cancellation for negative x;
- * the exponent x^2 / 2 is taken from x exactly, not from the rounded u. */
-static inline float lm_gelu_phi2(float x) {
-  float u = x * 0.70710678118654752f, t = fabsf(u), a = fabsf(x), hi = a * a;
-  float c = lm_erfc_big(t, 0.5f * hi, 0.5f * lm_sq_lo(a, hi));
+ * e = exp(-x^2 / 2), which gelu' needs too. */
+static inline float lm_gelu_phi2_e(float x, float e) {
+  float u = x * 0.70710678118654752f, t = fabsf(u);
+  float c = e * lm_erfcx_big(t);
   float big = u > 0 ? 2.0f - c : c;
   return t >= LM_ERF_T ? big : 1.0f + lm_erf_small(u);
+}
+static inline float lm_gelu_phi2(float x) {
+  return lm_gelu_phi2_e(x, lm_exp_neg_sq(fabsf(x), 0.5f));
 }
 
 static inline float lm_sigmoidf(float x) { return 1.0f / (1.0f + lm_expf(-x)); }
@@ -132,7 +143,8 @@ static inline float lm_silu_df(float x) {
 }
 static inline float lm_geluf(float x) { return 0.5f * x * lm_gelu_phi2(x); }
 static inline float lm_gelu_df(float x) {
-  return 0.5f * lm_gelu_phi2(x) + x * lm_expf(-0.5f * x * x) * 0.39894228040143268f;
+  float e = lm_exp_neg_sq(fabsf(x), 0.5f);
+  return 0.5f * lm_gelu_phi2_e(x, e) + x * e * 0.39894228040143268f;
 }
 /* tanh-approximated gelu: 0.5 x (1 + tanh z) = x sigmoid(2z), which keeps
  * its accuracy where tanh z is near -1; the derivative likewise. */
