@@ -346,6 +346,31 @@ describe("sums", function()
       end
     end
   end)
+  it("over an inner dim of many rows and few columns (the rows split over threads)", function()
+    local r2, c2 = 4001, 300
+    local y = filled(r2 * c2, function(i) return (i % 13) * 0.5 - 3 end):view(r2, c2)
+    local ys = values(y)
+    for _, dt in ipairs { "f32", "f64" } do
+      local got = values(y:to(dt):sum(1))
+      for j = 1, c2 do
+        local s = 0
+        for r = 0, r2 - 1 do s = s + ys[r * c2 + j] end
+        assert(math.abs(got[j] - s) <= 1e-6 * math.abs(s) + 1e-9, dt .. " column " .. j)
+      end
+    end
+  end)
+  it("over the middle dim of a 3-D tensor", function()
+    local a, b, c = 5, 211, 37
+    local y = filled(a * b * c, function(i) return math.cos(i) end):view(a, b, c)
+    local ys, got = values(y), values(y:sum(2))
+    for i = 0, a - 1 do
+      for k = 0, c - 1 do
+        local s = 0
+        for j = 0, b - 1 do s = s + ys[(i * b + j) * c + k + 1] end
+        assert(math.abs(got[i * c + k + 1] - s) <= 1e-6 * math.abs(s) + 1e-6, "element " .. i .. "," .. k)
+      end
+    end
+  end)
   it("carries NaN and inf", function()
     local y = loom.tensor({ { 1, INF, 2 }, { 1, NAN, 2 }, { INF, -INF, 0 } })
     local s = values(y:sum(2))

@@ -2,12 +2,15 @@
  * middle dim into (outer, inner). Sums accumulate in double. */
 #include "simd.h"
 #include "kernels.h"
+#include <stdlib.h>
+#include <string.h>
 
 /* Sums accumulate in double. Over the last dim: 16 partial sums, so the
  * vectorised loop is not held up by the latency of one add chain. Over an
  * inner dim: whole rows are added into a block of column accumulators, and
- * the (outer, column block) pairs are spread over threads. */
-enum { LANES = 16, COLS = 256 };
+ * the (outer, column block) pairs are spread over threads (and the summed
+ * dim too when they are fewer than the threads). */
+enum { LANES = 16, COLS = 512 };
 #define SUM(T, NAME)                                                           \
   static int NAME(T *out, const T *x, int64_t outer, int64_t n, int64_t inner) { \
     if (inner == 1) {                                                          \
@@ -24,18 +27,37 @@ enum { LANES = 16, COLS = 256 };
       }                                                                        \
       return 0;                                                                \
     }                                                                          \
-    int64_t blocks = (inner + COLS - 1) / COLS;                                \
-    _Pragma("omp parallel for num_threads(lm_threads_for(outer * n * inner)) schedule(static)") \
-    for (int64_t task = 0; task < outer * blocks; task++) {                    \
+    int nt = lm_threads_for(outer * n * inner);                                \
+    int64_t blocks = (inner + COLS - 1) / COLS, tasks = outer * blocks;        \
+    /* too few (outer, block) pairs for the threads: split n too, into       \
+     * partial sums added up in a fixed order after */                        \
+    int64_t split = tasks >= nt ? 1 : (nt + tasks - 1) / tasks;                \
+    if (split > n) split = n > 0 ? n : 1;                                      \
+    double *part = NULL;                                                       \
+    if (split > 1 && !(part = malloc(sizeof(double) * split * outer * inner))) \
+      return lm_error("sum: out of memory");                                   \
+    _Pragma("omp parallel for num_threads(nt) schedule(static)")               \
+    for (int64_t job = 0; job < tasks * split; job++) {                        \
+      int64_t task = job / split, h = job % split;                             \
       int64_t o = task / blocks, c0 = task % blocks * COLS;                    \
       int64_t m = inner - c0 < COLS ? inner - c0 : COLS;                       \
+      int64_t j0 = n * h / split, j1 = n * (h + 1) / split;                    \
       double a[COLS];                                                          \
       for (int64_t i = 0; i < m; i++) a[i] = 0;                                \
-      for (int64_t j = 0; j < n; j++) {                                        \
+      for (int64_t j = j0; j < j1; j++) {                                      \
         const T *p = x + (o * n + j) * inner + c0;                             \
         for (int64_t i = 0; i < m; i++) a[i] += p[i];                          \
       }                                                                        \
-      for (int64_t i = 0; i < m; i++) out[o * inner + c0 + i] = (T)a[i];       \
+      if (part) memcpy(part + (h * outer + o) * inner + c0, a, sizeof(double) * m); \
+      else for (int64_t i = 0; i < m; i++) out[o * inner + c0 + i] = (T)a[i];  \
+    }                                                                          \
+    if (part) {                                                                \
+      for (int64_t k = 0; k < outer * inner; k++) {                            \
+        double acc = 0;                                                        \
+        for (int64_t h = 0; h < split; h++) acc += part[h * outer * inner + k]; \
+        out[k] = (T)acc;                                                       \
+      }                                                                        \
+      free(part);                                                              \
     }                                                                          \
     return 0;                                                                  \
   }
