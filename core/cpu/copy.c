@@ -26,13 +26,46 @@ LM_CLONES static void bf16_to_f32(int64_t n, void *o_, const void *x_) {
   const uint16_t *x = x_;
   for (int64_t i = 0; i < n; i++) o[i] = lm_f32_bits((uint32_t)x[i] << 16);
 }
-/* _Float16 converts with F16C where the clone has it (the v3 and v4 ones) */
-LM_CLONES static void f32_to_f16(int64_t n, void *o_, const void *x_) {
+/* f16: 8 at a time with F16C where the CPU has it (GCC converts _Float16
+ * one element at a time even then); else _Float16, which is libgcc's
+ * conversion. Both round to nearest even. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#include <immintrin.h>
+__attribute__((target("avx,f16c"))) static void f32_to_f16_f16c(int64_t n, void *o_, const void *x_) {
+  uint16_t *o = o_;
+  const float *x = x_;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128((__m128i *)(o + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+  for (; i < n; i++) {
+    _Float16 h = (_Float16)x[i];
+    memcpy(o + i, &h, 2);
+  }
+}
+__attribute__((target("avx,f16c"))) static void f16_to_f32_f16c(int64_t n, void *o_, const void *x_) {
+  float *o = o_;
+  const uint16_t *x = x_;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(o + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))));
+  for (; i < n; i++) {
+    _Float16 h;
+    memcpy(&h, x + i, 2);
+    o[i] = (float)h;
+  }
+}
+static bool have_f16c(void) { return __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx"); }
+#else
+#define f32_to_f16_f16c f32_to_f16
+#define f16_to_f32_f16c f16_to_f32
+static bool have_f16c(void) { return false; }
+#endif
+static void f32_to_f16(int64_t n, void *o_, const void *x_) {
   _Float16 *o = o_;
   const float *x = x_;
   for (int64_t i = 0; i < n; i++) o[i] = (_Float16)x[i];
 }
-LM_CLONES static void f16_to_f32(int64_t n, void *o_, const void *x_) {
+static void f16_to_f32(int64_t n, void *o_, const void *x_) {
   float *o = o_;
   const _Float16 *x = x_;
   for (int64_t i = 0; i < n; i++) o[i] = (float)x[i];
@@ -51,8 +84,8 @@ LM_CLONES static void f64_to_f32(int64_t n, void *o_, const void *x_) {
 static cvt_fn converter(int sd, int dd) {
   if (sd == LM_F32 && dd == LM_BF16) return f32_to_bf16;
   if (sd == LM_BF16 && dd == LM_F32) return bf16_to_f32;
-  if (sd == LM_F32 && dd == LM_F16) return f32_to_f16;
-  if (sd == LM_F16 && dd == LM_F32) return f16_to_f32;
+  if (sd == LM_F32 && dd == LM_F16) return have_f16c() ? f32_to_f16_f16c : f32_to_f16;
+  if (sd == LM_F16 && dd == LM_F32) return have_f16c() ? f16_to_f32_f16c : f16_to_f32;
   if (sd == LM_F32 && dd == LM_F64) return f32_to_f64;
   if (sd == LM_F64 && dd == LM_F32) return f64_to_f32;
   return NULL;
