@@ -27,6 +27,7 @@ enum { LANES = 16, COLS = 512 };
       }                                                                        \
       return 0;                                                                \
     }                                                                          \
+    if (outer * inner == 0) return 0; /* no outputs */                         \
     int nt = lm_threads_for(outer * n * inner);                                \
     int64_t blocks = (inner + COLS - 1) / COLS, tasks = outer * blocks;        \
     /* too few (outer, block) pairs for the threads: split n too, into       \
