@@ -7,10 +7,12 @@
 
 /* Sums accumulate in double. Over the last dim: 16 partial sums, so the
  * vectorised loop is not held up by the latency of one add chain. Over an
- * inner dim: whole rows are added into a block of column accumulators, and
- * the (outer, column block) pairs are spread over threads (and the summed
- * dim too when they are fewer than the threads). */
-enum { LANES = 16, COLS = 512 };
+ * inner dim: rows of up to COLS columns are added into as many double
+ * accumulators (16 KiB, in L1/L2), reading each row once and in order; the
+ * (outer, column block) pairs are spread over threads, and the summed dim
+ * too when they are fewer than the threads (then the partial sums are added
+ * up in a fixed order). */
+enum { LANES = 16, COLS = 2048 };
 #define SUM(T, NAME)                                                           \
   static int NAME(T *out, const T *x, int64_t outer, int64_t n, int64_t inner) { \
     if (inner == 1) {                                                          \
@@ -30,8 +32,6 @@ enum { LANES = 16, COLS = 512 };
     if (outer * inner == 0) return 0; /* no outputs */                         \
     int nt = lm_threads_for(outer * n * inner);                                \
     int64_t blocks = (inner + COLS - 1) / COLS, tasks = outer * blocks;        \
-    /* too few (outer, block) pairs for the threads: split n too, into       \
-     * partial sums added up in a fixed order after */                        \
     int64_t split = tasks >= nt ? 1 : (nt + tasks - 1) / tasks;                \
     if (split > n) split = n > 0 ? n : 1;                                      \
     double *part = NULL;                                                       \
