@@ -233,7 +233,8 @@ local function kernels()
           local t = time_min(k[3], reps)
           row[#row + 1] = bytes / t / 1e9
           row[#row + 1] = t_copy / t
-          report.kernels[#report.kernels + 1] = { kernel = k[1], numel = n, threads = nt,
+          -- (size as text too: bench.json prints numbers with 6 digits)
+          report.kernels[#report.kernels + 1] = { kernel = k[1], numel = n, size = row[2], threads = nt,
                                                   gbs = bytes / t / 1e9, vs_memcpy = t_copy / t }
         end
         loom.set_num_threads(all)
