@@ -2,6 +2,17 @@
  * are a transpose go to BLAS as transposed, without a copy. */
 #include "kernels.h"
 #include <cblas.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+const char *lm_blas_info(void) {
+  static _Thread_local char buf[320];
+  const char *forced = getenv("OPENBLAS_CORETYPE");
+  snprintf(buf, sizeof buf, "%s; core %s%s%s%s, %d threads", openblas_get_config(),
+           openblas_get_corename(), forced ? " (OPENBLAS_CORETYPE=" : "", forced ? forced : "",
+           forced ? ")" : "", openblas_get_num_threads());
+  return buf;
+}
 
 /* How BLAS can read a (rows, cols) matrix with strides (rs, cs). */
 static int blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs,

@@ -79,3 +79,44 @@ void lm_foreach(int narg, const lm_tensor *const *t, lm_row_fn fn, void *ctx) {
     }
   }
 }
+
+/* Tiles of TK rows along the dim where the second operand steps by one
+ * element, TL elements along the innermost: TL lines of the strided side
+ * are live at a time, under the 8 ways of a cache set even when the stride
+ * is a multiple of 4 KiB; measured best of 4..512 x 4..32 here. */
+enum { TK = 128, TL = 8 };
+
+int lm_foreach_tiled(const lm_tensor *const *t, lm_tile_fn fn, void *ctx) {
+  int64_t numel = t[0]->numel_;
+  if (numel < 4 * TK * TL) return 0;
+  walk w;
+  coalesce(&w, 2, t);
+  int last = w.nd - 1, es[2] = {lm_dtype_size(t[0]->dtype_), lm_dtype_size(t[1]->dtype_)};
+  bool u0 = w.stride_[0][last] == es[0], u1 = w.stride_[1][last] == es[1];
+  if (w.nd < 2 || u0 == u1) return 0;
+  int b = u0 ? 1 : 0, k = -1; /* operand b is unit-stride along dim k */
+  for (int d = last - 1; d >= 0 && k < 0; d--)
+    if (w.stride_[b][d] == es[b]) k = d;
+  if (k < 0) return 0;
+  int64_t K = w.shape[k], L = w.shape[last];
+  int64_t tk = (K + TK - 1) / TK, tl = (L + TL - 1) / TL;
+  int64_t tasks = numel / (K * L) * tk * tl;
+  int nt = lm_threads_for(numel);
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t task = 0; task < tasks; task++) {
+    int64_t jl = task % tl, rem = task / tl, jk = rem % tk, o = rem / tk;
+    char *p[2] = {w.base[0], w.base[1]};
+    for (int d = last - 1; d >= 0; d--) { /* the other dims, from o */
+      if (d == k) continue;
+      int64_t i = o % w.shape[d];
+      o /= w.shape[d];
+      p[0] += i * w.stride_[0][d], p[1] += i * w.stride_[1][d];
+    }
+    int64_t k0 = jk * TK, rows = (k0 + TK < K ? k0 + TK : K) - k0;
+    int64_t l0 = jl * TL, len = (l0 + TL < L ? l0 + TL : L) - l0;
+    int64_t s[2] = {w.stride_[0][last], w.stride_[1][last]}, rs[2] = {w.stride_[0][k], w.stride_[1][k]};
+    char *q[2] = {p[0] + k0 * rs[0] + l0 * s[0], p[1] + k0 * rs[1] + l0 * s[1]};
+    fn(rows, len, q, rs, s, ctx);
+  }
+  return 1;
+}

@@ -1,10 +1,34 @@
 /* nn.c: row kernels for softmax, layer/rms norm, embedding and its
  * gradient (index_add). Rows are contiguous; f32 and f64 (norm statistics
  * accumulate in double). The ops check shapes, dtypes and ids first. */
+#include "simd.h"
 #include "fastmath.h"
 #include "kernels.h"
 #include <math.h>
 #include <string.h>
+
+/* sum of x[j] (sq 0) or of (x[j] - mu)^2 (sq 1) in double, over 16
+ * partial sums so the vectorised loop is not bound by one add chain */
+#define ROWSUM(T)                                                              \
+  static inline double sum_##T(const T *x, int64_t n, double mu, int sq) {     \
+    double a[16] = {0}, acc = 0;                                               \
+    int64_t j = 0;                                                             \
+    if (sq) {                                                                  \
+      for (; j + 16 <= n; j += 16)                                             \
+        for (int q = 0; q < 16; q++) { double d = x[j + q] - mu; a[q] += d * d; } \
+      for (; j < n; j++) { double d = x[j] - mu; acc += d * d; }               \
+    } else {                                                                   \
+      for (; j + 16 <= n; j += 16)                                             \
+        for (int q = 0; q < 16; q++) a[q] += x[j + q];                         \
+      for (; j < n; j++) acc += x[j];                                          \
+    }                                                                          \
+    for (int q = 0; q < 16; q++) acc += a[q];                                  \
+    return acc;                                                                \
+  }
+typedef float f32;
+typedef double f64;
+ROWSUM(f32)
+ROWSUM(f64)
 
 /* The simd reductions let the compiler vectorize (reordering the sums);
  * a NaN anywhere in a row reaches every output through exp. */
@@ -18,11 +42,9 @@
       _Pragma("omp simd reduction(max:m)")                                     \
       for (int64_t j = 0; j < n; j++) m = xr[j] > m ? xr[j] : m;               \
       if (m == -INFINITY) m = 0; /* all -inf: 0/0, NaN as in PyTorch */       \
-      double sum = 0;                                                          \
       _Pragma("omp simd")                                                      \
       for (int64_t j = 0; j < n; j++) o[j] = EXP(xr[j] - m);                   \
-      _Pragma("omp simd reduction(+:sum)")                                     \
-      for (int64_t j = 0; j < n; j++) sum += o[j];                             \
+      double sum = sum_##T(o, n, 0, 0);                                        \
       if (lg) {                                                                \
         T lse = m + (T)LOG(sum);                                               \
         _Pragma("omp simd")                                                    \
@@ -34,8 +56,8 @@
       }                                                                        \
     }                                                                          \
   }
-SOFTMAX(float, softmax_f32, lm_expf, log)
-SOFTMAX(double, softmax_f64, exp, log)
+SOFTMAX(f32, softmax_f32, lm_expf, log)
+SOFTMAX(f64, softmax_f64, exp, log)
 
 int lm_cpu_softmax(lm_tensor *out, const lm_tensor *x, int log) {
   int64_t n = x->ndim ? x->shape_[x->ndim - 1] : 1, rows = n ? x->numel_ / n : 0;
@@ -53,29 +75,26 @@ int lm_cpu_softmax(lm_tensor *out, const lm_tensor *x, int log) {
     for (int64_t r = 0; r < rows; r++) {                                       \
       const T *xr = x + r * n;                                                 \
       T *o = out + r * n;                                                      \
-      double mu = 0, var = 0;                                                  \
-      if (!rms) {                                                              \
-        _Pragma("omp simd reduction(+:mu)")                                    \
-        for (int64_t j = 0; j < n; j++) mu += xr[j];                           \
-        mu = n ? mu / n : 0;                                                   \
-      }                                                                        \
-      _Pragma("omp simd reduction(+:var)")                                     \
-      for (int64_t j = 0; j < n; j++) { double d = xr[j] - mu; var += d * d; } \
-      var = n ? var / n : 0;                                                   \
+      double mu = rms || !n ? 0 : sum_##T(xr, n, 0, 0) / n;                    \
+      double var = n ? sum_##T(xr, n, mu, 1) / n : 0;                          \
       double rs = 1 / sqrt(var + eps);                                         \
       if (mean) mean[r] = (T)mu;                                               \
       if (rstd) rstd[r] = (T)rs;                                               \
-      _Pragma("omp simd")                                                      \
-      for (int64_t j = 0; j < n; j++) {                                        \
-        double v = (xr[j] - mu) * rs;                                          \
-        if (w) v *= w[j];                                                      \
-        if (b) v += b[j];                                                      \
-        o[j] = (T)v;                                                           \
+      /* (x - mu) * rs in double: mu may be large next to the spread */        \
+      if (w && b) {                                                            \
+        _Pragma("omp simd")                                                    \
+        for (int64_t j = 0; j < n; j++) o[j] = (T)((xr[j] - mu) * rs) * w[j] + b[j]; \
+      } else if (w) {                                                          \
+        _Pragma("omp simd")                                                    \
+        for (int64_t j = 0; j < n; j++) o[j] = (T)((xr[j] - mu) * rs) * w[j];  \
+      } else {                                                                 \
+        _Pragma("omp simd")                                                    \
+        for (int64_t j = 0; j < n; j++) o[j] = (T)((xr[j] - mu) * rs) + (b ? b[j] : 0); \
       }                                                                        \
     }                                                                          \
   }
-NORM(float, norm_f32)
-NORM(double, norm_f64)
+NORM(f32, norm_f32)
+NORM(f64, norm_f64)
 
 int lm_cpu_norm(lm_tensor *out, lm_tensor *mean, lm_tensor *rstd, const lm_tensor *x,
                 const lm_tensor *w, const lm_tensor *b, double eps, int rms) {

@@ -1,7 +1,12 @@
 /* pointwise.c: unary, binary and where kernels on strided operands, for the
- * compute dtypes f32, f64 and i64 (bool for the logical kinds). */
+ * compute dtypes f32, f64 and i64 (bool for the logical kinds). f32 unary
+ * math runs in one vectorised loop per kind over dense arrays; strided rows
+ * go through it in blocks gathered on the stack, so a value does not
+ * depend on the layout it came in. */
+#include "simd.h"
 #include "fastmath.h"
 #include "iter.h"
+#include <string.h>
 #include <tgmath.h>
 
 typedef struct { int kind, dtype; const double *p; } pw;
@@ -52,9 +57,9 @@ typedef struct { int kind, dtype; const double *p; } pw;
     case LM_TANH: ROW1(T, T, tanh(x)); break;                                  \
     case LM_SIGMOID: ROW1(T, T, 1 / (1 + fexp_##T(-x))); break;                \
     case LM_RELU: ROW1(T, T, x > 0 ? x : 0); break;                            \
-    case LM_GELU: ROW1(T, T, x * (T)0.5 * (1 + erf(x * r2))); break;           \
-    case LM_GELU_TANH:                                                         \
-      ROW1(T, T, (T)0.5 * x * (1 + tanh(kt * (x + (T)0.044715 * x * x * x)))); break; \
+    case LM_GELU: ROW1(T, T, x * (T)0.5 * erfc(-x * r2)); break;               \
+    case LM_GELU_TANH: /* 0.5 x (1 + tanh z) = x sigmoid(2z), without cancelling */ \
+      ROW1(T, T, x / (1 + exp(-2 * kt * (x + (T)0.044715 * x * x * x)))); break; \
     case LM_SILU: ROW1(T, T, x / (1 + fexp_##T(-x))); break;                   \
     case LM_SIN: ROW1(T, T, sin(x)); break;                                    \
     case LM_COS: ROW1(T, T, cos(x)); break;                                    \
@@ -62,7 +67,7 @@ typedef struct { int kind, dtype; const double *p; } pw;
     case LM_CLAMP: ROW1(T, T, x < k0 ? k0 : x > k1 ? k1 : x); break;           \
     case LM_SIGN: ROW1(T, T, (x > 0) - (x < 0)); break;                        \
     case LM_GELU_D:                                                            \
-      ROW1(T, T, (T)0.5 * (1 + erf(x * r2)) + x * exp(-x * x / 2) * r2 * (T)0.56418958354775628695); \
+      ROW1(T, T, (T)0.5 * erfc(-x * r2) + x * exp(-x * x / 2) * r2 * (T)0.56418958354775628695); \
       break;                                                                   \
     case LM_GELU_TANH_D: ROW1(T, T, gelu_tanh_d(x)); break;                    \
     case LM_SILU_D: ROW1(T, T, (1 + x * (1 - 1 / (1 + fexp_##T(-x)))) / (1 + fexp_##T(-x))); break; \
@@ -70,16 +75,81 @@ typedef struct { int kind, dtype; const double *p; } pw;
   }
 typedef double f64;
 typedef float f32;
-/* exp for each compute type: the vectorizable one for f32 */
-static inline float fexp_f32(float x) { return lm_expf(x); }
 static inline double fexp_f64(double x) { return exp(x); }
 static inline double gelu_tanh_d(double x) {
   const double k = 0.79788456080286535588, c = 0.044715;
   double t = tanh(k * (x + c * x * x * x));
   return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * c * x * x);
 }
-FLOAT_UNARY(f32)
 FLOAT_UNARY(f64)
+
+/* f32: the math of fastmath.h (libm for log, sin, cos and pow). n is a
+ * multiple of VEC, so every element goes through the vector loop body: a
+ * scalar remainder loop may contract a*b+c into FMA differently, and an
+ * element's bits would depend on where it sits. */
+enum { VEC = 64 };
+LM_CLONES static void unary_f32_dense(int kind, int64_t n, float *o, const float *x, float k0,
+                                      float k1) {
+  if (n % VEC) __builtin_unreachable();
+#define L(E) for (int64_t i = 0; i < n; i++) { float v = x[i]; o[i] = (E); } break
+  switch (kind) {
+  case LM_NEG: L(-v);
+  case LM_ABS: L(fabsf(v));
+  case LM_SQRT: L(sqrtf(v));
+  case LM_RSQRT: L(1.0f / sqrtf(v));
+  case LM_EXP: L(lm_expf(v));
+  case LM_LOG: L(logf(v));
+  case LM_TANH: L(lm_tanhf(v));
+  case LM_SIGMOID: L(lm_sigmoidf(v));
+  case LM_RELU: L(v > 0 ? v : 0.0f);
+  case LM_GELU: L(lm_geluf(v));
+  case LM_GELU_TANH: L(lm_gelu_tanhf(v));
+  case LM_SILU: L(lm_siluf(v));
+  case LM_SIN: L(sinf(v));
+  case LM_COS: L(cosf(v));
+  case LM_POW_SCALAR:
+    if (k0 == 2) {
+      L(v * v);
+    }
+    L(powf(v, k0));
+  case LM_CLAMP: L(v < k0 ? k0 : v > k1 ? k1 : v);
+  case LM_SIGN: L((float)((v > 0) - (v < 0)));
+  case LM_GELU_D: L(lm_gelu_df(v));
+  case LM_GELU_TANH_D: L(lm_gelu_tanh_df(v));
+  case LM_SILU_D: L(lm_silu_df(v));
+  }
+#undef L
+}
+
+/* any n: the whole multiples of VEC in place, the rest padded on the stack */
+static void unary_f32_any(int kind, int64_t n, float *o, const float *x, float k0, float k1) {
+  int64_t body = n - n % VEC;
+  if (body) unary_f32_dense(kind, body, o, x, k0, k1);
+  if (body == n) return;
+  float in[VEC] = {0}, out[VEC];
+  memcpy(in, x + body, (n - body) * 4);
+  unary_f32_dense(kind, VEC, out, in, k0, k1);
+  memcpy(o + body, out, (n - body) * 4);
+}
+
+enum { BLOCK = 256 };
+static void unary_f32(int64_t n, char **p, const int64_t *s, void *ctx) {
+  const pw *c = ctx;
+  const float k0 = c->p ? (float)c->p[0] : 0, k1 = c->p ? (float)c->p[1] : 0;
+  if (s[0] == 4 && s[1] == 4) {
+    unary_f32_any(c->kind, n, (float *)p[0], (const float *)p[1], k0, k1);
+    return;
+  }
+  float in[BLOCK], out[BLOCK];
+  for (int64_t i0 = 0; i0 < n; i0 += BLOCK) {
+    int64_t m = n - i0 < BLOCK ? n - i0 : BLOCK;
+    const char *src = p[1] + i0 * s[1];
+    char *dst = p[0] + i0 * s[0];
+    for (int64_t j = 0; j < m; j++) in[j] = *(const float *)(src + j * s[1]);
+    unary_f32_any(c->kind, m, out, in, k0, k1);
+    for (int64_t j = 0; j < m; j++) *(float *)(dst + j * s[0]) = out[j];
+  }
+}
 
 static void unary_int(int64_t n, char **p, const int64_t *s, void *ctx) {
   const pw *c = ctx;

@@ -71,6 +71,39 @@ ffi.cdef [[ int setenv(const char *name, const char *value, int overwrite); ]]
 -- this must be set before libgomp loads (it loads with libloom).
 ffi.C.setenv("OMP_WAIT_POLICY", "PASSIVE", 0)
 
+-- OpenBLAS (DYNAMIC_ARCH) picks its kernels when it loads, from a table of
+-- CPU models: one it does not know can get generic kernels (0.3.21 runs
+-- Prescott kernels on some Xeons, 3.5x slower). Name the core from the CPU's
+-- features instead, in the order OpenBLAS's own fallback uses (where it knows
+-- the CPU it picks the same); a user's OPENBLAS_CORETYPE wins. 0.3.21 cannot
+-- force "Cooperlake" by name: it then falls back to those features, which
+-- give Cooperlake on a CPU with AVX512-BF16.
+local function blas_coretype()
+  local f = io.open("/proc/cpuinfo", "rb")
+  if not f then return nil end
+  local vendor, flags
+  for line in f:lines() do
+    vendor = vendor or line:match("^vendor_id%s*:%s*(%S+)")
+    flags = flags or line:match("^flags%s*:(.*)$")
+    if vendor and flags then break end
+  end
+  f:close()
+  if not flags then return nil end
+  local has = {}
+  for w in flags:gmatch("%S+") do has[w] = true end
+  if has.avx512f and has.avx512vl and has.avx512bw and has.avx512dq and has.avx512cd then
+    return has.avx512_bf16 and "Cooperlake" or "SkylakeX"
+  end
+  if has.avx2 and has.fma then
+    return (vendor == "AuthenticAMD" or vendor == "HygonGenuine") and "Zen" or "Haswell"
+  end
+  return nil   -- an older CPU: OpenBLAS's own choice
+end
+if not os.getenv("OPENBLAS_CORETYPE") then
+  local core = blas_coretype()
+  if core then ffi.C.setenv("OPENBLAS_CORETYPE", core, 0) end
+end
+
 ffi.cdef(cdef_of(header_dir()))
 local C = ffi.load(library_path(), true)
 
