@@ -109,6 +109,9 @@ typedef struct lm_backend {
   int (*adamw)(lm_tensor *p, const lm_tensor *g, lm_tensor *m, lm_tensor *v, const double *h);
   /* the allocator's counters (enum lm_memory_stat); NULL: none kept */
   int (*memory_stats)(int index, int64_t *stats);
+  /* what the backend is built with and sees (versions, devices), lines of
+   * text for lm_build_info; NULL: just its name */
+  const char *(*info)(void);
 
   /* ---- fused kernels: one pass where composed ops take several. An op
    * whose fused slot is NULL runs its composed form (ops/fused*.c); specs
@@ -159,7 +162,7 @@ typedef struct lm_backend {
 
 /* Device kinds: a device number is its kind's first device plus an index
  * (0 is the CPU, LM_CUDA0 + k is cuda:k). */
-enum lm_device_kind { LM_KIND_CPU = 0, LM_KIND_CUDA = 1, LM_NKINDS = 2 };
+enum lm_device_kind { LM_KIND_CPU = 0, LM_KIND_CUDA = 1, LM_KIND_META = 2, LM_NKINDS = 3 };
 /* Makes b the backend of every device of `kind` (a backend calls it once,
  * when the library loads); b must outlive the process. */
 int lm_register_backend(int kind, const lm_backend *b);

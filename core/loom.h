@@ -13,8 +13,9 @@ extern "C" {
 enum lm_dtype { LM_F32 = 0, LM_F64 = 1, LM_BF16 = 2, LM_F16 = 3,
                 LM_I32 = 4, LM_I64 = 5, LM_BOOL = 6, LM_NDTYPES = 7 };
 
-/* Devices are small integers: 0 is the CPU, 1 + k is cuda:k. */
-enum lm_device { LM_CPU = 0, LM_CUDA0 = 1 };
+/* Devices are small integers: 0 is the CPU, 1 + k is cuda:k; meta tensors
+ * have shapes and dtypes but no data (ops on them only infer shapes). */
+enum lm_device { LM_CPU = 0, LM_CUDA0 = 1, LM_META = 127 };
 
 typedef struct lm_storage lm_storage; /* refcounted buffer, private */
 typedef struct lm_node lm_node;       /* autograd node, private */
@@ -65,13 +66,19 @@ enum lm_op_id {
 const char *lm_last_error(void);
 void lm_clear_error(void);
 
-/* dtypes and devices by name ("f32", "cpu", "cuda:1"); -1 when unknown */
+/* dtypes and devices by name ("f32", "cpu", "cuda:1", "meta"; "cuda" is
+ * the current CUDA device); -1 when unknown */
 int lm_dtype_from_name(const char *name);
 const char *lm_dtype_name(int dtype);
 int lm_dtype_size(int dtype);
 int lm_device_from_name(const char *name);
 int lm_device_name(int device, char *buf, int len);
 int lm_device_available(int device);
+/* the CUDA device "cuda" names from now on (cuda:k); -1 when out of range */
+int lm_set_cuda_device(int k);
+/* what this build and its backends are: build options, BLAS and its core,
+ * CUDA, cuBLAS and NCCL versions, devices (lines of text) */
+const char *lm_build_info(void);
 
 /* Lifetime: every returned tensor holds one reference for the caller. */
 lm_tensor *lm_empty(int ndim, const int64_t *shape, int dtype, int device);
@@ -108,6 +115,12 @@ int lm_op_info_of(int op, lm_op_info *info);
 int lm_op_has_kernel(int op, int device);
 int lm_op_call(int op, int nin, lm_tensor *const *in, const lm_attrs *attrs,
                int maxout, lm_tensor **out); /* number of outputs or -1 */
+/* Mixed precision on this thread (PyTorch's autocast): GEMMs (matmul,
+ * attention) run on bf16/f16 casts of f32 inputs, softmax, norms and losses
+ * on f32 casts of low-precision ones; the casts are recorded, so gradients
+ * reach f32 parameters in f32. dtype LM_BF16 or LM_F16, -1 for off;
+ * returns the previous setting. */
+int lm_set_autocast(int dtype);
 
 /* Op profiling: time per op, exclusive of the ops it calls (LOOM_PROFILE=1
  * turns it on and prints a table at exit). */

@@ -36,16 +36,59 @@ static int check_call(const lm_op_def *d, int nin, lm_tensor *const *in, const l
   return 0;
 }
 
+/* ---- autocast: mixed precision per op, as PyTorch's ---- */
+static _Thread_local int autocast = -1; /* the low-precision dtype, -1: off */
+
+int lm_set_autocast(int dtype) {
+  if (dtype != -1 && dtype != LM_BF16 && dtype != LM_F16)
+    return lm_error("autocast: expected bf16 or f16 (or -1 for off), got %s", lm_dtype_name(dtype));
+  int old = autocast;
+  autocast = dtype;
+  return old;
+}
+
+/* The dtype autocast gives an input of op d: GEMMs take f32 operands in
+ * the low-precision dtype, softmax, norms and losses take low-precision
+ * inputs in f32; -1: as it is. */
+static int autocast_dtype(const lm_op_def *d, const lm_tensor *t) {
+  if ((d->flags & LM_OPF_AMP_LOW) && t->dtype_ == LM_F32) return autocast;
+  if ((d->flags & LM_OPF_AMP_F32) && (t->dtype_ == LM_BF16 || t->dtype_ == LM_F16)) return LM_F32;
+  return -1;
+}
+
+static int call(int op, int nin, lm_tensor *const *in, const lm_attrs *attrs, lm_tensor **out) {
+  const lm_op_def *d = lm_op_def_of(op);
+  if (!(d->flags & LM_OPF_NATIVE))
+    for (int i = 0; i < nin; i++)
+      if (in[i]->dist) return lm_dtensor_call(op, nin, in, attrs, out) < 0 ? -1 : d->nout;
+  return run_recorded(op, nin, in, attrs, out);
+}
+
+/* the op on its inputs cast as autocast says (casts are recorded ops) */
+static int call_autocast(int op, int nin, lm_tensor *const *in, const lm_attrs *attrs, lm_tensor **out) {
+  lm_tensor *cast[LM_RULE_MAX_IN] = {0};
+  int rc = 0;
+  for (int i = 0; i < nin; i++) {
+    int dt = autocast_dtype(lm_op_def_of(op), in[i]);
+    lm_attrs to = {.i = {dt}, .ni = 1};
+    lm_tensor *x = in[i], *y[LM_MAX_OUT];
+    cast[i] = dt < 0 ? (lm_retain(x), x) : call(LM_OP_TO, 1, &x, &to, y) < 0 ? NULL : y[0];
+    if (!cast[i]) rc = -1;
+  }
+  if (rc == 0) rc = call(op, nin, cast, attrs, out);
+  for (int i = 0; i < nin; i++) lm_release(cast[i]);
+  return rc;
+}
+
 int lm_op_call(int op, int nin, lm_tensor *const *in, const lm_attrs *attrs, int maxout, lm_tensor **out) {
   static const lm_attrs none;
   if (op < 0 || op >= LM_NOPS) return lm_error("op id %d: no such op", op);
   const lm_op_def *d = lm_op_def_of(op);
   if (!attrs) attrs = &none;
   LM_TRY(check_call(d, nin, in, attrs, maxout));
-  if (!(d->flags & LM_OPF_NATIVE))
-    for (int i = 0; i < nin; i++)
-      if (in[i]->dist) return lm_dtensor_call(op, nin, in, attrs, out) < 0 ? -1 : d->nout;
-  return run_recorded(op, nin, in, attrs, out);
+  if (autocast >= 0 && (d->flags & (LM_OPF_AMP_LOW | LM_OPF_AMP_F32)) && nin <= LM_RULE_MAX_IN)
+    return call_autocast(op, nin, in, attrs, out);
+  return call(op, nin, in, attrs, out);
 }
 
 static bool is_replicated_on(const lm_dspec *s, int k) { return s->pl[k].kind == LM_REPLICATE; }
@@ -120,7 +163,7 @@ static int cached_rule(int op, lm_rule *r, lm_tensor *const *in) {
 void lm_dtensor_rule_stats(int64_t *hits, int64_t *misses) { *hits = rule_hits, *misses = rule_misses; }
 void lm_dtensor_rule_cache_clear(void) { memset(rule_cache, 0, sizeof rule_cache); }
 
-static lm_tensor *call1(int op, lm_tensor *x, const lm_attrs *a) {
+static lm_tensor *call1(int op, lm_tensor *x, const lm_attrs *a) {  /* (for the rule's moves) */
   lm_tensor *out[LM_MAX_OUT];
   return lm_op_call(op, 1, &x, a, LM_MAX_OUT, out) < 0 ? NULL : out[0];
 }

@@ -51,6 +51,9 @@ enum lm_op_flags {
   LM_OPF_NATIVE = 1,  /* takes DTensors as they are (the collectives) */
   LM_OPF_INPLACE = 2, /* updates its inputs, makes no outputs */
   LM_OPF_NOSAVE = 4,  /* its backward reads no input's or output's values, only shapes */
+  LM_OPF_AMP_LOW = 8, /* under autocast: float inputs in the low-precision dtype (GEMMs) */
+  LM_OPF_AMP_F32 = 16, /* under autocast: low-precision inputs in f32 (softmax, norms, losses) */
+  LM_OPF_META_FW = 32, /* its forward handles meta tensors itself */
 };
 
 typedef struct lm_op_def {

@@ -124,15 +124,29 @@ lm_tensor *lm_empty_meta(const lm_meta *m, const lm_tensor *like) {
   return lm_empty(m->ndim, m->shape, m->dtype, like->device_);
 }
 
+/* An op on meta tensors makes meta outputs of the shapes inference gives. */
+static int run_meta(const lm_op_def *d, const lm_call *c, lm_tensor **out) {
+  if (!d->shape) return lm_error("%s: cannot run on meta tensors", d->name);
+  for (int k = 0; k < d->nout; k++)
+    if (!(out[k] = lm_empty(c->out[k].ndim, c->out[k].shape, c->out[k].dtype, LM_META))) {
+      while (k--) lm_release(out[k]), out[k] = NULL;
+      return -1;
+    }
+  return d->nout;
+}
+
 int lm_op_run(int op, int nin, lm_tensor *const *in, const lm_attrs *a, lm_tensor **out) {
   const lm_op_def *d = &lm_op_table[op];
   lm_call c = {.op = op, .nin = nin, .in = in, .a = a};
+  bool meta = false;
   if (d->shape) {
     lm_meta m[nin > 0 ? nin : 1];
-    for (int i = 0; i < nin; i++) m[i] = lm_meta_of(in[i]);
+    for (int i = 0; i < nin; i++) m[i] = lm_meta_of(in[i]), meta |= in[i]->device_ == LM_META;
     LM_TRY(d->shape(op, nin, m, a, c.out));
   }
+  for (int i = 0; i < nin && !meta; i++) meta = in[i]->device_ == LM_META;
   for (int k = 0; k < d->nout; k++) out[k] = NULL;
+  if (meta && !(d->flags & LM_OPF_META_FW)) return run_meta(d, &c, out);
   double t0 = 0, outer_child = 0;
   if (profile_on()) t0 = now(), outer_child = child_time, child_time = 0;
   int rc = d->forward(&c, out);

@@ -245,6 +245,29 @@ int lm_fw_to(const lm_call *c, lm_tensor **out) {
   return (*out = lm_cast(c->in[0], c->out[0].dtype)) ? 0 : -1;
 }
 
+/* ---- to_device (attrs: i[0] = the device): a copy on another device,
+ * whose gradient goes back to the source's; onto meta it only keeps the
+ * shape, out of meta it refuses (there is no data) ---- */
+int lm_fw_to_device(const lm_call *c, lm_tensor **out) {
+  lm_tensor *x = c->in[0];
+  int device = (int)c->a->i[0];
+  if (c->a->ni < 1 || lm_device_kind(device) < 0) return lm_error("to: unknown device %lld", (long long)c->a->i[0]);
+  if (x->device_ == LM_META && device != LM_META)
+    return lm_error("to: a meta tensor has no data to copy (use to_empty(), then initialise it)");
+  if (device == x->device_) { lm_retain(x); *out = x; return 0; }
+  *out = lm_empty(x->ndim, x->shape_, x->dtype_, device);
+  if (*out && lm_copy_(*out, x) < 0) { lm_release(*out); *out = NULL; }
+  return *out ? 0 : -1;
+}
+
+int lm_bw_to_device(const lm_saved *n, lm_tensor *const *gout, lm_tensor **gin) {
+  lm_attrs back = {.i = {n->in[0]->device_}, .ni = 1};
+  lm_tensor *g = gout[0], *h = lm_run(LM_OP_TO_DEVICE, 1, &g, &back);
+  gin[0] = lm_grad_like(h, n->in[0]);
+  lm_release(h);
+  return gin[0] ? 0 : -1;
+}
+
 /* ---- unsqueeze (attrs: dim; a new size-1 dim goes before it, dim may be ndim) ---- */
 int lm_shape_unsqueeze(int op, int nin, const lm_meta *in, const lm_attrs *a, lm_meta *out) {
   (void)op, (void)nin;

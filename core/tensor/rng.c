@@ -24,9 +24,11 @@ int lm_random_(lm_tensor *t, int kind, double a, double b, const int64_t *global
   if (kind == LM_NORMAL && b < 0) return lm_error("randn: expected std >= 0, got %g", b);
   const lm_backend *be = lm_backend_of(t->device_);
   if (!be) return -1;
-  if (!be->random) return lm_error("random: no random kernel on device %s", be->name);
+  if (!be->random && t->device_ != LM_META) return lm_error("random: no random kernel on device %s", be->name);
   int64_t gnumel = global_shape ? lm_shape_numel(t->ndim, global_shape) : t->numel_;
-  int rc = be->random(t, kind, a, b, rng_seed, rng_offset, global_shape, local_start);
+  /* a meta tensor draws nothing but uses its counters, so that what comes
+   * next draws what it would have */
+  int rc = t->device_ == LM_META ? 0 : be->random(t, kind, a, b, rng_seed, rng_offset, global_shape, local_start);
   rng_offset += (uint64_t)gnumel;
   lm_bump_version(t);
   return rc;

@@ -49,13 +49,16 @@ lm_tensor *lm_empty(int ndim, const int64_t *shape, int dtype, int device) {
   }
   const lm_backend *be = lm_backend_of(device);
   if (!be) return NULL;
-  size_t nbytes = (size_t)lm_shape_numel(ndim, shape) * lm_dtype_size(dtype);
+  size_t nbytes = device == LM_META ? 0 : (size_t)lm_shape_numel(ndim, shape) * lm_dtype_size(dtype);
   bool inl = device == LM_CPU && nbytes <= INLINE_BYTES;
   owner_block *b = malloc(sizeof *b + (inl ? nbytes : 0));
+  lm_clear_error();
   void *data = !b ? NULL : inl ? b->data : be->alloc(nbytes ? nbytes : 1);
-  if (!data) {
+  if (!data) { /* the backend's reason (e.g. the bytes free on a GPU), else ours */
+    char why[512];
+    snprintf(why, sizeof why, "%s", b ? lm_last_error() : "no memory for the tensor");
     free(b);
-    lm_error("empty: out of memory allocating %zu bytes", nbytes);
+    lm_error("empty: out of memory allocating %zu bytes on %s: %s", nbytes, be->name, why);
     return NULL;
   }
   memset(b, 0, sizeof *b);
@@ -172,6 +175,9 @@ int lm_copy_parts(lm_tensor *d, const lm_tensor *t) {
 int lm_copy_(lm_tensor *dst, const lm_tensor *src) {
   LM_TRY(check_live("copy", dst, "destination"));
   LM_TRY(check_live("copy", src, "source"));
+  if (dst->device_ == LM_META) return 0; /* nothing to write */
+  if (src->device_ == LM_META)
+    return lm_error("copy: the source is a meta tensor, which has no data (materialise it with to_empty first)");
   if (dst->ndim != src->ndim || memcmp(dst->shape_, src->shape_, dst->ndim * 8))
     return lm_error("copy: source and destination shapes differ");
   /* across devices, the accelerator's backend copies to, from and between its devices */

@@ -404,10 +404,14 @@ M.as_tensor = as_tensor
 
 function props.dtype(x) return DTYPES[x.dtype_ + 1] end
 function props.shape(x) return Tensor.size(x) end   -- a table, as x:size()
+local META = C.LM_META
 function props.device(x)
-  if x.device_ == 0 then return "cpu" end
-  return "cuda:" .. (x.device_ - 1)
+  local d = x.device_
+  if d == 0 then return "cpu" end
+  if d == META then return "meta" end
+  return "cuda:" .. (d - 1)
 end
+function props.is_meta(x) return x.device_ == META end
 function props.requires_grad(x) return x.needs_grad ~= 0 end
 function props.is_leaf(x) return x.grad_fn_ == nil end
 function props.grad(x)
@@ -530,13 +534,13 @@ function Tensor.to(x, what)
   else argerror("to", "argument #1", "a dtype name, a device name or {dtype=, device=}", describe(what)) end
   local y = x
   if dtype and dtype_id(dtype, "to") ~= x.dtype_ then y = op1(C.LM_OP_TO, y, { DTYPE_ID[dtype] }) end
-  if device and device_id(device, "to") ~= y.device_ then
-    local dst = empty_of("to", y:size(), { dtype = props.dtype(y), device = device })
-    if C.lm_copy_(dst, y) < 0 then c_error() end
-    y = dst   -- not yet differentiable across devices
+  if device and device_id(device, "to") ~= y.device_ then   -- differentiable: the gradient goes back
+    y = op1(C.LM_OP_TO_DEVICE, y, { device_id(device, "to") })
   end
   return y
 end
+function Tensor.cpu(x) return x:to("cpu") end
+function Tensor.cuda(x, k) return x:to(k and ("cuda:" .. k) or "cuda") end
 function Tensor.float(x) return x:to("f32") end
 function Tensor.double(x) return x:to("f64") end
 function Tensor.long(x) return x:to("i64") end

@@ -1,0 +1,87 @@
+-- devices_spec.lua: the meta device (shapes without data), differentiable
+-- moves between devices, and autocast (mixed precision per op).
+local loom = require "loom"
+local C = loom.C
+
+describe("the meta device", function()
+  it("makes tensors with shapes and dtypes and no data", function()
+    local before = tonumber(C.lm_allocated_bytes())
+    local big = loom.zeros({ 1024, 1024, 1024 }, { device = "meta", dtype = "bf16" })
+    assert.are.equal("meta", big.device)
+    assert.are.same({ 1024, 1024, 1024 }, big:size())
+    assert.are.equal(before, tonumber(C.lm_allocated_bytes()))
+  end)
+
+  it("runs ops as shape inference only, errors included", function()
+    local a = loom.randn({ 2, 5, 8 }, { device = "meta" })
+    local y = (a:matmul(loom.zeros({ 8, 3 }, { device = "meta" })) + 1):softmax(-1):sum(2)
+    assert.are.same({ 2, 3 }, y:size())
+    assert.are.equal("meta", y.device)
+    local ok, e = pcall(function() return a:matmul(loom.zeros({ 7, 3 }, { device = "meta" })) end)
+    assert.is_false(ok)
+    assert.truthy(tostring(e):find("8 columns but argument #2 has 7 rows", 1, true))
+  end)
+
+  it("uses the random counters a real draw would, so later draws match", function()
+    loom.manual_seed(3)
+    loom.randn({ 4, 4 })
+    local real = loom.rand({ 5 }):totable()
+    loom.manual_seed(3)
+    loom.randn({ 4, 4 }, { device = "meta" })
+    assert.are.same(real, loom.rand({ 5 }):totable())
+  end)
+
+  it("has no data to copy out, and takes copies in as no-ops", function()
+    local m = loom.zeros({ 3 }, { device = "meta" })
+    assert.has_error(function() m:to("cpu") end)
+    assert.has_error(function() loom.zeros(3):copy_(m) end)
+    m:copy_(loom.ones(3))
+    assert.are.equal("meta", (m * 2).device)
+  end)
+end)
+
+describe("moving tensors between devices", function()
+  it("is differentiable: the gradient goes back to the source device", function()
+    local x = loom.tensor({ 1, 2, 3 }, { requires_grad = true })
+    local m = x:to("meta")
+    assert.are.equal("meta", m.device)
+    local y = (x:to("cpu") * x):sum()   -- same device: the tensor itself
+    y:backward()
+    assert.are.same({ 2, 4, 6 }, x.grad:totable())
+  end)
+end)
+
+describe("autocast", function()
+  local function with_autocast(dt, fn)
+    local old = C.lm_set_autocast(dt)
+    local r = { pcall(fn) }
+    C.lm_set_autocast(old)
+    assert(r[1], r[2])
+    return unpack(r, 2)
+  end
+
+  it("runs GEMMs in bf16 and softmax, norms and losses in f32, with f32 gradients", function()
+    loom.manual_seed(1)
+    local w = loom.randn({ 8, 3 }, { requires_grad = true })
+    local x = loom.randn({ 4, 8 })
+    local y, p = with_autocast(C.LM_BF16, function()
+      local y = x:matmul(w)
+      return y, y:softmax(-1)
+    end)
+    assert.are.equal("bf16", y.dtype)
+    assert.are.equal("f32", p.dtype)
+    p:sum(2):pow(2):sum():backward()
+    assert.are.equal("f32", w.grad.dtype)
+    -- the same in f32 by hand: within bf16's precision
+    local w2 = w:detach():requires_grad_(true)
+    local p2 = x:to("bf16"):matmul(w2:to("bf16")):to("f32"):softmax(-1)
+    p2:sum(2):pow(2):sum():backward()
+    assert.is_true((w.grad - w2.grad):abs():max():item() <= 1e-6)
+  end)
+
+  it("leaves f64 and integers alone, and is off again after", function()
+    local y = with_autocast(C.LM_BF16, function() return loom.randn({ 2, 2 }, { dtype = "f64" }):matmul(loom.randn({ 2, 2 }, { dtype = "f64" })) end)
+    assert.are.equal("f64", y.dtype)
+    assert.are.equal("f32", loom.randn({ 2, 2 }):matmul(loom.randn({ 2, 2 })).dtype)
+  end)
+end)
