@@ -189,6 +189,7 @@ int lm_dist_is_initialized(void);
 int lm_dist_rank(void);
 int lm_dist_world_size(void);
 int lm_dist_local_size(void);         /* ranks on this node */
+int lm_dist_local_rank(void);         /* this rank's index among them */
 int lm_dist_finalize(void);           /* also run at exit */
 void lm_abort(int code);              /* MPI_Abort of the whole job */
 void lm_dist_set_debug(int on);       /* LOOM_DEBUG_COLLECTIVES=1 at start */

@@ -36,7 +36,10 @@ local FLAGS = {
   { "sequence-parallel", false, "shard norms and residuals on the sequence (with --tp > 1)" },
   { "loss-parallel", true, "cross entropy on vocabulary-sharded logits (with --tp > 1)" },
   { "no-loss-parallel", false, "gather the logits instead" },
-  { "dtype", "f32", "f32 or bf16 (bf16: parameters and activations in bf16, master weights f32)" },
+  { "dtype", "f32", "f32 or bf16 (bf16: mixed precision: GEMMs in bf16 under autocast, parameters, "
+                    .. "gradients and AdamW in f32)" },
+  { "device", "auto", "cpu, cuda or auto (auto: the GPUs when there are some, one per rank)" },
+  { "version", false, "print loom's build, BLAS and devices (loom.show_config) and exit" },
   { "init-from", "", "start from a Hugging Face Llama checkpoint (DIR or .safetensors; its config sets the model)" },
 }
 
@@ -88,21 +91,22 @@ local function layout(o, dist)
     error(string.format("train.lua: --tp %s x --dp %s must equal the world size %d", o.tp, o.dp, world), 0)
   end
   if o.batch % dp ~= 0 then error(string.format("train.lua: --batch %d must divide by --dp %d", o.batch, dp), 0) end
-  local mesh = dist.init_device_mesh("cpu", { dp, tp }, { mesh_dim_names = { "dp", "tp" } })
+  local device = o.device
+  if device == "auto" then device = loom.cuda.is_available() and "cuda" or "cpu" end
+  if device ~= "cpu" and device ~= "cuda" then
+    error("train.lua: --device expects cpu, cuda or auto, got " .. tostring(o.device), 0)
+  end
+  local mesh = dist.init_device_mesh(device, { dp, tp }, { mesh_dim_names = { "dp", "tp" } })
   return { world = world, tp = tp, dp = dp, mesh = mesh, dp_rank = mesh:get_local_rank("dp"),
-           rank = dist.rank() }
+           rank = dist.rank(), device = device }
 end
 
--- the model, in bf16 if asked, tensor- and data-parallel as laid out
+-- the model on its device (f32: with --dtype bf16 autocast runs its GEMMs
+-- in bf16), tensor- and data-parallel as laid out
 local function build_model(o, cfg, w, dist)
   local tp = require "loom.parallel"
   loom.manual_seed(o.seed)   -- the same full weights on every rank, at any layout
-  local model = transformer.new(cfg)
-  if o.dtype ~= "f32" then
-    model:apply(function(m)
-      for name, p in pairs(rawget(m, "_parameters")) do m[name] = loom.nn.Parameter(p:to(o.dtype)) end
-    end)
-  end
+  local model = loom.device(w.device):use(transformer.new, cfg)
   if w.tp > 1 then
     tp.parallelize_module(model, w.mesh["tp"], transformer.tp_plan(
       { sequence_parallel = o["sequence-parallel"], loss_parallel = o.lp, tp = w.tp }, model), { src_data_rank = false })
@@ -136,6 +140,7 @@ end
 
 local function main(argv)
   local o = require("loom.cli").parse("train.lua", FLAGS, argv, "Trains a Llama-style transformer on a text file.")
+  if o.version then loom.show_config() return end
   if o.dtype ~= "f32" and o.dtype ~= "bf16" then error("train.lua: --dtype expects f32 or bf16, got " .. o.dtype, 0) end
   local dist = require "loom.distributed"
   local w = layout(o, dist)
@@ -168,8 +173,10 @@ local function main(argv)
   -- with backward when asked; returns the loss averaged over dp ranks
   local tpmod = require "loom.parallel"
   local function step_loss(x, y, backward)
+    if w.device ~= "cpu" then x, y = x:to(w.device), y:to(w.device) end
+    local function forward() return loom.F.cross_entropy(model(x), y) end
     local function run()
-      local loss = loom.F.cross_entropy(model(x), y)
+      local loss = o.dtype == "bf16" and loom.autocast("bf16", forward) or forward()
       if backward then loss:backward() end
       return loss
     end
@@ -245,13 +252,14 @@ local function main(argv)
   end
   if log and start_step == 0 then
     log:write(json_line({ world = w.world, tp = w.tp, dp = w.dp, sequence_parallel = o["sequence-parallel"],
-                          loss_parallel = o.lp, dtype = o.dtype, threads_per_rank = loom.num_threads() },
-                        { "world", "tp", "dp", "sequence_parallel", "loss_parallel", "dtype", "threads_per_rank" }), "\n")
+                          loss_parallel = o.lp, dtype = o.dtype, device = w.device, threads_per_rank = loom.num_threads() },
+                        { "world", "tp", "dp", "sequence_parallel", "loss_parallel", "dtype", "device",
+                          "threads_per_rank" }), "\n")
   end
   say(string.format("model: %d layers, dim %d, %d heads, %d parameters; %d steps of %dx%d tokens; "
                     .. "world %d = tp %d x dp %d%s%s, %s", o.layers, o.dim, o.heads, nparams, o.steps, o.batch,
                     o.seq, w.world, w.tp, w.dp, o["sequence-parallel"] and ", sequence parallel" or "",
-                    o.lp and ", loss parallel" or "", o.dtype))
+                    o.lp and ", loss parallel" or "", o.dtype .. " on " .. w.device))
   -- progress: on a terminal, a live line rewritten with \r and kept at each
   -- eval; otherwise (a pipe, a file, under loomrun) whole lines at each
   -- eval, every --print-every steps and at the last step

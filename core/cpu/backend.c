@@ -76,6 +76,7 @@ static const lm_backend cpu_backend = {
     .embedding = lm_cpu_embedding,
     .index_add = lm_cpu_index_add,
     .adamw = lm_cpu_adamw,
+    .info = lm_blas_info,
 };
 
 /* Registered when libloom loads: the CPU is always there. */

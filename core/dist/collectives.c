@@ -36,6 +36,7 @@ static int check_args(const char *op, lm_comm *c, const lm_tensor *t, int min_nd
   if (!c) return lm_error("%s: comm is NULL", op);
   if (!t) return lm_error("%s: expected a tensor, got NULL", op);
   if (t->freed) return lm_error("%s: the tensor was freed (t:free())", op);
+  if (t->device_ == LM_META) return lm_error("%s: a meta tensor has no data to communicate", op);
   if (t->dtype_ < 0 || t->dtype_ >= LM_NDTYPES)
     return lm_error("%s: unknown dtype %d", op, t->dtype_);
   if (t->ndim < min_ndim)

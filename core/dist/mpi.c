@@ -79,6 +79,15 @@ int lm_dist_local_size(void) {
   return inited ? world.size : 1;
 }
 
+int lm_dist_local_rank(void) {
+  const char *vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"};
+  for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
+    const char *e = getenv(vars[i]);
+    if (e && *e) return atoi(e);
+  }
+  return inited ? world.rank : 0;
+}
+
 int lm_dist_finalize(void) {
   if (!inited || !own_mpi || mpi_finalized()) return 0;
   lm_watch_finish();

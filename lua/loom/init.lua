@@ -19,7 +19,7 @@ local loom = {
 
 for _, name in ipairs { "tensor", "empty", "zeros", "ones", "full", "arange", "rand", "randn",
                         "randint", "manual_seed", "get_rng_state", "set_rng_state", "no_grad",
-                        "is_grad_enabled" } do
+                        "is_grad_enabled", "device" } do
   loom[name] = T[name]
 end
 for name, fn in pairs(ops) do loom[name] = fn end
@@ -53,11 +53,56 @@ function loom.ops()
   return list
 end
 
+-- f32 matmuls: "highest" (f32 products) or "high" (TF32 on GPUs), as
+-- torch.set_float32_matmul_precision
+local PRECISION = { highest = 0, high = 1 }
+function loom.set_float32_matmul_precision(p)
+  if not PRECISION[p] then T.argerror("set_float32_matmul_precision", "precision", "\"highest\" or \"high\"", T.describe(p)) end
+  lib.C.lm_set_float32_matmul_precision(PRECISION[p])
+end
+function loom.get_float32_matmul_precision()
+  return lib.C.lm_float32_matmul_precision() == 1 and "high" or "highest"
+end
+
+-- show_config(): what this build is and sees (build options, the BLAS and
+-- its kernel core, threads, CUDA and NCCL, GPUs), printed and returned
+function loom.show_config()
+  local ffi = require "ffi"
+  local s = ffi.string(lib.C.lm_build_info()) ..
+            string.format("threads: %d (LOOM_NUM_THREADS)\n", lib.C.lm_num_threads())
+  io.write(s)
+  return s
+end
+
+-- loom.cuda: the CUDA devices this process sees
+loom.cuda = {}
+function loom.cuda.is_available() return (loom.device_available("cuda:0")) end
+function loom.cuda.device_count()
+  local n = 0
+  while n < 64 and lib.C.lm_device_available(lib.C.LM_CUDA0 + n) == 1 do n = n + 1 end
+  return n
+end
+-- the device "cuda" names (0-based index), as torch.cuda.set_device
+function loom.cuda.set_device(k)
+  if lib.C.lm_set_cuda_device(k) < 0 then T.c_error() end
+end
+-- memory_stats(k): bytes allocated (live tensors), peak, reserved (cached
+-- by the allocator) and the number of driver allocations
+function loom.cuda.memory_stats(k)
+  local ffi = require "ffi"
+  local st = ffi.new("int64_t[4]")
+  if lib.C.lm_device_memory_stats(lib.C.LM_CUDA0 + (k or 0), st) < 0 then T.c_error() end
+  return { allocated = tonumber(st[0]), peak = tonumber(st[1]), reserved = tonumber(st[2]),
+           driver_allocs = tonumber(st[3]) }
+end
+
 function loom.num_threads() return lib.C.lm_num_threads() end
 function loom.set_num_threads(n) lib.C.lm_set_num_threads(n) end
 
 -- Submodules load lazily so `require "loom"` stays cheap.
-local lazy = { F = "loom.functional", nn = "loom.nn", optim = "loom.optim",
+function loom.autocast(dtype, fn, ...) return require("loom.amp").autocast(dtype, fn, ...) end
+
+local lazy = { F = "loom.functional", nn = "loom.nn", optim = "loom.optim", amp = "loom.amp",
                distributed = "loom.distributed", data = "loom.data", models = "loom.models" }
 return setmetatable(loom, { __index = function(t, k)
   local m = lazy[k]

@@ -57,8 +57,9 @@ local function encode(v, out, path)
       error("save: " .. path .. " is a DTensor (each rank holds a shard): save a state_dict with DTensors through "
             .. "dist.checkpoint.save(state_dict, dir), or save " .. path .. ":full_tensor()", 0)
     end
-    if v.device ~= "cpu" then error("save: " .. path .. ": only CPU tensors can be saved; call :to(\"cpu\")", 0) end
-    local c = v:contiguous()
+    if v.is_meta then error("save: " .. path .. " is a meta tensor, which has no data", 0) end
+    -- files are device-neutral: a GPU tensor is saved from a CPU copy
+    local c = v.device == "cpu" and v:contiguous() or T.no_grad(function() return v:detach():to("cpu") end)
     local dims = ffi.new("int64_t[?]", math.max(1, c:dim()))
     for d = 1, c:dim() do dims[d - 1] = c:size(d) end
     out[#out + 1] = "T" .. string.char(c.dtype_, c:dim()) .. ffi.string(dims, 8 * c:dim())

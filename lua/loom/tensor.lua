@@ -15,6 +15,8 @@ local function is_tensor(x) return type(x) == "cdata" and ffi.istype(tensor_ct, 
 M.is_tensor = is_tensor
 
 local DTYPES = { "f32", "f64", "bf16", "f16", "i32", "i64", "bool" }
+local FLOATS = { f32 = true, f64 = true, bf16 = true, f16 = true }
+function M.is_float_dtype(name) return FLOATS[name] == true end
 local DTYPE_ID = {}
 for i, n in ipairs(DTYPES) do DTYPE_ID[n] = i - 1 end
 M.dtypes = DTYPES
@@ -217,9 +219,13 @@ local function parse_size(fname, ...)
 end
 
 local shapebuf = ffi.new("int64_t[8]")
+-- the device factories use when none is given (loom.device(d):use(fn))
+local default_device = 0
+local function device_of(opts, fname) return opts.device and device_id(opts.device, fname) or default_device end
+
 local function empty_of(fname, size, opts)
   local dt = opts.dtype and dtype_id(opts.dtype, fname) or 0
-  local dev = opts.device and device_id(opts.device, fname) or 0
+  local dev = device_of(opts, fname)
   for k = 1, #size do shapebuf[k - 1] = size[k] end
   local t = wrap(C.lm_empty(#size, shapebuf, dt, dev), 3)
   return t
@@ -271,7 +277,7 @@ function M.arange(a, b, step, opts)
     if type(v) ~= "number" then argerror("arange", name, "a number", describe(v)) end
   end
   local dt = opts.dtype and dtype_id(opts.dtype, "arange") or 0
-  local dev = opts.device and device_id(opts.device, "arange") or 0
+  local dev = device_of(opts, "arange")
   return finish("arange", wrap(C.lm_arange(start, stop, step, dt, dev)), opts)
 end
 
@@ -302,6 +308,24 @@ function M.randint(low, high, size, opts)
   if not opts.dtype then opts = { dtype = "i64", device = opts.device } end
   return random("randint", "randint", low, high, sz, opts)
 end
+
+-- loom.device("meta"):use(fn): tensors made without a device inside fn
+-- are made on that device (PyTorch's `with torch.device(...)`), e.g. a big
+-- model built on meta without memory.
+local Device = {}
+Device.__index = Device
+function M.device(name)
+  return setmetatable({ id = device_id(name, "device"), name = name }, Device)
+end
+function Device:use(fn, ...)
+  local old = default_device
+  default_device = self.id
+  local res = M.pack(pcall(fn, ...))
+  default_device = old
+  if not res[1] then error(res[2], 0) end
+  return unpack(res, 2, res.n)
+end
+function Device:__tostring() return "device(" .. self.name .. ")" end
 
 function M.manual_seed(seed)
   check_int(seed, "manual_seed", "seed")

@@ -171,7 +171,7 @@ function M.distribute_tensor(t, mesh, placements, opts)
   local requires_grad = t.requires_grad
   local d = loom.no_grad(function()
     local full = t:detach()
-    if src ~= nil then
+    if src ~= nil and not t.is_meta then   -- (a meta tensor has no data to send)
       if type(src) ~= "number" then T.argerror("distribute_tensor", "src_data_rank", "a rank or nil", T.describe(src)) end
       for k = 1, mesh.ndim do full = dist.broadcast(full, src, mesh, k) end
     end

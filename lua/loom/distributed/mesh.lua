@@ -144,6 +144,10 @@ function M.init_device_mesh(device_type, mesh_shape, opts)
   end
   local ranks = {}
   for i = 1, world do ranks[i] = i - 1 end
+  if device_type == "cuda" then -- each rank on its own GPU: local rank modulo the GPUs here
+    local n = loom.cuda.device_count()
+    loom.cuda.set_device(C.lm_dist_local_rank() % n)
+  end
   return M.new(device_type, shape, names, ranks, coord, groups)
 end
 

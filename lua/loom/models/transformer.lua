@@ -110,10 +110,21 @@ function Transformer:__init(cfg)
   for i = 1, c.n_layers do layers[i] = Block(c) end
   self.layers = nn.ModuleList(layers)
   self.norm = nn.RMSNorm(c.dim, { eps = c.norm_eps })
-  self.output = nn.Linear(c.dim, c.vocab_size, { bias = false })
-  if c.tie_embeddings then self.output.weight = self.tok_embeddings.weight end
-  -- rotary tables: plain fields, not state (recomputed from the config)
-  self.rope_cos, self.rope_sin = F.rope_tables(c.max_seq_len, c.dim / c.n_heads, { theta = c.rope_theta })
+  self.output = nn.Linear(c.dim, c.vocab_size,
+                          { bias = false, weight = c.tie_embeddings and self.tok_embeddings.weight or nil })
+  -- rotary tables: buffers that move with the model, not state (computed
+  -- from the config)
+  local cos, sin = F.rope_tables(c.max_seq_len, c.dim / c.n_heads, { theta = c.rope_theta })
+  self:register_buffer("rope_cos", cos, { persistent = false })
+  self:register_buffer("rope_sin", sin, { persistent = false })
+end
+
+-- the rotary tables again, where they live (after to_empty, say)
+function Transformer:reset_parameters()
+  local c = self.config
+  local cos, sin = F.rope_tables(c.max_seq_len, c.dim / c.n_heads,
+                                 { theta = c.rope_theta, device = self.rope_cos.device, dtype = self.rope_cos.dtype })
+  self.rope_cos, self.rope_sin = cos, sin
 end
 
 -- forward(ids (B, T) i64, 1-based) -> logits (B, T, vocab)
@@ -129,6 +140,8 @@ function Transformer:forward(ids)
   return self.output(self.norm(h))
 end
 
+-- new(cfg): the model; build it inside loom.device("meta"):use(...) to get
+-- its shapes without memory, then parallelise, to_empty and init_weights.
 function M.new(cfg) return Transformer(cfg) end
 
 -- tp_plan({sequence_parallel, loss_parallel, tp}): the tensor-parallel plan of

@@ -5,6 +5,7 @@ local T = require "loom.tensor"
 local Module = require "loom.nn.module"
 
 local F = loom.F
+local init = require "loom.nn.weights"
 local M = {}
 
 -- nn.Parameter(t): t as a trainable leaf
@@ -19,24 +20,39 @@ local function positive_int(fname, name, v)
   end
 end
 
--- U(-bound, bound) of the given size, for the kaiming-uniform defaults
-local function uniform(size, bound, opts)
-  return loom.no_grad(function()
-    return M.Parameter((loom.rand(size, opts) * 2 - 1) * bound):to(opts.dtype or "f32")
-  end)
+-- a parameter of the given size, dtype and device, filled by the layer's
+-- reset_parameters (construction and init_weights draw alike)
+local function param(size, opts)
+  return M.Parameter(loom.empty(size, { dtype = opts.dtype, device = opts.device }))
 end
 
--- Linear(in, out, {bias=true, dtype}): y = x W^T + b with W (out, in),
--- initialised as PyTorch does: U(-1/sqrt(in), 1/sqrt(in)) for W and b.
+-- Linear(in, out, {bias=true, dtype, device, weight}): y = x W^T + b with
+-- W (out, in), initialised as PyTorch does: U(-1/sqrt(in), 1/sqrt(in)) for
+-- W and b. opts.weight shares another module's parameter (tied weights),
+-- which that module initialises.
 M.Linear = Module:extend("Linear")
 function M.Linear:__init(in_features, out_features, opts)
   positive_int("Linear", "in_features", in_features)
   positive_int("Linear", "out_features", out_features)
   opts = opts or {}
   self.in_features, self.out_features = in_features, out_features
-  local bound = 1 / math.sqrt(in_features)
-  self.weight = uniform({ out_features, in_features }, bound, opts)
-  if opts.bias ~= false then self.bias = uniform({ out_features }, bound, opts) end
+  if opts.weight ~= nil then
+    T.check_tensor(opts.weight, "Linear", "weight")
+    if opts.weight:size(1) ~= out_features or opts.weight:size(2) ~= in_features then
+      T.argerror("Linear", "weight", string.format("a tensor of size %dx%d", out_features, in_features),
+                 table.concat(opts.weight:size(), "x"))
+    end
+    self.weight, self.tied = opts.weight, true
+  else
+    self.weight = param({ out_features, in_features }, opts)
+  end
+  if opts.bias ~= false then self.bias = param({ out_features }, opts) end
+  self:reset_parameters()
+end
+function M.Linear:reset_parameters()
+  local bound = 1 / math.sqrt(self.in_features)
+  if not self.tied then init.uniform_(self.weight, -bound, bound) end
+  if self.bias ~= nil then init.uniform_(self.bias, -bound, bound) end
 end
 function M.Linear:forward(x) return F.linear(x, self.weight, self.bias) end
 function M.Linear:extra_repr()
@@ -51,8 +67,10 @@ function M.Embedding:__init(n, dim, opts)
   positive_int("Embedding", "embedding_dim", dim)
   opts = opts or {}
   self.num_embeddings, self.embedding_dim = n, dim
-  self.weight = M.Parameter(loom.randn({ n, dim }, { dtype = opts.dtype }))
+  self.weight = param({ n, dim }, opts)
+  self:reset_parameters()
 end
+function M.Embedding:reset_parameters() init.normal_(self.weight, 0, 1) end
 function M.Embedding:forward(ids) return F.embedding(ids, self.weight) end
 function M.Embedding:extra_repr() return self.num_embeddings .. ", " .. self.embedding_dim end
 
@@ -70,9 +88,14 @@ function M.LayerNorm:__init(shape, opts)
   self.normalized_shape = norm_shape("LayerNorm", shape)
   self.eps = opts.eps or 1e-5
   if opts.elementwise_affine ~= false then
-    self.weight = M.Parameter(loom.ones(self.normalized_shape, { dtype = opts.dtype }))
-    if opts.bias ~= false then self.bias = M.Parameter(loom.zeros(self.normalized_shape, { dtype = opts.dtype })) end
+    self.weight = param(self.normalized_shape, opts)
+    if opts.bias ~= false then self.bias = param(self.normalized_shape, opts) end
   end
+  self:reset_parameters()
+end
+function M.LayerNorm:reset_parameters()
+  if self.weight ~= nil then init.ones_(self.weight) end
+  if self.bias ~= nil then init.zeros_(self.bias) end
 end
 function M.LayerNorm:forward(x) return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps) end
 function M.LayerNorm:extra_repr() return "(" .. table.concat(self.normalized_shape, ", ") .. "), eps=" .. self.eps end
@@ -83,10 +106,10 @@ function M.RMSNorm:__init(shape, opts)
   opts = opts or {}
   self.normalized_shape = norm_shape("RMSNorm", shape)
   self.eps = opts.eps or 1e-6
-  if opts.elementwise_affine ~= false then
-    self.weight = M.Parameter(loom.ones(self.normalized_shape, { dtype = opts.dtype }))
-  end
+  if opts.elementwise_affine ~= false then self.weight = param(self.normalized_shape, opts) end
+  self:reset_parameters()
 end
+function M.RMSNorm:reset_parameters() if self.weight ~= nil then init.ones_(self.weight) end end
 function M.RMSNorm:forward(x) return F.rms_norm(x, self.normalized_shape, self.weight, self.eps) end
 function M.RMSNorm:extra_repr() return "(" .. table.concat(self.normalized_shape, ", ") .. "), eps=" .. self.eps end
 

@@ -92,9 +92,17 @@ function Module:register_parameter(name, t)
   register(self, "_parameters", name, t)
 end
 
-function Module:register_buffer(name, t)
+-- register_buffer(name, t, {persistent=true}): state that is no parameter;
+-- a non-persistent buffer (a table computed from the config, say) moves
+-- with the module but stays out of state_dict().
+function Module:register_buffer(name, t, opts)
   if t ~= nil and not T.is_tensor(t) then T.argerror("register_buffer", "tensor", "a tensor or nil", T.describe(t)) end
   register(self, "_buffers", name, t)
+  local np = rawget(self, "_non_persistent")
+  if opts and opts.persistent == false then
+    if not np then np = {} rawset(self, "_non_persistent", np) end
+    np[name] = true
+  elseif np then np[name] = nil end
 end
 
 function Module:register_module(name, m)
@@ -168,8 +176,20 @@ end
 function Module:state_dict()
   local sd = {}
   for _, kv in ipairs(named(self, "_parameters", true)) do sd[kv[1]] = kv[2]:detach() end
-  for _, kv in ipairs(named(self, "_buffers", true)) do sd[kv[1]] = kv[2]:detach() end
+  for _, kv in ipairs(self:named_persistent_buffers()) do sd[kv[1]] = kv[2]:detach() end
   return sd
+end
+
+-- the buffers state_dict() holds: not those registered persistent=false
+function Module:named_persistent_buffers()
+  local out = {}
+  for _, mm in ipairs(self:named_modules()) do
+    local np = rawget(mm[2], "_non_persistent") or {}
+    for _, kv in ipairs(ordered(mm[2], "_buffers")) do
+      if not np[kv[1]] then out[#out + 1] = { mm[1] == "" and kv[1] or mm[1] .. "." .. kv[1], kv[2] } end
+    end
+  end
+  return out
 end
 
 -- load_state_dict(sd, {strict=true}): copies values in place; strict mode
@@ -179,7 +199,7 @@ function Module:load_state_dict(sd, opts)
   if type(sd) ~= "table" then T.argerror("load_state_dict", "state_dict", "a table", T.describe(sd)) end
   local own, missing, unexpected, bad = {}, {}, {}, {}
   for _, kv in ipairs(named(self, "_parameters", true)) do own[kv[1]] = kv[2] end
-  for _, kv in ipairs(named(self, "_buffers", true)) do own[kv[1]] = kv[2] end
+  for _, kv in ipairs(self:named_persistent_buffers()) do own[kv[1]] = kv[2] end
   for k, t in pairs(own) do
     local v = sd[k]
     if v == nil then missing[#missing + 1] = k

@@ -1,0 +1,89 @@
+-- amp.lua: mixed precision, as torch.amp. loom.autocast(dtype, fn) runs fn
+-- with GEMMs (matmul, attention) on bf16/f16 casts of f32 inputs and
+-- softmax, norms and losses in f32; parameters stay f32 (master weights),
+-- so do their gradients and the optimizer's math. With f16, whose range is
+-- small, a GradScaler scales the loss so gradients do not underflow.
+local loom = require "loom"
+local T = require "loom.tensor"
+local C = loom.C
+
+local M = {}
+local LOW = { bf16 = C.LM_BF16, f16 = C.LM_F16 }
+
+-- autocast(dtype, fn, ...) -> fn's results; dtype "bf16" or "f16"; the
+-- previous setting comes back even when fn raises. Autocast is per thread
+-- and nests.
+function M.autocast(dtype, fn, ...)
+  local id = LOW[dtype]
+  if not id then T.argerror("autocast", "dtype", "\"bf16\" or \"f16\"", T.describe(dtype)) end
+  if type(fn) ~= "function" then T.argerror("autocast", "fn", "a function", T.describe(fn)) end
+  local old = C.lm_set_autocast(id)
+  local res = T.pack(pcall(fn, ...))
+  C.lm_set_autocast(old)
+  if not res[1] then error(res[2], 0) end
+  return unpack(res, 2, res.n)
+end
+
+-- GradScaler{init_scale=2^16, growth_factor=2, backoff_factor=0.5,
+-- growth_interval=2000}: scaler:scale(loss):backward(); scaler:step(opt)
+-- (unscales the gradients, skips the step when any is inf or NaN on any
+-- rank); scaler:update() (halves the scale after a skip, doubles it after
+-- growth_interval good steps).
+local Scaler = {}
+Scaler.__index = Scaler
+M.GradScaler = function(opts)
+  opts = opts or {}
+  local s = setmetatable({ scale_ = opts.init_scale or 2 ^ 16, growth = opts.growth_factor or 2,
+                           backoff = opts.backoff_factor or 0.5, interval = opts.growth_interval or 2000,
+                           good = 0, found_inf = false, unscaled = false }, Scaler)
+  for k, v in pairs { init_scale = s.scale_, growth_factor = s.growth, growth_interval = s.interval } do
+    if type(v) ~= "number" or v <= 0 then T.argerror("GradScaler", k, "a number > 0", T.describe(v)) end
+  end
+  if type(s.backoff) ~= "number" or s.backoff <= 0 or s.backoff >= 1 then
+    T.argerror("GradScaler", "backoff_factor", "a number in (0, 1)", T.describe(s.backoff))
+  end
+  return s
+end
+
+function Scaler:get_scale() return self.scale_ end
+function Scaler:scale(loss) return loss * self.scale_ end
+
+-- the gradients divided by the scale; whether any is inf or NaN (on any rank)
+function Scaler:unscale_(opt)
+  if self.unscaled then return end
+  local inv, bad = 1 / self.scale_, 0
+  loom.no_grad(function()
+    for _, p in ipairs(opt.params) do
+      local g = p.grad
+      if g ~= nil then
+        g:copy_(g * inv)
+        local loc = g.dist ~= nil and g:to_local() or g
+        if loc:numel() > 0 and not (loc:abs():max():to("f64"):item() < math.huge) then bad = 1 end
+      end
+    end
+  end)
+  local dist = package.loaded["loom.distributed"]
+  if dist and dist.is_initialized() and dist.world_size() > 1 then
+    bad = dist.all_reduce(loom.tensor({ bad }), "max", dist.world_group()):item()
+  end
+  self.found_inf, self.unscaled = bad > 0, true
+end
+
+function Scaler:step(opt)
+  self:unscale_(opt)
+  if not self.found_inf then opt:step() end
+end
+
+function Scaler:update()
+  if self.found_inf then self.scale_, self.good = self.scale_ * self.backoff, 0
+  else
+    self.good = self.good + 1
+    if self.good >= self.interval then self.scale_, self.good = self.scale_ * self.growth, 0 end
+  end
+  self.found_inf, self.unscaled = false, false
+end
+
+function Scaler:state_dict() return { scale = self.scale_, good = self.good } end
+function Scaler:load_state_dict(sd) self.scale_, self.good = sd.scale, sd.good end
+
+return M
