@@ -152,6 +152,18 @@ lm_tensor *lm_detach(lm_tensor *t);                /* alias without history */
 /* Called once per leaf whose gradient is complete during lm_backward. */
 typedef void (*lm_grad_ready_fn)(lm_tensor *leaf);
 void lm_set_grad_ready_callback(lm_grad_ready_fn fn);
+/* Pre-backward hooks: t (an op's output) marked with lm_set_pre_backward
+ * makes backward call the callback with t's node and output number just
+ * before that node's backward runs (FSDP re-gathers parameters there). */
+typedef void (*lm_pre_backward_fn)(lm_node *node, int output_nr);
+void lm_set_pre_backward_callback(lm_pre_backward_fn fn);
+int lm_set_pre_backward(lm_tensor *t, int on);
+/* A tensor's data released and restored, its version kept (FSDP frees a
+ * gathered parameter after forward and re-gathers it before backward):
+ * release frees the storage's buffer (ops on it fail until restored);
+ * restore allocates it again and copies src in. */
+int lm_release_data(lm_tensor *t);
+int lm_restore_data(lm_tensor *t, const lm_tensor *src);
 
 /* 64-bit FNV-1a of n bytes, continuing from h (start with 0): the
  * checksum of loom's checkpoint files. */

@@ -13,6 +13,7 @@ struct lm_node {
   lm_tensor **retained; /* weak: outputs that asked for retain_grad */
   int64_t *version;     /* of each input's, then output's, storage when recorded */
   int visit;            /* scratch of one backward pass */
+  uint32_t hooked;      /* outputs (bits) whose pre-backward hook is set */
   lm_tensor **gsum;     /* scratch: gradient summed per output */
 };
 

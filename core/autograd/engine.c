@@ -6,7 +6,17 @@
 #include <string.h>
 
 static lm_grad_ready_fn grad_ready;
+static lm_pre_backward_fn pre_backward;
 void lm_set_grad_ready_callback(lm_grad_ready_fn fn) { grad_ready = fn; }
+void lm_set_pre_backward_callback(lm_pre_backward_fn fn) { pre_backward = fn; }
+
+int lm_set_pre_backward(lm_tensor *t, int on) {
+  if (!t || !t->grad_fn_) return lm_error("pre-backward hook: expected a tensor made by an op (with a grad_fn)");
+  if (t->output_nr >= 32) return lm_error("pre-backward hook: output #%d is beyond 32", t->output_nr + 1);
+  uint32_t bit = 1u << t->output_nr;
+  t->grad_fn_->hooked = on ? t->grad_fn_->hooked | bit : t->grad_fn_->hooked & ~bit;
+  return 0;
+}
 
 /* g += x, or g = x when g is empty; x is consumed. */
 static int accumulate(lm_tensor **g, lm_tensor *x) {
@@ -114,6 +124,8 @@ static int run(lm_node *root_node, nodes *order, leaves *lv) {
         }
         if (n->retained[k]) rc = rc ? rc : lm_set_grad(n->retained[k], n->gsum[k]);
       }
+      for (int k = 0; rc == 0 && pre_backward && k < n->call.nout; k++)
+        if (n->hooked & (1u << k)) pre_backward(n, k);
       if (rc == 0) rc = lm_check_saved(n);
       if (rc == 0 && def->backward(&n->call, n->gsum, gin) < 0) rc = -1;
     }

@@ -97,6 +97,7 @@ static void drop_buffers(lm_work *w) {
 void lm_work_free(lm_work *w) {
   if (!w) return;
   if (w->started && !w->done && !w->failed) lm_work_wait(w);
+  if (w->started && !w->done && !w->blocking) lm_progress_hold(-1); /* failed */
   if (w->tr) w->tr->release(w);
   drop_buffers(w);
   lm_release(w->out);
@@ -118,6 +119,7 @@ static lm_work *launch(lm_work *w, const lm_tensor *t) {
     return NULL;
   }
   w->started = 1;
+  if (!w->blocking) lm_progress_hold(1); /* the watchdog thread drives it while backward computes */
   stat_count[w->kind]++;
   if (t) stat_bytes[w->kind] += t->numel_ * lm_dtype_size(t->dtype_);
   return w;
@@ -418,6 +420,7 @@ int lm_work_wait(lm_work *w) {
     return -1;
   }
   w->done = 1;
+  if (!w->blocking) lm_progress_hold(-1);
   drop_buffers(w); /* free staging memory as soon as it is useless */
   return 0;
 }

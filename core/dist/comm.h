@@ -69,6 +69,9 @@ void lm_watch_finish(void);  /* announces this rank's end, waits for all */
 uint64_t lm_watch_key(const int *world_ranks, int size);
 void lm_watch_comm(const lm_comm *c, int alive); /* a comm made (1) or freed (0) */
 int lm_watch_check(const lm_comm *c, const char *what); /* -1 when a member finished */
+/* async collectives in flight (+1 started, -1 done): while some are, the
+ * watchdog thread calls into MPI often, so they progress during compute */
+void lm_progress_hold(int delta);
 /* waits for a call on c, polling test(arg) (1 done, 0 pending, -1 error)
  * with growing naps, where the watchdog can see it */
 int lm_watch_wait(const lm_comm *c, const char *what, int (*test)(void *), void *arg);

@@ -42,6 +42,9 @@ static struct {
   char *finished;  /* [size] */
 } W = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
+static atomic_int in_flight; /* async collectives the main thread has not waited for */
+void lm_progress_hold(int delta) { atomic_fetch_add(&in_flight, delta); }
+
 static double now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -192,7 +195,13 @@ static void *watch(void *arg) {
       end_job("a collective waited past LOOM_COLLECTIVE_TIMEOUT (%.0f s): this rank is %s "
               "(another rank is stuck, or ranks called collectives in different orders)",
               W.collective_timeout, wait);
-    nap(0.05);
+    /* with async collectives in flight, a probe every 50 us drives MPI's
+     * progress engine for them (MPI progresses only inside MPI calls) */
+    for (int i = 0; i < 1000 && atomic_load(&in_flight) > 0 && !atomic_load(&W.stop); i++) {
+      MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, W.ctrl, &flag, MPI_STATUS_IGNORE);
+      nap(50e-6);
+    }
+    if (atomic_load(&in_flight) == 0) nap(0.05);
   }
   MPI_Cancel(&hb), MPI_Wait(&hb, MPI_STATUS_IGNORE);
   MPI_Cancel(&nt), MPI_Wait(&nt, MPI_STATUS_IGNORE);

@@ -124,6 +124,8 @@ lm_tensor *lm_empty_meta(const lm_meta *m, const lm_tensor *like) {
   return lm_empty(m->ndim, m->shape, m->dtype, like->device_);
 }
 
+enum { MAX_IN = 256 }; /* the most tensors an op takes (lm_op_call checks) */
+
 /* An op on meta tensors makes meta outputs of the shapes inference gives. */
 static int run_meta(const lm_op_def *d, const lm_call *c, lm_tensor **out) {
   if (!d->shape) return lm_error("%s: cannot run on meta tensors", d->name);
@@ -139,12 +141,18 @@ int lm_op_run(int op, int nin, lm_tensor *const *in, const lm_attrs *a, lm_tenso
   const lm_op_def *d = &lm_op_table[op];
   lm_call c = {.op = op, .nin = nin, .in = in, .a = a};
   bool meta = false;
+  for (int i = 0; i < nin; i++) {
+    meta |= in[i]->device_ == LM_META;
+    if (in[i]->device_ != LM_META && in[i]->storage && !in[i]->storage->data)
+      return lm_error("%s: argument #%d has no data: it was released (FSDP reshards gathered "
+                      "parameters after forward) and not restored", d->name, i + 1);
+  }
   if (d->shape) {
-    lm_meta m[nin > 0 ? nin : 1];
-    for (int i = 0; i < nin; i++) m[i] = lm_meta_of(in[i]), meta |= in[i]->device_ == LM_META;
+    lm_meta m[MAX_IN];
+    if (nin > MAX_IN) return lm_error("%s: at most %d tensor arguments, got %d", d->name, MAX_IN, nin);
+    for (int i = 0; i < nin; i++) m[i] = lm_meta_of(in[i]);
     LM_TRY(d->shape(op, nin, m, a, c.out));
   }
-  for (int i = 0; i < nin && !meta; i++) meta = in[i]->device_ == LM_META;
   for (int k = 0; k < d->nout; k++) out[k] = NULL;
   if (meta && !(d->flags & LM_OPF_META_FW)) return run_meta(d, &c, out);
   double t0 = 0, outer_child = 0;

@@ -105,12 +105,12 @@ static bool drop(int32_t *rc) {
 static void release_storage(lm_storage *s) {
   if (!drop(&s->refcount)) return;
   s->refcount = 0;
-  if (s->data) { /* NULL: released already */
+  if (s->data) { /* NULL: its buffer was released (lm_release_data), bytes uncounted then */
     if (!s->data_inline) lm_backend_of(s->device)->free(s->data);
     live_bytes -= (int64_t)s->nbytes;
-    live_storages--;
-    s->data = NULL;
   }
+  live_storages--;
+  s->data = NULL;
   if (!s->owner_pinned) free(s->owner);
 }
 
@@ -217,4 +217,29 @@ lm_tensor *lm_arange(double start, double end, double step, int dtype, int devic
   if (r && lm_copy_(r, t) < 0) { lm_release(r); r = NULL; }
   lm_release(t);
   return r;
+}
+
+int lm_release_data(lm_tensor *t) {
+  LM_TRY(check_live("release_data", t, "tensor"));
+  lm_storage *s = t->storage;
+  if (!s || !s->data || s->data_inline || t->device_ == LM_META) return 0;
+  lm_backend_of(s->device)->free(s->data);
+  live_bytes -= (int64_t)s->nbytes;
+  s->data = NULL;
+  return 0;
+}
+
+int lm_restore_data(lm_tensor *t, const lm_tensor *src) {
+  LM_TRY(check_live("restore_data", t, "tensor"));
+  lm_storage *s = t->storage;
+  if (s && !s->data && t->device_ != LM_META) {
+    const lm_backend *be = lm_backend_of(s->device);
+    if (!be || !(s->data = be->alloc(s->nbytes ? s->nbytes : 1)))
+      return lm_error("restore_data: out of memory for %zu bytes", s->nbytes);
+    live_bytes += (int64_t)s->nbytes;
+  }
+  int64_t v = lm_tensor_version(t);
+  int rc = src ? lm_copy_(t, src) : 0;
+  if (s) s->version = v; /* the same values again: not a change autograd must see */
+  return rc;
 }

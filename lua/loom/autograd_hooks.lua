@@ -85,6 +85,35 @@ function Tensor.register_grad_ready_hook(p, fn)
   end }
 end
 
+-- Pre-backward hooks: t:register_pre_backward_hook(fn) on an op's output;
+-- fn(t) runs when backward reaches the op that made t, just before that
+-- op's backward (FSDP re-gathers a layer's parameters there). Keyed by the
+-- node and the output's number, as the C callback reports them.
+S.pre = S.pre or {}          -- "node address:k" -> { tensor = t, fn = fn }
+S.npre = S.npre or 0
+local function pre_key(node, k) return tostring(ffi.cast("void*", node)) .. ":" .. tonumber(k) end
+local function pre_dispatch(node, k)
+  local e = S.pre[pre_key(node, k)]
+  if not e then return end
+  local ok, err = pcall(e.fn, e.tensor)
+  if not ok and S.pending_error == nil then S.pending_error = err end
+end
+
+function Tensor.register_pre_backward_hook(t, fn)
+  T.check_tensor(t, "register_pre_backward_hook", "self")
+  if type(fn) ~= "function" then T.argerror("register_pre_backward_hook", "fn", "a function", T.describe(fn)) end
+  if C.lm_set_pre_backward(t, 1) < 0 then T.c_error(2) end
+  local key = pre_key(t.grad_fn_, t.output_nr)
+  if not S.pre[key] then S.npre = S.npre + 1 end
+  S.pre[key] = { tensor = t, fn = fn }
+  S.pre_callback = S.pre_callback or ffi.cast("lm_pre_backward_fn", pre_dispatch)
+  C.lm_set_pre_backward_callback(S.pre_callback)
+  return { remove = function()
+    if S.pre[key] then S.pre[key] = nil S.npre = S.npre - 1 end
+    if S.npre == 0 then C.lm_set_pre_backward_callback(nil) end
+  end }
+end
+
 -- backward runs the C pass from the interpreter (a C->Lua callback from a
 -- JIT-compiled FFI call is not allowed), then re-raises a hook's error.
 local backward = Tensor.backward
@@ -94,6 +123,8 @@ function Tensor.backward(x, grad)
   backward(x, grad)
   local queued = S.queued
   S.queued = {}
+  -- pre-backward hooks of this graph are done: forget them (their nodes go with the graph)
+  if S.npre > 0 then S.pre, S.npre = {}, 0 C.lm_set_pre_backward_callback(nil) end
   for _, fn in ipairs(queued) do   -- e.g. data parallelism waits for its reductions
     local ok, err = pcall(fn)
     if not ok and S.pending_error == nil then S.pending_error = err end
