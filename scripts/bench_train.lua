@@ -54,6 +54,22 @@ local function measure(dtype)
   return phases, ops
 end
 
+-- PyTorch eager on the same config, when a Python with torch is at hand
+-- (LOOM_BENCH_PYTHON, else python3): a baseline only, never a dependency
+local py = os.getenv("LOOM_BENCH_PYTHON") or "python3"
+local has_torch = os.execute(py .. " -c 'import torch' >/dev/null 2>&1") == 0
+local function torch_step(dtype)
+  if not has_torch then return nil end
+  local cmd = string.format("OMP_WAIT_POLICY=PASSIVE %s %sscripts/bench_torch_train.py --layers %d --dim %d --heads %d "
+                            .. "--seq %d --batch %d --steps %d --vocab %d --threads %d --dtype %s", py, root, o.layers,
+                            o.dim, o.heads, o.seq, o.batch, o.steps, o.vocab, loom.num_threads(), dtype)
+  local f = io.popen(cmd)
+  local out = f:read("*a")
+  f:close()
+  local ok, r = pcall(require("dkjson").decode, out:match("{.*}") or "")
+  return ok and type(r) == "table" and r or nil
+end
+
 print(string.format("training step: %d layers, dim %d, %d heads, batch %dx%d, %d threads, %d steps timed",
                     o.layers, o.dim, o.heads, o.batch, o.seq, loom.num_threads(), o.steps))
 local summary = {}
@@ -71,9 +87,12 @@ for dtype in o.dtype:gmatch("[^,]+") do
   for _, r in ipairs(ops) do if r[1] == "matmul" then gemm = r[2] end end
   print(string.format("\nGEMM (matmul op) %.1f ms of %.1f ms per step (%.0f%%); %.0f tokens/s",
                       gemm, step_ms, 100 * gemm / step_ms, o.batch * o.seq / (step_ms / 1e3)))
-  summary[#summary + 1] = { dtype, step_ms, o.batch * o.seq / (step_ms / 1e3) }
+  local pt = torch_step(dtype)
+  summary[#summary + 1] = { dtype, step_ms, o.batch * o.seq / (step_ms / 1e3), pt and pt.step_ms or "n/a",
+                            pt and pt.tokens_per_s or "n/a",
+                            pt and string.format("%.2fx", pt.step_ms / step_ms) or "n/a" }
 end
-if #summary > 1 then
-  print("\nsame config, same run:")
-  bench.table({ "dtype", "step ms (median)", "tokens/s" }, summary)
-end
+print(string.format("\nsame config, same run (PyTorch eager: %s):", has_torch and "torch from " .. py or
+                    "not importable, set LOOM_BENCH_PYTHON to a Python with torch"))
+bench.table({ "dtype", "loom step ms", "loom tokens/s", "PyTorch step ms", "PyTorch tokens/s", "loom speed-up" },
+            summary)
