@@ -61,6 +61,7 @@ LM_OP(SIGN,        sign,          1, 1, LM_SIGN,      0,             unary,     
 LM_OP(GELU_D,      _gelu_d,       1, 1, LM_GELU_D,    0,             unary,      unary,      none,       none,       unary)
 LM_OP(GELU_TANH_D, _gelu_tanh_d,  1, 1, LM_GELU_TANH_D,0,            unary,      unary,      none,       none,       unary)
 LM_OP(SILU_D,      _silu_d,       1, 1, LM_SILU_D,    0,             unary,      unary,      none,       none,       unary)
+LM_OP(SWIGLU,      swiglu,        2, 1, 0,            0,             swiglu,     swiglu,     swiglu,     pointwise,  none)
 LM_OP(WHERE,       where,         3, 1, 0,            0,             where,      where,      where,      pointwise,  where)
 /* reductions (ops/reduce.c) */
 LM_OP(SUM,         sum,           1, 1, LM_SUM,       0,             reduce,     sum,        sum,        reduce,     reduce)
@@ -74,8 +75,8 @@ LM_OP(MATMUL,      matmul,        2, 1, 0,            0,             matmul,    
 /* neural-network ops (ops/nn_*.c) */
 LM_OP(SOFTMAX,     softmax,       1, 1, 0,            0,             softmax,    softmax,    softmax,    rows,       softmax)
 LM_OP(LOG_SOFTMAX, log_softmax,   1, 1, 0,            0,             softmax,    softmax,    softmax,    rows,       softmax)
-LM_OP(LAYER_NORM,  layer_norm,   -1, 1, 0,            0,             norm,       norm,       norm,       rows,       norm)
-LM_OP(RMS_NORM,    rms_norm,     -1, 1, 0,            0,             norm,       norm,       norm,       rows,       norm)
+LM_OP(LAYER_NORM,  layer_norm,   -1, 2, 0,            0,             norm,       norm,       norm,       rows,       norm)
+LM_OP(RMS_NORM,    rms_norm,     -1, 2, 0,            0,             norm,       norm,       norm,       rows,       norm)
 LM_OP(EMBEDDING,   embedding,     2, 1, 0,            0,             embedding,  embedding,  embedding,  embedding,  embedding)
 LM_OP(CROSS_ENTROPY, cross_entropy, -1, 1, 0,         0,             cross_entropy, cross_entropy, cross_entropy, cross_entropy, index_add)
 LM_OP(TRIU,        triu,          1, 1, 0,            0,             tri,        tri,        tri,        last2,      none)

@@ -178,6 +178,8 @@ int lm_rule_rows(lm_rule *r) {
     if (is(p, LM_PARTIAL) || hits) r->want[0][k] = R_;
     for (int i = 1; i < r->nin; i++) r->want[i][k] = R_;
     r->out[0].pl[k] = r->want[0][k];
+    if (r->nout > 1) /* the norms' stats (2, x's leading dims) */
+      r->out[1].pl[k] = is(r->want[0][k], LM_SHARD) ? S_(r->want[0][k].dim + 1) : R_;
   }
   return 0;
 }

@@ -181,9 +181,28 @@ static lm_tensor *rope_rotate(lm_scope *s, lm_tensor *x, lm_tensor *cos, lm_tens
   return lm_s_reshape(s, r, x->ndim, x->shape);
 }
 
+/* the same in one pass of the backend's rope kernel, on x viewed as
+ * (outer, T, H, D) */
+static lm_tensor *rope_fused(lm_scope *s, const lm_backend *be, lm_tensor *x, lm_tensor *cos,
+                             lm_tensor *sin, int sign, int cd) {
+  int nd = x->ndim;
+  int64_t T = x->shape[nd - 3], H = x->shape[nd - 2], D = x->shape[nd - 1];
+  int64_t inner = T * H * D, shape4[4] = {inner ? x->numel_ / inner : 0, T, H, D};
+  lm_tensor *x4 = lm_s_reshape(s, lm_s_contig(s, lm_s_cast(s, x, cd)), 4, shape4);
+  lm_tensor *c = lm_s_contig(s, lm_s_cast(s, cos, cd)), *sn = lm_s_contig(s, lm_s_cast(s, sin, cd));
+  lm_tensor *o = x4 && c && sn ? lm_s(s, lm_empty_like(x4)) : NULL;
+  if (!o || be->rope(o, x4, c, sn, sign) < 0) return NULL;
+  return lm_s_reshape(s, o, nd, x->shape);
+}
+
+static lm_tensor *rope_any(lm_scope *s, lm_tensor *x, lm_tensor *cos, lm_tensor *sin, int sign, int cd) {
+  const lm_backend *be = LM_FUSED(x, rope);
+  return be ? rope_fused(s, be, x, cos, sin, sign, cd) : rope_rotate(s, x, cos, sin, sign, cd);
+}
+
 int lm_fw_rope(const lm_call *c, lm_tensor **out) {
   lm_scope s = {0};
-  lm_tensor *x = c->in[0], *r = rope_rotate(&s, x, c->in[1], c->in[2], 1, lm_compute_dtype(x->dtype_));
+  lm_tensor *x = c->in[0], *r = rope_any(&s, x, c->in[1], c->in[2], 1, lm_compute_dtype(x->dtype_));
   *out = r ? lm_cast(r, x->dtype_) : NULL;
   lm_scope_end(&s);
   return *out ? 0 : -1;
@@ -192,7 +211,7 @@ int lm_fw_rope(const lm_call *c, lm_tensor **out) {
 int lm_bw_rope(const lm_saved *n, lm_tensor *const *gout, lm_tensor **gin) {
   if (!n->in[0]->needs_grad) return 0;
   lm_scope s = {0};
-  lm_tensor *d = rope_rotate(&s, gout[0], n->in[1], n->in[2], -1, lm_compute_dtype(n->in[0]->dtype_));
+  lm_tensor *d = rope_any(&s, gout[0], n->in[1], n->in[2], -1, lm_compute_dtype(n->in[0]->dtype_));
   int rc = d ? lm_give(n, gin, 0, d) : -1;
   lm_scope_end(&s);
   return rc;

@@ -85,6 +85,10 @@ lm_tensor *lm_run(int op, int nin, lm_tensor *const *in, const lm_attrs *a); /* 
  * error naming the op, the slot and the device. */
 const lm_backend *lm_kernel_of(int op, const lm_tensor *t, size_t slot, const char *slot_name);
 #define LM_KERNEL(op, t, slot) lm_kernel_of((op), (t), offsetof(lm_backend, slot), #slot)
+/* The backend of t's device when it has the fused kernel `slot`, else NULL
+ * without an error: the op then runs its composed form. */
+const lm_backend *lm_fused_of(const lm_tensor *t, size_t slot);
+#define LM_FUSED(t, slot) lm_fused_of((t), offsetof(lm_backend, slot))
 
 /* ---- scopes (scope.c) ----
  * A scope owns the intermediate tensors of a formula and releases them at
