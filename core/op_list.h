@@ -78,10 +78,10 @@ LM_OP(LOG_SOFTMAX, log_softmax,   1, 1, 0,            0,             softmax,   
 LM_OP(LAYER_NORM,  layer_norm,   -1, 2, 0,            0,             norm,       norm,       norm,       rows,       norm)
 LM_OP(RMS_NORM,    rms_norm,     -1, 2, 0,            0,             norm,       norm,       norm,       rows,       norm)
 LM_OP(EMBEDDING,   embedding,     2, 1, 0,            0,             embedding,  embedding,  embedding,  embedding,  embedding)
-LM_OP(CROSS_ENTROPY, cross_entropy, -1, 1, 0,         0,             cross_entropy, cross_entropy, cross_entropy, cross_entropy, index_add)
+LM_OP(CROSS_ENTROPY, cross_entropy, -1, 2, 0,         0,             cross_entropy, cross_entropy, cross_entropy, cross_entropy, index_add)
 LM_OP(TRIU,        triu,          1, 1, 0,            0,             tri,        tri,        tri,        last2,      none)
 LM_OP(TRIL,        tril,          1, 1, 0,            0,             tri,        tri,        tri,        last2,      none)
-LM_OP(SDPA,        scaled_dot_product_attention, -1, 1, 0, 0,        sdpa,       sdpa,       sdpa,       sdpa,       none)
+LM_OP(SDPA,        scaled_dot_product_attention, -1, 2, 0, 0,        sdpa,       sdpa,       sdpa,       sdpa,       none)
 LM_OP(ROPE,        rope,          3, 1, 0,            0,             rope,       rope,       rope,       rope,       none)
 /* optimizer updates in place (ops/optim.c) */
 LM_OP(ADAMW,       _adamw_,       4, 0, 0,            LM_OPF_INPLACE, adamw,     adamw,      none,       local,      adamw)

@@ -54,6 +54,10 @@ static lm_backend cpu_backend = {
     .softmax_bwd = lm_cpu_softmax_bwd,
     .norm_bwd = lm_cpu_norm_bwd,
     .rope = lm_cpu_rope,
+    .attention = lm_cpu_attention,
+    .attention_bwd = lm_cpu_attention_bwd,
+    .cross_entropy = lm_cpu_cross_entropy,
+    .cross_entropy_bwd = lm_cpu_cross_entropy_bwd,
 };
 
 /* LOOM_CPU_FUSED=0 leaves the fused slots empty, so ops run their composed

@@ -39,4 +39,14 @@ int lm_cpu_norm_bwd(lm_tensor *dx, lm_tensor *dw, lm_tensor *db, const lm_tensor
                     const lm_tensor *rstd, int rms);
 int lm_cpu_rope(lm_tensor *out, const lm_tensor *x, const lm_tensor *cos, const lm_tensor *sin,
                 int sign);
+int lm_cpu_cross_entropy(lm_tensor *loss, lm_tensor *lse, const lm_tensor *x, const lm_tensor *target,
+                         const lm_tensor *w, int64_t ignore, double eps); /* fused_loss.c */
+int lm_cpu_cross_entropy_bwd(lm_tensor *dx, const lm_tensor *gloss, const lm_tensor *x,
+                             const lm_tensor *target, const lm_tensor *w, const lm_tensor *lse,
+                             int64_t ignore, double eps);
+int lm_cpu_attention(lm_tensor *o, lm_tensor *lse, const lm_tensor *q, const lm_tensor *k,
+                     const lm_tensor *v, double scale, int causal);   /* fused_attn.c */
+int lm_cpu_attention_bwd(lm_tensor *dq, lm_tensor *dk, lm_tensor *dv, const lm_tensor *g,
+                         const lm_tensor *q, const lm_tensor *k, const lm_tensor *v,
+                         const lm_tensor *o, const lm_tensor *lse, double scale, int causal);
 #endif

@@ -112,6 +112,8 @@ lm_tensor *lm_s_cast(lm_scope *s, lm_tensor *x, int dtype);
 lm_tensor *lm_s_contig(lm_scope *s, lm_tensor *x);
 lm_tensor *lm_s_mulk(lm_scope *s, lm_tensor *x, double k);        /* x * k */
 lm_tensor *lm_s_arange(lm_scope *s, int64_t n, int device);       /* 0..n-1, i64 */
+/* log(sum(exp(x))) over dim, kept as a size-1 dim (max-shifted) */
+lm_tensor *lm_s_logsumexp(lm_scope *s, lm_tensor *x, int dim);
 
 /* g summed over the dims t was broadcast along, reshaped and cast to t's
  * (new ref; NULL stays NULL). Every backward returns its gradients through it. */

@@ -117,7 +117,7 @@ function F.cross_entropy(logits, target, opts)
   if ids then target = target - 1 end
   local inputs = { logits, target }
   if opts.weight ~= nil then inputs[3] = check(opts.weight, "cross_entropy", "weight") end
-  local loss = op(C.LM_OP_CROSS_ENTROPY, inputs, { ids and ignore - 1 or ignore, red }, { ls })
+  local loss = op(C.LM_OP_CROSS_ENTROPY, inputs, { ids and ignore - 1 or ignore, red }, { ls })   -- not lse
   if lead and red == 0 then loss = loss:reshape(lead) end
   return loss
 end
@@ -129,7 +129,8 @@ function F.scaled_dot_product_attention(q, k, v, opts)
                    check(k, "scaled_dot_product_attention", "key"),
                    check(v, "scaled_dot_product_attention", "value") }
   if opts.attn_mask ~= nil then inputs[4] = check(opts.attn_mask, "scaled_dot_product_attention", "attn_mask") end
-  return op(C.LM_OP_SDPA, inputs, { opts.is_causal and 1 or 0 }, { opts.scale or 0 })
+  local o = op(C.LM_OP_SDPA, inputs, { opts.is_causal and 1 or 0 }, { opts.scale or 0 })
+  return o   -- not the op's second output (lse, for its backward)
 end
 
 -- rotary embeddings (Llama's, interleaved pairs)
