@@ -85,6 +85,7 @@ LM_OP(SDPA,        scaled_dot_product_attention, -1, 2, 0, 0,        sdpa,      
 LM_OP(ROPE,        rope,          3, 1, 0,            0,             rope,       rope,       rope,       rope,       none)
 /* optimizer updates in place (ops/optim.c) */
 LM_OP(ADAMW,       _adamw_,       4, 0, 0,            LM_OPF_INPLACE, adamw,     adamw,      none,       local,      adamw)
+LM_OP(ADAMW_MULTI, _adamw_multi_, -1, 0, 0,           LM_OPF_INPLACE, adamw_multi, adamw_multi, none,   none,       adamw)
 /* collectives as differentiable ops on shards (dist/dist_ops.c) */
 LM_OP(DIST_ALL_GATHER,     _dist_all_gather,     1, 1, 0, LM_OPF_NATIVE, none, dist_all_gather,     dist_all_gather,     none, none)
 LM_OP(DIST_SLICE,          _dist_slice,          1, 1, 0, LM_OPF_NATIVE, none, dist_slice,          dist_slice,          none, none)
