@@ -5,6 +5,11 @@
  * label smoothing eps spread as eps/C * w_c over the classes, rows whose
  * target is `ignore` lose 0 and get no gradient. Contiguous f32 or f64;
  * row sums accumulate in double. The op checks the ids first. */
+/* lm_expf's rintf becomes a vector round only when the compiler may assume
+ * no floating point traps (loom enables none): 10x on exp-bound loops. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
 #include "fastmath.h"
 #include "kernels.h"
 #include <math.h>

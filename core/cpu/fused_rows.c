@@ -2,6 +2,11 @@
  * layer/rms norm) and the rotary embedding, each one pass over its rows.
  * Contiguous f32 or f64 operands (the ops make them so); row sums
  * accumulate in double, as nn.c's forwards do. */
+/* lm_expf's rintf becomes a vector round only when the compiler may assume
+ * no floating point traps (loom enables none): 10x on exp-bound loops. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
 #include "fastmath.h"
 #include "kernels.h"
 #include <math.h>
