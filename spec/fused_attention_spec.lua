@@ -5,9 +5,9 @@
 -- forward and the gradients of q, k, v: causal and not, L = S, L < S and
 -- L > S, sizes that are not multiples of the tiles (32 queries, 64 keys),
 -- Ev != E, an explicit scale, strided (head-transposed) inputs, f64, f32 and
--- bf16; f64 gradient checks against central differences. With
+-- bf16 and f16; f64 gradient checks against central differences. With
 -- LOOM_CPU_FUSED=0 the same checks hold for the composed form.
--- Tolerance: f64 1e-10, f32 2e-5, bf16 2e-2 (relative to max(1, |want|)).
+-- Tolerance: f64 1e-10, f32 2e-5, bf16 2e-2, f16 5e-3 (relative to max(1, |want|)).
 local loom, X = require "loom", require "support.fused"
 local R = require "support.ref"
 local F = loom.F
@@ -67,9 +67,10 @@ describe("scaled_dot_product_attention, fused (attention, attention_bwd)", funct
     check("f32 scaled", { { 3, 70, 16 }, { 3, 200, 16 }, { 3, 200, 12 } }, "f32", X.TOL32, { scale = 0.3 })
   end)
 
-  it("bf16 operands compute in f32 and round once", function()
+  it("bf16 and f16 operands compute in f32 and round once", function()
     local s = { 2, 2, 45, 16 }
     check("bf16 causal", { s, s, s }, "bf16", 2e-2, { is_causal = true })
+    check("f16", { s, { 2, 2, 70, 16 }, { 2, 2, 70, 16 } }, "f16", 5e-3, {})
   end)
 
   it("takes strided inputs (heads transposed, as the transformer's)", function()
