@@ -199,13 +199,13 @@ static int norm_bwd_fused(const lm_backend *be, const lm_saved *n, const norm_pl
   lm_tensor *x2 = lm_s_reshape(&s, lm_s_contig(&s, lm_s_cast(&s, x, cd)), 2, shape2);
   lm_tensor *g2 = lm_s_reshape(&s, lm_s_contig(&s, lm_s_cast(&s, g, cd)), 2, shape2);
   lm_tensor *st = lm_s_reshape(&s, lm_s_contig(&s, lm_s_cast(&s, n->out[1], cd)), 2, sshape);
-  lm_tensor *w1 = vec_of(&s, w, cd, &p->n);
+  lm_tensor *w1 = vec_of(&s, w, cd, &p->n), *dw = NULL, *db = NULL;
   lm_tensor *dx = x2 ? lm_s(&s, lm_empty(2, shape2, cd, x->device_)) : NULL;
-  lm_tensor *dw = w && w->needs_grad ? lm_s(&s, lm_empty(1, &p->n, cd, x->device_)) : NULL;
-  lm_tensor *db = b && b->needs_grad ? lm_s(&s, lm_empty(1, &p->n, cd, x->device_)) : NULL;
   lm_tensor *mean = st ? stats_row(&s, st, 0) : NULL, *rstd = st ? stats_row(&s, st, 1) : NULL;
-  int rc = g2 && dx && mean && rstd && (!w || w1) && (!w || !w->needs_grad || dw) && (!b || !b->needs_grad || db)
-               ? be->norm_bwd(dx, dw, db, g2, x2, w1, mean, rstd, p->rms) : -1;
+  bool ok = g2 && dx && mean && rstd && (!w || w1);
+  if (ok && w && w->needs_grad) ok = (dw = lm_s(&s, lm_empty(1, &p->n, cd, x->device_))) != NULL;
+  if (ok && b && b->needs_grad) ok = (db = lm_s(&s, lm_empty(1, &p->n, cd, x->device_))) != NULL;
+  int rc = ok ? be->norm_bwd(dx, dw, db, g2, x2, w1, mean, rstd, p->rms) : -1;
   if (rc == 0) rc = lm_give(n, gin, 0, lm_s_reshape(&s, dx, x->ndim, x->shape));
   if (rc == 0 && dw) rc = lm_give(n, gin, 1, lm_s_reshape(&s, dw, w->ndim, w->shape));
   if (rc == 0 && db) rc = lm_give(n, gin, 1 + p->has_w, lm_s_reshape(&s, db, b->ndim, b->shape));
