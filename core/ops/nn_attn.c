@@ -126,11 +126,14 @@ static lm_tensor *sdpa_probs(lm_scope *s, lm_tensor *const *in, int nin, const l
 
 /* ---- the fused path: q, k, v as (B, L, E), (B, S, E), (B, S, Ev) ---- */
 
-/* no mask, one float dtype, the same batch dims, keys to attend to */
+/* No mask, one float dtype, the same batch dims, keys to attend to. The
+ * slot's dtypes are f32, bf16 and f16; f64 (for gradient checks) goes to
+ * the CPU's kernel only, which takes it too (lse then in f64). */
 static bool sdpa_fusable(int nin, lm_tensor *const *in) {
   if (nin != 3) return false;
   const lm_tensor *q = in[0], *k = in[1], *v = in[2];
   if (k->dtype_ != q->dtype_ || v->dtype_ != q->dtype_ || !lm_is_float(q->dtype_)) return false;
+  if (q->dtype_ == LM_F64 && lm_device_kind(q->device_) != LM_KIND_CPU) return false;
   if (k->ndim != q->ndim || v->ndim != q->ndim || k->shape[k->ndim - 2] == 0) return false;
   for (int d = 0; d < q->ndim - 2; d++)
     if (k->shape[d] != q->shape[d] || v->shape[d] != q->shape[d]) return false;
