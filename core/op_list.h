@@ -63,6 +63,7 @@ LM_OP(SIGN,                sign,                         1,  1, LM_SIGN,        
 LM_OP(GELU_D,              _gelu_d,                      1,  1, LM_GELU_D,      0,                            unary,         unary,               none,                none,          unary)
 LM_OP(GELU_TANH_D,         _gelu_tanh_d,                 1,  1, LM_GELU_TANH_D, 0,                            unary,         unary,               none,                none,          unary)
 LM_OP(SILU_D,              _silu_d,                      1,  1, LM_SILU_D,      0,                            unary,         unary,               none,                none,          unary)
+LM_OP(SWIGLU,              swiglu,                       2,  1, 0,              0,                            swiglu,        swiglu,              swiglu,              pointwise,     none)
 LM_OP(WHERE,               where,                        3,  1, 0,              0,                            where,         where,               where,               pointwise,     where)
 /* reductions (ops/reduce.c) */
 LM_OP(SUM,                 sum,                          1,  1, LM_SUM,         LM_OPF_NOSAVE,                reduce,        sum,                 sum,                 reduce,        reduce)
@@ -76,16 +77,17 @@ LM_OP(MATMUL,              matmul,                       2,  1, 0,              
 /* neural-network ops (ops/nn_*.c) */
 LM_OP(SOFTMAX,             softmax,                      1,  1, 0,              LM_OPF_AMP_F32,               softmax,       softmax,             softmax,             rows,          softmax)
 LM_OP(LOG_SOFTMAX,         log_softmax,                  1,  1, 0,              LM_OPF_AMP_F32,               softmax,       softmax,             softmax,             rows,          softmax)
-LM_OP(LAYER_NORM,          layer_norm,                   -1, 1, 0,              LM_OPF_AMP_F32,               norm,          norm,                norm,                rows,          norm)
-LM_OP(RMS_NORM,            rms_norm,                     -1, 1, 0,              LM_OPF_AMP_F32,               norm,          norm,                norm,                rows,          norm)
+LM_OP(LAYER_NORM,          layer_norm,                   -1, 2, 0,              LM_OPF_AMP_F32,               norm,          norm,                norm,                rows,          norm)
+LM_OP(RMS_NORM,            rms_norm,                     -1, 2, 0,              LM_OPF_AMP_F32,               norm,          norm,                norm,                rows,          norm)
 LM_OP(EMBEDDING,           embedding,                    2,  1, 0,              0,                            embedding,     embedding,           embedding,           embedding,     embedding)
-LM_OP(CROSS_ENTROPY,       cross_entropy,                -1, 1, 0,              LM_OPF_AMP_F32,               cross_entropy, cross_entropy,       cross_entropy,       cross_entropy, index_add)
+LM_OP(CROSS_ENTROPY,       cross_entropy,                -1, 2, 0,              LM_OPF_AMP_F32,               cross_entropy, cross_entropy,       cross_entropy,       cross_entropy, index_add)
 LM_OP(TRIU,                triu,                         1,  1, 0,              LM_OPF_NOSAVE,                tri,           tri,                 tri,                 last2,         none)
 LM_OP(TRIL,                tril,                         1,  1, 0,              LM_OPF_NOSAVE,                tri,           tri,                 tri,                 last2,         none)
-LM_OP(SDPA,                scaled_dot_product_attention, -1, 1, 0,              LM_OPF_AMP_LOW,               sdpa,          sdpa,                sdpa,                sdpa,          none)
+LM_OP(SDPA,                scaled_dot_product_attention, -1, 2, 0,              LM_OPF_AMP_LOW,               sdpa,          sdpa,                sdpa,                sdpa,          none)
 LM_OP(ROPE,                rope,                         3,  1, 0,              0,                            rope,          rope,                rope,                rope,          none)
 /* optimizer updates in place (ops/optim.c) */
 LM_OP(ADAMW,               _adamw_,                      4,  0, 0,              LM_OPF_INPLACE,               adamw,         adamw,               none,                local,         adamw)
+LM_OP(ADAMW_MULTI,         _adamw_multi_,                -1, 0, 0,              LM_OPF_INPLACE,               adamw_multi,   adamw_multi,         none,                none,          adamw)
 /* collectives as differentiable ops on shards (dist/dist_ops.c) */
 LM_OP(DIST_ALL_GATHER,     _dist_all_gather,             1,  1, 0,              LM_OPF_NATIVE|LM_OPF_NOSAVE,  none,          dist_all_gather,     dist_all_gather,     none,          none)
 LM_OP(DIST_SLICE,          _dist_slice,                  1,  1, 0,              LM_OPF_NATIVE|LM_OPF_NOSAVE,  none,          dist_slice,          dist_slice,          none,          none)

@@ -27,6 +27,7 @@ static void populate(char *lo, char *hi) {
     if (f > s) madvise((void *)s, f - s, MADV_POPULATE_WRITE);
   }
 }
+#include <string.h>
 
 /* Training frees and reallocates the same large buffers every step: keep
  * them in the heap (no mmap: glibc would munmap them on free and every
@@ -59,7 +60,7 @@ static void cpu_free(void *p) {
   if (p) free(((void **)p)[-1]);
 }
 
-static const lm_backend cpu_backend = {
+static lm_backend cpu_backend = {
     .name = "cpu",
     .alloc = cpu_alloc,
     .free = cpu_free,
@@ -77,7 +78,31 @@ static const lm_backend cpu_backend = {
     .index_add = lm_cpu_index_add,
     .adamw = lm_cpu_adamw,
     .info = lm_blas_info,
+    .unary_grad = lm_cpu_unary_grad,
+    .swiglu = lm_cpu_swiglu,
+    .swiglu_bwd = lm_cpu_swiglu_bwd,
+    .softmax_bwd = lm_cpu_softmax_bwd,
+    .norm_bwd = lm_cpu_norm_bwd,
+    .rope = lm_cpu_rope,
+    .attention = lm_cpu_attention,
+    .attention_bwd = lm_cpu_attention_bwd,
+    .cross_entropy = lm_cpu_cross_entropy,
+    .cross_entropy_bwd = lm_cpu_cross_entropy_bwd,
 };
 
+/* LOOM_CPU_FUSED=0 leaves the fused slots empty, so ops run their composed
+ * forms: how the specs check those on a machine whose backend has both. */
+static void drop_fused(lm_backend *b) {
+  b->unary_grad = NULL;
+  b->swiglu = NULL, b->swiglu_bwd = NULL;
+  b->softmax_bwd = NULL, b->norm_bwd = NULL, b->rope = NULL;
+  b->attention = NULL, b->attention_bwd = NULL;
+  b->cross_entropy = NULL, b->cross_entropy_bwd = NULL;
+}
+
 /* Registered when libloom loads: the CPU is always there. */
-__attribute__((constructor)) static void register_cpu(void) { lm_register_backend(LM_KIND_CPU, &cpu_backend); }
+__attribute__((constructor)) static void register_cpu(void) {
+  const char *e = getenv("LOOM_CPU_FUSED");
+  if (e && !strcmp(e, "0")) drop_fused(&cpu_backend);
+  lm_register_backend(LM_KIND_CPU, &cpu_backend);
+}

@@ -178,6 +178,8 @@ int lm_rule_rows(lm_rule *r) {
     if (is(p, LM_PARTIAL) || hits) r->want[0][k] = R_;
     for (int i = 1; i < r->nin; i++) r->want[i][k] = R_;
     r->out[0].pl[k] = r->want[0][k];
+    if (r->nout > 1) /* the norms' stats (2, x's leading dims) */
+      r->out[1].pl[k] = is(r->want[0][k], LM_SHARD) ? S_(r->want[0][k].dim + 1) : R_;
   }
   return 0;
 }
@@ -355,6 +357,7 @@ int lm_rule_cross_entropy(lm_rule *r) {
       r->want[1][k] = S_(0);
       for (int i = 2; i < r->nin; i++) r->want[i][k] = R_;
       r->out[0].pl[k] = red == 0 ? S_(0) : P_(LM_RED_SUM);
+      if (r->nout > 1) r->out[1].pl[k] = S_(0); /* lse (N) */
     } else replicate_all(r, k);
   }
   return 0;
@@ -371,6 +374,7 @@ int lm_rule_sdpa(lm_rule *r) {
       r->want[i][k] = batch && d >= 0 && r->in[i]->shape[d] == q->shape[p.dim] ? S_(d) : R_;
     }
     r->out[0].pl[k] = batch ? p : R_;
+    if (r->nout > 1) r->out[1].pl[k] = r->out[0].pl[k]; /* lse (..., L): the same batch dims */
   }
   return 0;
 }

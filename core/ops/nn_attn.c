@@ -46,7 +46,17 @@ int lm_bw_tri(const lm_saved *n, lm_tensor *const *gout, lm_tensor **gin) {
  * matmul (repeat k/v heads for GQA first). attrs: i[0] = is_causal (keep
  * j <= i, top-left aligned as PyTorch), f[0] = scale (0: 1/sqrt(E)).
  * attn_mask broadcasts to (..., L, S): bool keeps where true, a float mask
- * is added to the scores. Backward recomputes the probabilities. */
+ * is added to the scores. A second output, lse (..., L) in the compute
+ * dtype, holds the log-sum-exp of each row of scaled scores: the fused
+ * backward (flash attention's) rebuilds the probabilities of a tile from it
+ * without the (L, S) matrix. Keeping it (L values per row of output) costs
+ * less than recomputing it, which would mean a second pass of Q K^T. It
+ * is not differentiable (as PyTorch's _scaled_dot_product_flash_attention's
+ * logsumexp: a gradient reaching it is ignored); loom.F returns the
+ * attention only. Without a mask, q, k, v of one float dtype and equal
+ * batch dims run the backend's attention kernels when it has them; else
+ * the composed form (matmul, softmax, matmul), whose backward recomputes
+ * the probabilities. */
 int lm_shape_sdpa(int op, int nin, const lm_meta *in, const lm_attrs *a, lm_meta *out) {
   (void)op;
   const char *name = "scaled_dot_product_attention", *args[4] = {"query", "key", "value", "attn_mask"};
@@ -77,18 +87,27 @@ int lm_shape_sdpa(int op, int nin, const lm_meta *in, const lm_attrs *a, lm_meta
                       "its last dims are (%lld, %lld)", name, (long long)L, (long long)S,
                       (long long)ml, (long long)ms);
   }
-  *out = *q;
-  out->shape[q->ndim - 1] = v->shape[v->ndim - 1];
-  out->dtype = lm_promote(lm_promote(q->dtype, k->dtype), v->dtype);
+  out[0] = *q;
+  out[0].shape[q->ndim - 1] = v->shape[v->ndim - 1];
+  out[0].dtype = lm_promote(lm_promote(q->dtype, k->dtype), v->dtype);
+  out[1] = *q;
+  out[1].ndim = q->ndim - 1;
+  out[1].dtype = lm_compute_dtype(out[0].dtype);
   return 0;
 }
 
-/* the attention probabilities (..., L, S) in cd, and q, k, v in cd */
+static double sdpa_scale(const lm_tensor *q, const lm_attrs *a) {
+  int64_t E = q->shape_[q->ndim - 1];
+  return a->nf >= 1 && a->f[0] != 0 ? a->f[0] : 1 / sqrt((double)(E ? E : 1));
+}
+
+/* the attention probabilities (..., L, S) in cd, and q, k, v in cd; the
+ * scores before softmax in *scores when not NULL */
 static lm_tensor *sdpa_probs(lm_scope *s, lm_tensor *const *in, int nin, const lm_attrs *a,
-                             int cd, lm_tensor **q, lm_tensor **k, lm_tensor **v, double *scale) {
+                             int cd, lm_tensor **q, lm_tensor **k, lm_tensor **v, double *scale,
+                             lm_tensor **scores) {
   *q = lm_s_cast(s, in[0], cd), *k = lm_s_cast(s, in[1], cd), *v = lm_s_cast(s, in[2], cd);
-  int64_t E = in[0]->shape_[in[0]->ndim - 1];
-  *scale = a->nf >= 1 && a->f[0] != 0 ? a->f[0] : 1 / sqrt((double)(E ? E : 1));
+  *scale = sdpa_scale(in[0], a);
   lm_tensor *sc = lm_s_mulk(s, lm_s2(s, LM_OP_MATMUL, *q, lm_s_transpose(s, *k, -2, -1)), *scale);
   if (!sc) return NULL;
   if (a->ni >= 1 && a->i[0]) {
@@ -101,27 +120,94 @@ static lm_tensor *sdpa_probs(lm_scope *s, lm_tensor *const *in, int nin, const l
     sc = m->dtype_ == LM_BOOL ? lm_s_where(s, m, sc, lm_scalar(s, -INFINITY, sc))
                               : lm_s2(s, LM_OP_ADD, sc, lm_s_cast(s, m, cd));
   }
+  if (scores) *scores = sc;
   return lm_sop(s, LM_OP_SOFTMAX, 1, &sc, &(lm_attrs){.i = {-1}, .ni = 1});
 }
 
-int lm_fw_sdpa(const lm_call *c, lm_tensor **out) {
+/* ---- the fused path: q, k, v as (B, L, E), (B, S, E), (B, S, Ev) ---- */
+
+/* No mask, one float dtype, the same batch dims, keys to attend to. The
+ * slot's dtypes are f32, bf16 and f16; f64 (for gradient checks) goes to
+ * the CPU's kernel only, which takes it too (lse then in f64). */
+static bool sdpa_fusable(int nin, lm_tensor *const *in) {
+  if (nin != 3) return false;
+  const lm_tensor *q = in[0], *k = in[1], *v = in[2];
+  if (k->dtype_ != q->dtype_ || v->dtype_ != q->dtype_ || !lm_is_float(q->dtype_)) return false;
+  if (q->dtype_ == LM_F64 && lm_device_kind(q->device_) != LM_KIND_CPU) return false;
+  if (k->ndim != q->ndim || v->ndim != q->ndim || k->shape_[k->ndim - 2] == 0) return false;
+  for (int d = 0; d < q->ndim - 2; d++)
+    if (k->shape_[d] != q->shape_[d] || v->shape_[d] != q->shape_[d]) return false;
+  return true;
+}
+
+/* t (..., R, C) dense as (B, R, C) in its dtype */
+static lm_tensor *as_batch3(lm_scope *s, lm_tensor *t) {
+  int64_t shape[3] = {lm_shape_numel(t->ndim - 2, t->shape_), t->shape_[t->ndim - 2], t->shape_[t->ndim - 1]};
+  return lm_s_reshape(s, lm_s_contig(s, t), 3, shape);
+}
+
+static int sdpa_fw_fused(const lm_backend *be, const lm_call *c, lm_tensor **out) {
   lm_scope s = {0};
-  lm_tensor *q, *k, *v;
+  lm_tensor *q = as_batch3(&s, c->in[0]), *k = as_batch3(&s, c->in[1]), *v = as_batch3(&s, c->in[2]);
+  lm_tensor *o = NULL, *lse = NULL;
+  if (q && k && v) {
+    int64_t oshape[3] = {q->shape_[0], q->shape_[1], v->shape_[2]};
+    o = lm_s(&s, lm_empty(3, oshape, q->dtype_, q->device_));
+    lse = lm_s(&s, lm_empty(2, q->shape_, c->out[1].dtype, q->device_));
+  }
+  int causal = c->a->ni >= 1 && c->a->i[0];
+  int rc = o && lse ? be->attention(o, lse, q, k, v, sdpa_scale(c->in[0], c->a), causal) : -1;
+  lm_tensor *r0 = rc == 0 ? lm_s_reshape(&s, o, c->out[0].ndim, c->out[0].shape) : NULL;
+  lm_tensor *r1 = r0 ? lm_s_reshape(&s, lse, c->out[1].ndim, c->out[1].shape) : NULL;
+  if (r1) lm_retain(out[0] = r0), lm_retain(out[1] = r1);
+  lm_scope_end(&s);
+  return r1 ? 0 : -1;
+}
+
+static int sdpa_bw_fused(const lm_backend *be, const lm_saved *n, lm_tensor *g, lm_tensor **gin) {
+  lm_scope s = {0};
+  int dt = n->in[0]->dtype_;
+  lm_tensor *q = as_batch3(&s, n->in[0]), *k = as_batch3(&s, n->in[1]), *v = as_batch3(&s, n->in[2]);
+  lm_tensor *o = as_batch3(&s, lm_s_cast(&s, n->out[0], dt)), *g3 = as_batch3(&s, lm_s_cast(&s, g, dt));
+  lm_tensor *lse = q ? lm_s_reshape(&s, lm_s_contig(&s, n->out[1]), 2, q->shape_) : NULL;
+  lm_tensor *dq = NULL, *dk = NULL, *dv = NULL;
+  if (q && k && v && o && g3 && lse) {
+    dq = lm_s(&s, lm_empty_like(q)), dk = lm_s(&s, lm_empty_like(k)), dv = lm_s(&s, lm_empty_like(v));
+  }
+  int causal = n->attrs.ni >= 1 && n->attrs.i[0];
+  int rc = dq && dk && dv ? be->attention_bwd(dq, dk, dv, g3, q, k, v, o, lse, sdpa_scale(n->in[0], &n->attrs), causal) : -1;
+  for (int i = 0; i < 3 && rc == 0; i++) {
+    lm_tensor *d = i == 0 ? dq : i == 1 ? dk : dv;
+    rc = lm_give(n, gin, i, lm_s_reshape(&s, d, n->in[i]->ndim, n->in[i]->shape_));
+  }
+  lm_scope_end(&s);
+  return rc;
+}
+
+int lm_fw_sdpa(const lm_call *c, lm_tensor **out) {
+  const lm_backend *be = sdpa_fusable(c->nin, c->in) ? LM_FUSED(c->in[0], attention) : NULL;
+  if (be) return sdpa_fw_fused(be, c, out);
+  lm_scope s = {0};
+  lm_tensor *q, *k, *v, *sc = NULL;
   double scale;
   int dt = c->out[0].dtype;
-  lm_tensor *p = sdpa_probs(&s, c->in, c->nin, c->a, lm_compute_dtype(dt), &q, &k, &v, &scale);
+  lm_tensor *p = sdpa_probs(&s, c->in, c->nin, c->a, lm_compute_dtype(dt), &q, &k, &v, &scale, &sc);
   lm_tensor *r = lm_s2(&s, LM_OP_MATMUL, p, v);
-  *out = r ? lm_cast(r, dt) : NULL;
+  lm_tensor *lse = r ? lm_s_reshape(&s, lm_s_logsumexp(&s, sc, -1), c->out[1].ndim, c->out[1].shape) : NULL;
+  out[0] = lse ? lm_cast(r, dt) : NULL;
+  if (out[0]) lm_retain(out[1] = lse);
   lm_scope_end(&s);
-  return *out ? 0 : -1;
+  return out[0] ? 0 : -1;
 }
 
 int lm_bw_sdpa(const lm_saved *n, lm_tensor *const *gout, lm_tensor **gin) {
+  const lm_backend *be = sdpa_fusable(n->nin, n->in) ? LM_FUSED(n->in[0], attention_bwd) : NULL;
+  if (be) return sdpa_bw_fused(be, n, gout[0], gin);
   lm_scope s = {0};
   lm_tensor *q, *k, *v;
   double scale;
   int cd = lm_compute_dtype(n->out[0]->dtype_);
-  lm_tensor *p = sdpa_probs(&s, n->in, n->nin, &n->attrs, cd, &q, &k, &v, &scale);
+  lm_tensor *p = sdpa_probs(&s, n->in, n->nin, &n->attrs, cd, &q, &k, &v, &scale, NULL);
   lm_tensor *g = lm_s_cast(&s, gout[0], cd);
   int rc = p && g ? 0 : -1;
   if (rc == 0 && n->in[2]->needs_grad) /* dv = p^T g */
@@ -181,9 +267,28 @@ static lm_tensor *rope_rotate(lm_scope *s, lm_tensor *x, lm_tensor *cos, lm_tens
   return lm_s_reshape(s, r, x->ndim, x->shape_);
 }
 
+/* the same in one pass of the backend's rope kernel, on x viewed as
+ * (outer, T, H, D) */
+static lm_tensor *rope_fused(lm_scope *s, const lm_backend *be, lm_tensor *x, lm_tensor *cos,
+                             lm_tensor *sin, int sign, int cd) {
+  int nd = x->ndim;
+  int64_t T = x->shape_[nd - 3], H = x->shape_[nd - 2], D = x->shape_[nd - 1];
+  int64_t inner = T * H * D, shape4[4] = {inner ? x->numel_ / inner : 0, T, H, D};
+  lm_tensor *x4 = lm_s_reshape(s, lm_s_contig(s, lm_s_cast(s, x, cd)), 4, shape4);
+  lm_tensor *c = lm_s_contig(s, lm_s_cast(s, cos, cd)), *sn = lm_s_contig(s, lm_s_cast(s, sin, cd));
+  lm_tensor *o = x4 && c && sn ? lm_s(s, lm_empty_like(x4)) : NULL;
+  if (!o || be->rope(o, x4, c, sn, sign) < 0) return NULL;
+  return lm_s_reshape(s, o, nd, x->shape_);
+}
+
+static lm_tensor *rope_any(lm_scope *s, lm_tensor *x, lm_tensor *cos, lm_tensor *sin, int sign, int cd) {
+  const lm_backend *be = LM_FUSED(x, rope);
+  return be ? rope_fused(s, be, x, cos, sin, sign, cd) : rope_rotate(s, x, cos, sin, sign, cd);
+}
+
 int lm_fw_rope(const lm_call *c, lm_tensor **out) {
   lm_scope s = {0};
-  lm_tensor *x = c->in[0], *r = rope_rotate(&s, x, c->in[1], c->in[2], 1, lm_compute_dtype(x->dtype_));
+  lm_tensor *x = c->in[0], *r = rope_any(&s, x, c->in[1], c->in[2], 1, lm_compute_dtype(x->dtype_));
   *out = r ? lm_cast(r, x->dtype_) : NULL;
   lm_scope_end(&s);
   return *out ? 0 : -1;
@@ -192,7 +297,7 @@ int lm_fw_rope(const lm_call *c, lm_tensor **out) {
 int lm_bw_rope(const lm_saved *n, lm_tensor *const *gout, lm_tensor **gin) {
   if (!n->in[0]->needs_grad) return 0;
   lm_scope s = {0};
-  lm_tensor *d = rope_rotate(&s, gout[0], n->in[1], n->in[2], -1, lm_compute_dtype(n->in[0]->dtype_));
+  lm_tensor *d = rope_any(&s, gout[0], n->in[1], n->in[2], -1, lm_compute_dtype(n->in[0]->dtype_));
   int rc = d ? lm_give(n, gin, 0, d) : -1;
   lm_scope_end(&s);
   return rc;

@@ -162,12 +162,16 @@ static int ce_plan_of(int nin, const lm_meta *in, const lm_attrs *a, ce_plan *p)
   return 0;
 }
 
+/* Outputs: the loss, and lse (N) or () in cd, the log-sum-exp of each row of
+ * logits, which the fused backward reads (not differentiable: a gradient
+ * reaching it is ignored; loom.F returns the loss only). */
 int lm_shape_cross_entropy(int op, int nin, const lm_meta *in, const lm_attrs *a, lm_meta *out) {
   (void)op;
   ce_plan p = {0};
   LM_TRY(ce_plan_of(nin, in, a, &p));
-  *out = (lm_meta){.ndim = p.red == 0 ? in[0].ndim - 1 : 0, .dtype = in[0].dtype};
-  if (p.red == 0 && in[0].ndim == 2) out->shape[0] = p.N;
+  out[0] = (lm_meta){.ndim = p.red == 0 ? in[0].ndim - 1 : 0, .dtype = in[0].dtype};
+  if (p.red == 0 && in[0].ndim == 2) out[0].shape[0] = p.N;
+  out[1] = (lm_meta){.ndim = in[0].ndim - 1, .dtype = p.cd, .shape = {p.N}};
   return 0;
 }
 
@@ -207,6 +211,20 @@ static int sum_of_weights(lm_scope *s, lm_tensor *w, double *sumw) {
   return 0;
 }
 
+/* For class ids target (N) or (): the mask of kept targets vb (N, 1) bool,
+ * the ids made safe (N, 1) i64, and wt (N, 1) in like's dtype, the target's
+ * weight (1 without w, 0 where ignored); w (1, C) or NULL. */
+static int ce_targets(lm_scope *s, const ce_plan *p, lm_tensor *target, lm_tensor *w, lm_tensor *like,
+                      lm_tensor **vb, lm_tensor **safe, lm_tensor **wt) {
+  int64_t col[2] = {p->N, 1};
+  lm_tensor *t = lm_s_reshape(s, lm_s_cast(s, target, LM_I64), 2, col);
+  *vb = lm_s2(s, LM_OP_NE, t, lm_scalar(s, (double)p->ignore, t));
+  *safe = lm_s_contig(s, lm_s_where(s, *vb, t, lm_scalar(s, 0, t)));
+  lm_tensor *tw = w ? pick_rows(s, w, *safe) : lm_scalar(s, 1, like);
+  *wt = lm_s_where(s, *vb, tw, lm_scalar(s, 0, like));
+  return *wt ? 0 : -1;
+}
+
 static int ce_prepare(lm_scope *s, const ce_plan *p, lm_tensor *const *in, int nin, ce_parts *c) {
   memset(c, 0, sizeof *c);
   int64_t shape2[2] = {p->N, p->C}, col[2] = {p->N, 1}, row[2] = {1, p->C};
@@ -220,14 +238,11 @@ static int ce_prepare(lm_scope *s, const ce_plan *p, lm_tensor *const *in, int n
     c->q = c->w ? lm_s2(s, LM_OP_MUL, q, c->w) : q;
     return c->q ? 0 : -1;
   }
-  lm_tensor *t = lm_s_reshape(s, lm_s_cast(s, in[1], LM_I64), 2, col);
-  c->vb = lm_s2(s, LM_OP_NE, t, lm_scalar(s, (double)p->ignore, t));
-  lm_tensor *safe = lm_s_contig(s, lm_s_where(s, c->vb, t, lm_scalar(s, 0, t)));
+  lm_tensor *safe;
+  LM_TRY(ce_targets(s, p, in[1], c->w, c->x, &c->vb, &safe, &c->wt));
   /* ids into the flattened (N*C) logits: n*C + t */
   lm_tensor *base = lm_s_reshape(s, lm_s_mulk(s, lm_s_arange(s, p->N, in[0]->device_), C), 2, col);
   c->ids = lm_s_contig(s, lm_s2(s, LM_OP_ADD, base, safe));
-  lm_tensor *tw = c->w ? pick_rows(s, c->w, safe) : lm_scalar(s, 1, c->x);
-  c->wt = lm_s_where(s, c->vb, tw, lm_scalar(s, 0, c->x));
   c->sumw = C;
   if (eps > 0 && c->w && sum_of_weights(s, c->w, &c->sumw) < 0) return -1;
   return c->ids && c->wt ? 0 : -1;
@@ -239,11 +254,74 @@ static lm_tensor *ce_divisor(lm_scope *s, const ce_plan *p, const ce_parts *c) {
   return lm_s1(s, LM_OP_SUM, c->wt);
 }
 
+/* ---- the fused path (class ids): one pass per row of logits ---- */
+
+/* dense operands in cd: x (N, C), target (N) i64, w (C) or NULL */
+static int ce_dense(lm_scope *s, const ce_plan *p, lm_tensor *const *in, int nin, lm_tensor **x,
+                    lm_tensor **t, lm_tensor **w) {
+  int64_t shape2[2] = {p->N, p->C};
+  *x = lm_s_reshape(s, lm_s_contig(s, lm_s_cast(s, in[0], p->cd)), 2, shape2);
+  *t = lm_s_reshape(s, lm_s_contig(s, lm_s_cast(s, in[1], LM_I64)), 1, &p->N);
+  *w = nin == 3 ? lm_s_contig(s, lm_s_cast(s, in[2], p->cd)) : NULL;
+  return *x && *t && (nin < 3 || *w) ? 0 : -1;
+}
+
+/* the divisor of reduction mean for class ids: the summed target weights */
+static lm_tensor *ce_id_divisor(lm_scope *s, const ce_plan *p, lm_tensor *const *in, int nin, lm_tensor *like) {
+  int64_t row[2] = {1, p->C};
+  lm_tensor *w = nin == 3 ? lm_s_reshape(s, lm_s_cast(s, in[2], p->cd), 2, row) : NULL, *vb, *safe, *wt;
+  if ((nin == 3 && !w) || ce_targets(s, p, in[1], w, like, &vb, &safe, &wt) < 0) return NULL;
+  return lm_s1(s, LM_OP_SUM, wt);
+}
+
+static int ce_fw_fused(const lm_backend *be, const lm_call *call, const ce_plan *p, lm_tensor **out) {
+  lm_tensor *const *in = call->in;
+  lm_scope s = {0};
+  lm_tensor *x, *t, *w, *loss = NULL, *lse = NULL, *r = NULL;
+  if (ce_dense(&s, p, in, call->nin, &x, &t, &w) == 0) {
+    loss = lm_s(&s, lm_empty(1, &p->N, p->cd, x->device_));
+    lse = lm_s(&s, lm_empty(1, &p->N, p->cd, x->device_));
+  }
+  if (loss && lse && be->cross_entropy(loss, lse, x, t, w, p->ignore, p->eps) == 0) {
+    if (p->red == 0) r = lm_s_reshape(&s, loss, call->out[0].ndim, call->out[0].shape);
+    else r = lm_s1(&s, LM_OP_SUM, loss);
+    if (r && p->red == 1) r = lm_s2(&s, LM_OP_DIV, r, ce_id_divisor(&s, p, in, call->nin, x));
+  }
+  lm_tensor *l1 = r ? lm_s_reshape(&s, lse, call->out[1].ndim, call->out[1].shape) : NULL;
+  out[0] = l1 ? lm_cast(r, in[0]->dtype_) : NULL;
+  if (out[0]) lm_retain(out[1] = l1);
+  lm_scope_end(&s);
+  return out[0] ? 0 : -1;
+}
+
+/* the loss's gradient per row, (N) dense in cd, from g (the reduced or
+ * per-row loss's) */
+static lm_tensor *ce_row_grad(lm_scope *s, const ce_plan *p, const lm_saved *n, lm_tensor *g, lm_tensor *like) {
+  g = lm_s_cast(s, g, p->cd);
+  if (p->red == 0) return lm_s_reshape(s, lm_s_contig(s, g), 1, &p->N);
+  if (p->red == 1) g = lm_s2(s, LM_OP_DIV, g, ce_id_divisor(s, p, n->in, n->nin, like));
+  return g ? lm_s_contig(s, lm_s(s, lm_broadcast_to("cross_entropy", "gradient", g, 1, &p->N))) : NULL;
+}
+
+static int ce_bw_fused(const lm_backend *be, const lm_saved *n, const ce_plan *p, lm_tensor *g, lm_tensor **gin) {
+  lm_scope s = {0};
+  lm_tensor *x, *t, *w, *dx = NULL;
+  lm_tensor *lse = lm_s_reshape(&s, lm_s_contig(&s, lm_s_cast(&s, n->out[1], p->cd)), 1, &p->N);
+  lm_tensor *gr = lse && ce_dense(&s, p, n->in, n->nin, &x, &t, &w) == 0 ? ce_row_grad(&s, p, n, g, x) : NULL;
+  if (gr) dx = lm_s(&s, lm_empty_like(x));
+  if (dx && be->cross_entropy_bwd(dx, gr, x, t, w, lse, p->ignore, p->eps) < 0) dx = NULL;
+  int rc = dx ? lm_give(n, gin, 0, lm_s_reshape(&s, dx, n->in[0]->ndim, n->in[0]->shape_)) : -1;
+  lm_scope_end(&s);
+  return rc;
+}
+
 int lm_fw_cross_entropy(const lm_call *call, lm_tensor **out) {
   lm_tensor *const *in = call->in;
   ce_plan p;
   LM_TRY(ce_plan_tensors(call->nin, in, call->a, &p));
   if (!p.probs) LM_TRY(check_ids("cross_entropy", 2, "target", in[1], p.C, 1, p.ignore, "class"));
+  const lm_backend *be = p.probs ? NULL : LM_FUSED(in[0], cross_entropy);
+  if (be) return ce_fw_fused(be, call, &p, out);
   lm_scope s = {0};
   ce_parts c;
   lm_tensor *loss = NULL; /* (N, 1) */
@@ -266,9 +344,11 @@ int lm_fw_cross_entropy(const lm_call *call, lm_tensor **out) {
     r = lm_s1(&s, LM_OP_SUM, loss);
     if (p.red == 1) r = lm_s2(&s, LM_OP_DIV, r, ce_divisor(&s, &p, &c));
   }
-  *out = r ? lm_cast(r, in[0]->dtype_) : NULL;
+  lm_tensor *lse = r ? lm_s_reshape(&s, lm_s_logsumexp(&s, c.x, -1), call->out[1].ndim, call->out[1].shape) : NULL;
+  out[0] = lse ? lm_cast(r, in[0]->dtype_) : NULL;
+  if (out[0]) lm_retain(out[1] = lse);
   lm_scope_end(&s);
-  return *out ? 0 : -1;
+  return out[0] ? 0 : -1;
 }
 
 /* d logits for class ids: gv * (softmax * sumq - eps/C w - (1-eps) wt onehot) */
@@ -296,6 +376,8 @@ int lm_bw_cross_entropy(const lm_saved *n, lm_tensor *const *gout, lm_tensor **g
   lm_tensor *const *in = n->in;
   bool dx = in[0]->needs_grad, dt = p.probs && in[1]->needs_grad;
   if (!dx && !dt) return 0;
+  const lm_backend *be = p.probs ? NULL : LM_FUSED(in[0], cross_entropy_bwd);
+  if (be) return ce_bw_fused(be, n, &p, gout[0], gin);
   lm_scope s = {0};
   ce_parts c;
   int rc = ce_prepare(&s, &p, in, n->nin, &c);

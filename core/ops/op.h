@@ -89,6 +89,10 @@ lm_tensor *lm_run(int op, int nin, lm_tensor *const *in, const lm_attrs *a); /* 
  * error naming the op, the slot and the device. */
 const lm_backend *lm_kernel_of(int op, const lm_tensor *t, size_t slot, const char *slot_name);
 #define LM_KERNEL(op, t, slot) lm_kernel_of((op), (t), offsetof(lm_backend, slot), #slot)
+/* The backend of t's device when it has the fused kernel `slot`, else NULL
+ * without an error: the op then runs its composed form. */
+const lm_backend *lm_fused_of(const lm_tensor *t, size_t slot);
+#define LM_FUSED(t, slot) lm_fused_of((t), offsetof(lm_backend, slot))
 
 /* ---- scopes (scope.c) ----
  * A scope owns the intermediate tensors of a formula and releases them at
@@ -112,6 +116,8 @@ lm_tensor *lm_s_cast(lm_scope *s, lm_tensor *x, int dtype);
 lm_tensor *lm_s_contig(lm_scope *s, lm_tensor *x);
 lm_tensor *lm_s_mulk(lm_scope *s, lm_tensor *x, double k);        /* x * k */
 lm_tensor *lm_s_arange(lm_scope *s, int64_t n, int device);       /* 0..n-1, i64 */
+/* log(sum(exp(x))) over dim, kept as a size-1 dim (max-shifted) */
+lm_tensor *lm_s_logsumexp(lm_scope *s, lm_tensor *x, int dim);
 
 /* g summed over the dims t was broadcast along, reshaped and cast to t's
  * (new ref; NULL stays NULL). Every backward returns its gradients through it. */

@@ -124,15 +124,20 @@ int lm_shape_unary(int op, int nin, const lm_meta *in, const lm_attrs *a, lm_met
   return 0;
 }
 
-int lm_fw_unary(const lm_call *c, lm_tensor **out) {
-  int kind = lm_op_table[c->op].kind, dt = c->out[0].dtype;
-  int cd = kind == LM_NOT ? LM_BOOL : lm_compute_dtype(dt);
-  const lm_attrs *a = c->a;
-  double p[2] = {a->f[0], a->f[1]};
+/* the kernel's parameters p[0], p[1] of a unary kind from attrs */
+static void unary_params(int kind, const lm_attrs *a, double *p) {
+  p[0] = a->f[0], p[1] = a->f[1];
   if (kind == LM_CLAMP) { /* a missing (or NaN) bound is open */
     if (a->nf < 1 || p[0] != p[0]) p[0] = -1.0 / 0.0;
     if (a->nf < 2 || p[1] != p[1]) p[1] = 1.0 / 0.0;
   }
+}
+
+int lm_fw_unary(const lm_call *c, lm_tensor **out) {
+  int kind = lm_op_table[c->op].kind, dt = c->out[0].dtype;
+  int cd = kind == LM_NOT ? LM_BOOL : lm_compute_dtype(dt);
+  double p[2];
+  unary_params(kind, c->a, p);
   const lm_backend *be = LM_KERNEL(c->op, c->in[0], unary);
   lm_scope s = {0};
   lm_tensor *x = lm_s_cast(&s, c->in[0], cd), *tmp = NULL;
@@ -142,8 +147,25 @@ int lm_fw_unary(const lm_call *c, lm_tensor **out) {
   return rc;
 }
 
+/* g * f'(x) in one pass of the backend's unary_grad kernel, on dense
+ * operands in the compute dtype */
+static int unary_grad_fused(const lm_backend *be, const lm_saved *n, lm_tensor *g, lm_tensor **gin) {
+  int kind = lm_op_table[n->op].kind, cd = lm_compute_dtype(n->in[0]->dtype_);
+  double p[2];
+  unary_params(kind, &n->attrs, p);
+  lm_scope s = {0};
+  lm_tensor *gc = lm_s_contig(&s, lm_s_cast(&s, g, cd)), *xc = lm_s_contig(&s, lm_s_cast(&s, n->in[0], cd));
+  lm_tensor *yc = lm_s_contig(&s, lm_s_cast(&s, n->out[0], cd));
+  lm_tensor *gx = gc && xc && yc ? lm_s(&s, lm_empty_as(xc, xc->ndim, xc->shape_, cd)) : NULL;
+  int rc = gx && be->unary_grad(kind, gx, gc, xc, yc, p) == 0 ? lm_give(n, gin, 0, gx) : -1;
+  lm_scope_end(&s);
+  return rc;
+}
+
 int lm_bw_unary(const lm_saved *n, lm_tensor *const *gout, lm_tensor **gin) {
   lm_tensor *g = gout[0], *x = n->in[0], *y = n->out[0], *d = NULL;
+  const lm_backend *be = LM_FUSED(x, unary_grad);
+  if (be && lm_is_float(x->dtype_)) return unary_grad_fused(be, n, g, gin);
   double p = n->attrs.f[0];
   lm_scope s = {0};
   switch (lm_op_table[n->op].kind) { /* d = dy/dx */
@@ -170,6 +192,65 @@ int lm_bw_unary(const lm_saved *n, lm_tensor *const *gout, lm_tensor **gin) {
   default: lm_scope_end(&s); return lm_error("%s: not differentiable", lm_op_table[n->op].name);
   }
   int rc = lm_give(n, gin, 0, lm_s2(&s, LM_OP_MUL, g, d));
+  lm_scope_end(&s);
+  return rc;
+}
+
+/* ---- swiglu(a, b) = silu(a) * b: SwiGLU's gate, in one pass where the
+ * backend has the fused kernels. a and b broadcast and promote like a
+ * binary op; the result is floating point. ---- */
+int lm_shape_swiglu(int op, int nin, const lm_meta *in, const lm_attrs *a, lm_meta *out) {
+  (void)op, (void)nin, (void)a;
+  LM_TRY(lm_need_float("swiglu", 1, "gate", &in[0]));
+  LM_TRY(lm_need_float("swiglu", 2, "up", &in[1]));
+  LM_TRY(lm_broadcast_metas("swiglu", 2, in, out));
+  out->dtype = result_dtype(&in[0], &in[1]);
+  return 0;
+}
+
+/* a and b cast to cd, broadcast to m's shape and dense: v[0], v[1] */
+static int swiglu_operands(lm_scope *s, lm_tensor *const *in, int cd, const lm_meta *m, lm_tensor **v) {
+  lm_meta mc = *m;
+  mc.dtype = cd;
+  LM_TRY(prepare(s, "swiglu", 2, in, cd, &mc, v));
+  v[0] = lm_s_contig(s, v[0]), v[1] = lm_s_contig(s, v[1]);
+  return v[0] && v[1] ? 0 : -1;
+}
+
+int lm_fw_swiglu(const lm_call *c, lm_tensor **out) {
+  int dt = c->out[0].dtype, cd = lm_compute_dtype(dt);
+  const lm_backend *be = LM_FUSED(c->in[0], swiglu);
+  lm_scope s = {0};
+  lm_tensor *v[2], *r = NULL;
+  if (swiglu_operands(&s, c->in, cd, &c->out[0], v) == 0) {
+    if (be) {
+      r = lm_s(&s, lm_empty_as(v[0], v[0]->ndim, v[0]->shape_, cd));
+      if (r && be->swiglu(r, v[0], v[1]) < 0) r = NULL;
+    } else r = lm_s2(&s, LM_OP_MUL, lm_s1(&s, LM_OP_SILU, v[0]), v[1]);
+  }
+  int rc = r ? finish(r, dt, out) : -1;
+  lm_scope_end(&s);
+  return rc;
+}
+
+/* da = g * b * silu'(a), db = g * silu(a), summed over broadcast dims */
+int lm_bw_swiglu(const lm_saved *n, lm_tensor *const *gout, lm_tensor **gin) {
+  int cd = lm_compute_dtype(n->out[0]->dtype_);
+  const lm_backend *be = LM_FUSED(n->in[0], swiglu_bwd);
+  lm_meta m = lm_meta_of(n->out[0]);
+  lm_scope s = {0};
+  lm_tensor *v[2], *g = lm_s_contig(&s, lm_s_cast(&s, gout[0], cd)), *da = NULL, *db = NULL;
+  if (g && swiglu_operands(&s, n->in, cd, &m, v) == 0) {
+    if (be) {
+      da = lm_s(&s, lm_empty_as(g, g->ndim, g->shape_, cd));
+      db = lm_s(&s, lm_empty_as(g, g->ndim, g->shape_, cd));
+      if (da && db && be->swiglu_bwd(da, db, g, v[0], v[1]) < 0) da = db = NULL;
+    } else {
+      da = lm_s2(&s, LM_OP_MUL, lm_s2(&s, LM_OP_MUL, g, v[1]), lm_s1(&s, LM_OP_SILU_D, v[0]));
+      db = lm_s2(&s, LM_OP_MUL, g, lm_s1(&s, LM_OP_SILU, v[0]));
+    }
+  }
+  int rc = da && db ? lm_give(n, gin, 0, da) | lm_give(n, gin, 1, db) : -1;
   lm_scope_end(&s);
   return rc;
 }

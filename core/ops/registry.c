@@ -113,6 +113,11 @@ const lm_backend *lm_kernel_of(int op, const lm_tensor *t, size_t slot, const ch
   return b;
 }
 
+const lm_backend *lm_fused_of(const lm_tensor *t, size_t slot) {
+  const lm_backend *b = lm_backend_of(t->device_); /* made current, as LM_KERNEL does */
+  return b && has_slot(b, slot) ? b : NULL;
+}
+
 /* ---- running an op ---- */
 lm_meta lm_meta_of(const lm_tensor *t) {
   lm_meta m = {.ndim = t->ndim, .dtype = t->dtype_};

@@ -73,6 +73,13 @@ lm_tensor *lm_s_arange(lm_scope *s, int64_t n, int device) {
   return lm_s(s, lm_arange(0, (double)n, 1, LM_I64, device));
 }
 
+lm_tensor *lm_s_logsumexp(lm_scope *s, lm_tensor *x, int dim) {
+  lm_attrs a = {.i = {dim, 1}, .ni = 2};
+  lm_tensor *m = lm_sop(s, LM_OP_MAX, 1, &x, &a);
+  lm_tensor *e = lm_s1(s, LM_OP_EXP, lm_s2(s, LM_OP_SUB, x, m));
+  return lm_s2(s, LM_OP_ADD, m, lm_s1(s, LM_OP_LOG, lm_s_sum(s, e, dim, 1)));
+}
+
 lm_tensor *lm_grad_like(lm_tensor *g, const lm_tensor *t) {
   if (!g) return NULL;
   lm_retain(g);

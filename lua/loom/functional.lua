@@ -19,6 +19,11 @@ end
 
 function F.relu(x) return check(x, "relu", "input"):relu() end
 function F.silu(x) return check(x, "silu", "input"):silu() end
+-- swiglu(gate, up) = silu(gate) * up (SwiGLU's product, one pass where
+-- the backend has the fused kernel); gate and up broadcast
+function F.swiglu(a, b)
+  return T.op2(C.LM_OP_SWIGLU, check(a, "swiglu", "gate"), check(b, "swiglu", "up"))
+end
 function F.tanh(x) return check(x, "tanh", "input"):tanh() end
 function F.sigmoid(x) return check(x, "sigmoid", "input"):sigmoid() end
 function F.gelu(x, opts) return check(x, "gelu", "input"):gelu(opts) end
@@ -58,7 +63,8 @@ function F.layer_norm(x, shape, w, b, eps)
   local inputs = { x }
   if w ~= nil then inputs[#inputs + 1] = check(w, "layer_norm", "weight") end
   if b ~= nil then inputs[#inputs + 1] = check(b, "layer_norm", "bias") end
-  return op(C.LM_OP_LAYER_NORM, inputs, { ndims("layer_norm", shape), w and 1 or 0, b and 1 or 0 }, { eps or 1e-5 })
+  local y = op(C.LM_OP_LAYER_NORM, inputs, { ndims("layer_norm", shape), w and 1 or 0, b and 1 or 0 }, { eps or 1e-5 })
+  return y   -- not the op's second output (the rows' statistics)
 end
 
 -- rms_norm(x, normalized_shape, weight, eps): eps nil is the dtype's epsilon
@@ -66,7 +72,8 @@ function F.rms_norm(x, shape, w, eps)
   check(x, "rms_norm", "input")
   local inputs = { x }
   if w ~= nil then inputs[2] = check(w, "rms_norm", "weight") end
-  return op(C.LM_OP_RMS_NORM, inputs, { ndims("rms_norm", shape), w and 1 or 0 }, eps and { eps } or nil)
+  local y = op(C.LM_OP_RMS_NORM, inputs, { ndims("rms_norm", shape), w and 1 or 0 }, eps and { eps } or nil)
+  return y   -- not the op's second output (the rows' statistics)
 end
 
 -- embedding(ids, weight): ids hold 1-based rows of weight
@@ -110,7 +117,7 @@ function F.cross_entropy(logits, target, opts)
   if ids then target = target - 1 end
   local inputs = { logits, target }
   if opts.weight ~= nil then inputs[3] = check(opts.weight, "cross_entropy", "weight") end
-  local loss = op(C.LM_OP_CROSS_ENTROPY, inputs, { ids and ignore - 1 or ignore, red }, { ls })
+  local loss = op(C.LM_OP_CROSS_ENTROPY, inputs, { ids and ignore - 1 or ignore, red }, { ls })   -- not lse
   if lead and red == 0 then loss = loss:reshape(lead) end
   return loss
 end
@@ -122,7 +129,8 @@ function F.scaled_dot_product_attention(q, k, v, opts)
                    check(k, "scaled_dot_product_attention", "key"),
                    check(v, "scaled_dot_product_attention", "value") }
   if opts.attn_mask ~= nil then inputs[4] = check(opts.attn_mask, "scaled_dot_product_attention", "attn_mask") end
-  return op(C.LM_OP_SDPA, inputs, { opts.is_causal and 1 or 0 }, { opts.scale or 0 })
+  local o = op(C.LM_OP_SDPA, inputs, { opts.is_causal and 1 or 0 }, { opts.scale or 0 })
+  return o   -- not the op's second output (lse, for its backward)
 end
 
 -- rotary embeddings (Llama's, interleaved pairs)

@@ -77,7 +77,7 @@ function FeedForward:__init(c)
   self.w2 = nn.Linear(c.ffn_dim, c.dim, { bias = false })
   self.w3 = nn.Linear(c.dim, c.ffn_dim, { bias = false })
 end
-function FeedForward:forward(x) return self.w2(F.silu(self.w1(x)) * self.w3(x)) end
+function FeedForward:forward(x) return self.w2(F.swiglu(self.w1(x), self.w3(x))) end
 
 local Block = nn.Module:extend("TransformerBlock")
 M.TransformerBlock = Block

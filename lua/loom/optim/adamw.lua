@@ -25,35 +25,61 @@ function AdamW.new(params, opts)
   return self
 end
 
--- One fused update per parameter (the _adamw_ op). Parameters that are not
--- f32/f64 (bf16) keep an f32 master copy in the state; the update runs on
--- it and is rounded into the parameter.
+-- The state of parameter i (made at its first update): moments in f32
+-- (f64 for f64 parameters) and, for other dtypes (bf16), an f32 master copy.
+function AdamW:_state(i, p)
+  local s = self.state[i]
+  if s == nil then
+    local sd = p.dtype == "f64" and "f64" or "f32"
+    s = { step = 0, exp_avg = loom.zeros(p:size(), { dtype = sd, device = p.device }),
+          exp_avg_sq = loom.zeros(p:size(), { dtype = sd, device = p.device }) }
+    if p.dtype ~= sd then s.master = p:to(sd):contiguous() end
+    self.state[i] = s
+  end
+  return s
+end
+
+-- _adamw_multi_ takes at most 256 tensors: 64 parameters per call
+local PER_CALL = 64
+
+-- All parameters in one fused update (the _adamw_multi_ op, one call per
+-- 64 parameters and per step count, which differs only for parameters
+-- that went without a gradient at some step). DTensors update shard by
+-- shard; parameters that are not f32/f64 (bf16) update their f32 master
+-- copy, which is then rounded into the parameter.
 function AdamW:step()
   local d = self.defaults
   loom.no_grad(function()
+    local by_step, steps, masters = {}, {}, {}
     for i, p in ipairs(self.params) do
       local g = p.grad
-      if p.dist ~= nil then   -- DTensors update shard by shard
+      if p.dist ~= nil then
         p = p:to_local()
         g = g and g:to_local()
       end
       if g ~= nil then
-        local s = self.state[i]
-        if s == nil then
-          local sd = p.dtype == "f64" and "f64" or "f32"
-          s = { step = 0, exp_avg = loom.zeros(p:size(), { dtype = sd, device = p.device }),
-                exp_avg_sq = loom.zeros(p:size(), { dtype = sd, device = p.device }) }
-          if p.dtype ~= sd then s.master = p:to(sd):contiguous() end
-          self.state[i] = s
-        end
+        local s = self:_state(i, p)
         s.step = s.step + 1
         local master = s.master or p
-        g = g:to(master.dtype):contiguous()
-        T.op(C.LM_OP_ADAMW, { master, g, s.exp_avg, s.exp_avg_sq }, nil,
-             { d.lr, d.beta1, d.beta2, d.eps, d.weight_decay, 1 - d.beta1 ^ s.step, 1 - d.beta2 ^ s.step })
-        if s.master then p:copy_(s.master) end
+        local list = by_step[s.step]
+        if list == nil then
+          list = {}
+          by_step[s.step] = list
+          steps[#steps + 1] = s.step
+        end
+        local n = #list
+        list[n + 1], list[n + 2], list[n + 3], list[n + 4] = master, g:to(master.dtype):contiguous(), s.exp_avg, s.exp_avg_sq
+        if s.master then masters[#masters + 1] = { p, s.master } end
       end
     end
+    table.sort(steps)
+    for _, step in ipairs(steps) do
+      local list, hyper = by_step[step], { d.lr, d.beta1, d.beta2, d.eps, d.weight_decay, 1 - d.beta1 ^ step, 1 - d.beta2 ^ step }
+      for first = 1, #list, 4 * PER_CALL do
+        T.op(C.LM_OP_ADAMW_MULTI, { unpack(list, first, math.min(#list, first + 4 * PER_CALL - 1)) }, nil, hyper)
+      end
+    end
+    for _, pm in ipairs(masters) do pm[1]:copy_(pm[2]) end
   end)
 end
 

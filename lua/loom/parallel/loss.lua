@@ -1,7 +1,12 @@
 -- loss.lua: loss_parallel: cross_entropy on logits sharded on the class dim
 -- without gathering them (Megatron's vocab-parallel cross entropy). Forward
 -- all-reduces the row max, the sum of exponentials and the target logit
--- (and, with label smoothing, the logit sum); backward needs none.
+-- (and, with label smoothing, the logit sum); backward needs none. The
+-- target logit and weight are gathered (the embedding op on the elements),
+-- not picked with a one-hot product: a pass over N values, not four over
+-- the (N, C/k) shard. (The fused cross_entropy kernels do not fit here:
+-- their gradient takes the row's own lse, class count and target, where
+-- this one needs the global ones and rows whose target is on another rank.)
 local loom = require "loom"
 local T = require "loom.tensor"
 local dt = require "loom.distributed.dtensor"
@@ -43,6 +48,17 @@ local function vocab_parallel_cross_entropy(logits, target, opts)
     error(string.format("%s: %d targets for %d rows of logits", fname, ids:numel(), l:size(1)), 3)
   end
   local valid = ids:ne(ignore)
+  -- rows whose target class is on this shard, and its column here (0 elsewhere)
+  local here = ids:gt(offset):logical_and(ids:le(offset + nloc))
+  local col = (ids - (offset + 1)):masked_fill(here:logical_not(), 0)
+  local heref
+  -- t[n, col[n]] where the target is here, else 0 (t (N, C_local) or (1, C_local))
+  local function pick(t)
+    heref = heref or here:to(l.dtype)
+    if nloc == 0 then return heref * 0 end
+    local at = t:size(1) == 1 and col + 1 or loom.arange(0, l:size(1), 1, { dtype = "i64" }) * nloc + col + 1
+    return F.embedding(at, t:reshape(-1, 1)):reshape(-1) * heref
+  end
   local z
   do -- shift by the global row max (no gradient: the loss does not depend on it)
     local m = loom.no_grad(function()
@@ -52,14 +68,12 @@ local function vocab_parallel_cross_entropy(logits, target, opts)
     z = l - m
   end
   local lse = all_reduce(z:exp():sum(2, true), SUM):log():reshape(-1)          -- (N)
-  local cls = loom.arange(offset + 1, offset + nloc + 1, { dtype = "i64" }):view(1, nloc)
-  local onehot = cls:eq(ids:view(-1, 1)):to(z.dtype)                           -- (N, C_local)
-  local picked = all_reduce((z * onehot):sum(2), SUM)                          -- (N)
+  local picked = all_reduce(pick(z), SUM)                                      -- (N)
   local w_local, w_target = nil, nil
   if opts.weight ~= nil then
     local w = dt.is_dtensor(opts.weight) and opts.weight:full_tensor() or opts.weight
     w_local = w:narrow(1, offset + 1, nloc):to(z.dtype):view(1, nloc)
-    w_target = loom.no_grad(function() return all_reduce((onehot * w_local):sum(2), SUM) end)
+    w_target = loom.no_grad(function() return all_reduce(pick(w_local), SUM) end)
   end
   local vf = valid:to(z.dtype)
   local nll = (lse - picked) * (w_target or 1) * vf

@@ -1,0 +1,114 @@
+/* fused_pointwise.c: elementwise backward passes in one pass each: a unary
+ * op's gradient g * f'(x) (unary_grad) and SwiGLU, silu(a) * b, with its
+ * backward. Dense operands of one dtype, f32 or f64 (the op makes them so);
+ * the formulas are those of the composed forms (pointwise.c's derivative
+ * kinds) so the two agree to rounding. */
+/* lm_expf's rintf becomes a vector round only when the compiler may assume
+ * no floating point traps (loom enables none): 10x on exp-bound loops. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
+#include "fastmath.h"
+#include "kernels.h"
+#include <tgmath.h>
+
+typedef float f32;
+typedef double f64;
+static inline f32 fexp_f32(f32 x) { return lm_expf(x); }
+static inline f64 fexp_f64(f64 x) { return exp(x); }
+#define GELU_TANH_D(T)                                                         \
+  static inline T gelu_tanh_d_##T(T x) {                                       \
+    const T k = (T)0.79788456080286535588, c = (T)0.044715;                    \
+    T t = tanh(k * (x + c * x * x * x));                                       \
+    return (T)0.5 * (1 + t) + (T)0.5 * x * (1 - t * t) * k * (1 + 3 * c * x * x); \
+  }
+GELU_TANH_D(f32)
+GELU_TANH_D(f64)
+
+/* one loop per kind, so each vectorizes on its own */
+#define GRAD_LOOP(EXPR)                                                        \
+  _Pragma("omp parallel for simd num_threads(lm_threads_for(n)) schedule(static)") \
+  for (int64_t i = 0; i < n; i++) { elem x = X[i], y = Y[i], gi = G[i]; (void)x, (void)y; o[i] = (EXPR); }
+
+#define UNARY_GRAD(T, NAME)                                                    \
+  static int NAME(int kind, T *o, const T *G, const T *X, const T *Y, int64_t n, const double *p) { \
+    typedef T elem;                                                            \
+    const T k0 = (T)p[0], k1 = (T)p[1];                                        \
+    const T r2 = (T)0.70710678118654752440, rpi = (T)0.56418958354775628695;   \
+    switch (kind) {                                                            \
+    case LM_NEG: GRAD_LOOP(-gi) break;                                         \
+    case LM_ABS: GRAD_LOOP(gi * (T)((x > 0) - (x < 0))) break;                 \
+    case LM_SQRT: GRAD_LOOP(gi / (y * 2)) break;                               \
+    case LM_RSQRT: GRAD_LOOP(gi * (y * y * y * (T)-0.5)) break;                \
+    case LM_EXP: GRAD_LOOP(gi * y) break;                                      \
+    case LM_LOG: GRAD_LOOP(gi / x) break;                                      \
+    case LM_TANH: GRAD_LOOP(gi * (1 - y * y)) break;                           \
+    case LM_SIGMOID: GRAD_LOOP(gi * (y * (1 - y))) break;                      \
+    case LM_RELU: GRAD_LOOP(x > 0 ? gi : 0) break;                             \
+    case LM_GELU:                                                              \
+      GRAD_LOOP(gi * ((T)0.5 * (1 + erf(x * r2)) + x * exp(-x * x / 2) * r2 * rpi)) break; \
+    case LM_GELU_TANH: GRAD_LOOP(gi * gelu_tanh_d_##T(x)) break;               \
+    case LM_SILU: GRAD_LOOP(gi * ((1 + x * (1 - 1 / (1 + fexp_##T(-x)))) / (1 + fexp_##T(-x)))) break; \
+    case LM_SIN: GRAD_LOOP(gi * cos(x)) break;                                 \
+    case LM_COS: GRAD_LOOP(gi * -sin(x)) break;                                \
+    case LM_POW_SCALAR: GRAD_LOOP(gi * (pow(x, k0 - 1) * k0)) break;           \
+    case LM_CLAMP: GRAD_LOOP(x >= k0 && x <= k1 ? gi : 0) break;               \
+    default: return lm_error("unary_grad kernel: no derivative for unary kind %d", kind); \
+    }                                                                          \
+    return 0;                                                                  \
+  }
+UNARY_GRAD(f32, unary_grad_f32)
+UNARY_GRAD(f64, unary_grad_f64)
+
+int lm_cpu_unary_grad(int kind, lm_tensor *gx, const lm_tensor *g, const lm_tensor *x,
+                      const lm_tensor *y, const double *p) {
+  static const double none[2] = {0, 0};
+  if (!p) p = none;
+#define ARGS(T) kind, (T *)lm_ptr(gx), (const T *)lm_ptr(g), (const T *)lm_ptr(x), (const T *)lm_ptr(y), gx->numel_, p
+  switch (gx->dtype_) {
+  case LM_F32: return unary_grad_f32(ARGS(f32));
+  case LM_F64: return unary_grad_f64(ARGS(f64));
+  default: return lm_error("unary_grad kernel: no kernel for dtype %s", lm_dtype_name(gx->dtype_));
+  }
+#undef ARGS
+}
+
+/* ---- SwiGLU: out = silu(a) * b = a * s * b with s = sigmoid(a) ---- */
+#define SWIGLU(T, NAME, NAME_BWD)                                              \
+  static void NAME(T *o, const T *a, const T *b, int64_t n) {                  \
+    _Pragma("omp parallel for simd num_threads(lm_threads_for(n)) schedule(static)") \
+    for (int64_t i = 0; i < n; i++) o[i] = a[i] / (1 + fexp_##T(-a[i])) * b[i]; \
+  }                                                                            \
+  /* da = g * b * s * (1 + a * (1 - s)), db = g * a * s */                     \
+  static void NAME_BWD(T *da, T *db, const T *g, const T *a, const T *b, int64_t n) { \
+    _Pragma("omp parallel for simd num_threads(lm_threads_for(n)) schedule(static)") \
+    for (int64_t i = 0; i < n; i++) {                                          \
+      T e = 1 + fexp_##T(-a[i]), s = 1 / e;                                    \
+      da[i] = g[i] * b[i] * ((1 + a[i] * (1 - s)) / e);                        \
+      db[i] = g[i] * (a[i] / e);                                               \
+    }                                                                          \
+  }
+SWIGLU(f32, swiglu_f32, swiglu_bwd_f32)
+SWIGLU(f64, swiglu_f64, swiglu_bwd_f64)
+
+int lm_cpu_swiglu(lm_tensor *out, const lm_tensor *a, const lm_tensor *b) {
+#define ARGS(T) (T *)lm_ptr(out), (const T *)lm_ptr(a), (const T *)lm_ptr(b), out->numel_
+  switch (out->dtype_) {
+  case LM_F32: swiglu_f32(ARGS(f32)); return 0;
+  case LM_F64: swiglu_f64(ARGS(f64)); return 0;
+  default: return lm_error("swiglu kernel: no kernel for dtype %s", lm_dtype_name(out->dtype_));
+  }
+#undef ARGS
+}
+
+int lm_cpu_swiglu_bwd(lm_tensor *da, lm_tensor *db, const lm_tensor *g, const lm_tensor *a,
+                      const lm_tensor *b) {
+#define ARGS(T) (T *)lm_ptr(da), (T *)lm_ptr(db), (const T *)lm_ptr(g), (const T *)lm_ptr(a), \
+                (const T *)lm_ptr(b), da->numel_
+  switch (da->dtype_) {
+  case LM_F32: swiglu_bwd_f32(ARGS(f32)); return 0;
+  case LM_F64: swiglu_bwd_f64(ARGS(f64)); return 0;
+  default: return lm_error("swiglu_bwd kernel: no kernel for dtype %s", lm_dtype_name(da->dtype_));
+  }
+#undef ARGS
+}
