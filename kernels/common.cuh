@@ -5,6 +5,7 @@
 #define LOOM_CUDA_COMMON_CUH
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
+#include <cuda_bf16.h>
 #include <stdint.h>
 #include <string.h>
 #include "kernels.cuh"
@@ -112,6 +113,44 @@ template <typename T> __host__ __device__ inline void lm_dev_store_as(char *p, i
 template <typename T> __host__ __device__ inline T lm_dev_load_as(const char *p, int d) {
   if (d == lm_dtype_of<T>::value) return *(const T *)p;
   return (T)lm_dev_load(p, d);
+}
+
+/* ---- float storage types and their compute types ----
+ * The fused kernels are templates over the storage type T (float, double,
+ * __nv_bfloat16, __half); they compute in lm_acc<T>::type: double for f64,
+ * float for the rest (bf16/f16 are storage formats, as everywhere). */
+template <typename T> struct lm_acc { typedef float type; };
+template <> struct lm_acc<double> { typedef double type; };
+__device__ __forceinline__ float lm_to_acc(float v) { return v; }
+__device__ __forceinline__ double lm_to_acc(double v) { return v; }
+__device__ __forceinline__ float lm_to_acc(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float lm_to_acc(__half v) { return __half2float(v); }
+template <typename T> __device__ __forceinline__ T lm_from_acc(typename lm_acc<T>::type v) { return (T)v; }
+template <> __device__ __forceinline__ __nv_bfloat16 lm_from_acc<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <> __device__ __forceinline__ __half lm_from_acc<__half>(float v) { return __float2half_rn(v); }
+
+/* An element of run-time dtype d in compute type C (float or double). */
+template <typename C> __device__ __forceinline__ C lm_ld(const char *p, int d) {
+  return d == LM_F64 ? (C) * (const double *)p : (C)lm_dev_loadf(p, d);
+}
+template <> __device__ __forceinline__ double lm_ld<double>(const char *p, int d) { return lm_dev_load(p, d); }
+template <typename C> __device__ __forceinline__ void lm_st(char *p, int d, C v) {
+  if (d == LM_F64) *(double *)p = (double)v;
+  else lm_dev_storef(p, d, (float)v);
+}
+
+/* f(T()) for the storage type of a float dtype; an error naming `what`
+ * for any other dtype. */
+template <typename F> int lm_by_float_dtype(int dtype, const char *what, F f) {
+  switch (dtype) {
+  case LM_F32: return f(float());
+  case LM_F64: return f(double());
+  case LM_BF16: return f(__nv_bfloat16());
+  case LM_F16: return f(__half());
+  default: return lm_error("%s: no CUDA kernel for dtype %s", what, lm_dtype_name(dtype));
+  }
 }
 
 /* ---- strided walk ---- */

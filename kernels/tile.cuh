@@ -1,0 +1,186 @@
+/* tile.cuh: warp-level tile products in shared memory for the attention
+ * kernels, with one accumulator layout for every dtype.
+ *
+ * A warp multiplies a 16-row tile A (16 x KD) by B (KD x 8*NJ) into float
+ * accumulators acc[NJ][4] laid out as the tensor cores' mma.m16n8k16 C
+ * fragment (PTX ISA, "Matrix Fragments for mma.m16n8k16"): with lane = 4g + t
+ * (g = lane / 4, t = lane % 4), acc[j][0], acc[j][1] hold row g, columns
+ * 8j + 2t and 8j + 2t + 1; acc[j][2], acc[j][3] the same columns of row g + 8.
+ * bf16/f16 tiles run on the tensor cores (mma.sync, f32 accumulation, sm_80
+ * and later); f32 tiles compute the same fragment with FMAs in f32, so the
+ * attention kernels are written once for every dtype.
+ *
+ * Every operand is in shared memory, rows contiguous ("k" along a row for A
+ * and for B given transposed): mma_nt reads B as Bt (8*NJ x KD), mma_nn as B
+ * (KD x 8*NJ). Row pitches are a multiple of 16 bytes plus 16 (LM_TILE_PAD),
+ * so the fragment loads below hit 32 different banks. */
+#ifndef LOOM_CUDA_TILE_CUH
+#define LOOM_CUDA_TILE_CUH
+#include "common.cuh"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#error "the attention kernels need sm_80 or later (mma.sync on bf16)"
+#endif
+
+/* elements of padding after each shared-memory row: 16 bytes */
+template <typename T> struct lm_tile_pad { static const int value = 16 / (int)sizeof(T); };
+
+/* ---- 16-bit operands: the tensor cores ---- */
+__device__ __forceinline__ void lm_mma(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
+                                       __nv_bfloat16) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+               "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+__device__ __forceinline__ void lm_mma(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
+                                       __half) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+               "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+/* two adjacent 16-bit elements as one register (the first in the low half) */
+template <typename T> __device__ __forceinline__ uint32_t lm_ld2(const T *p) {
+  return *(const uint32_t *)p;
+}
+/* two 16-bit elements from separate places, p0 in the low half */
+template <typename T> __device__ __forceinline__ uint32_t lm_pack2(const T *p0, const T *p1) {
+  return (uint32_t) * (const uint16_t *)p0 | ((uint32_t) * (const uint16_t *)p1 << 16);
+}
+
+/* The A fragment of rows 0..15, columns k0..k0+15 of a row-major tile:
+ * registers (row g, cols 2t..), (row g+8, cols 2t..), (row g, cols 2t+8..),
+ * (row g+8, cols 2t+8..). */
+template <typename T>
+__device__ __forceinline__ void lm_frag_a(uint32_t (&a)[4], const T *A, int lda, int k0, int g, int t) {
+  const T *p = A + g * lda + k0 + 2 * t;
+  a[0] = lm_ld2(p), a[1] = lm_ld2(p + 8 * lda), a[2] = lm_ld2(p + 8), a[3] = lm_ld2(p + 8 * lda + 8);
+}
+
+template <typename T, int KD, int NJ>
+__device__ __forceinline__ void lm_mma_nt(float (&acc)[NJ][4], const T *A, int lda, const T *Bt, int ldb) {
+  int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int k0 = 0; k0 < KD; k0 += 16) {
+    uint32_t a[4];
+    lm_frag_a(a, A, lda, k0, g, t);
+#pragma unroll
+    for (int j = 0; j < NJ; j++) { /* B fragment: (k 2t.., col g), (k 2t+8.., col g) */
+      const T *p = Bt + (8 * j + g) * ldb + k0 + 2 * t;
+      uint32_t b[2] = {lm_ld2(p), lm_ld2(p + 8)};
+      lm_mma(acc[j], a, b, T());
+    }
+  }
+}
+
+template <typename T, int KD, int NJ>
+__device__ __forceinline__ void lm_mma_nn(float (&acc)[NJ][4], const T *A, int lda, const T *B, int ldb) {
+  int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int k0 = 0; k0 < KD; k0 += 16) {
+    uint32_t a[4];
+    lm_frag_a(a, A, lda, k0, g, t);
+#pragma unroll
+    for (int j = 0; j < NJ; j++) { /* B[k][n] at k = k0 + 2t (+1, +8, +9), n = 8j + g */
+      const T *p = B + (k0 + 2 * t) * ldb + 8 * j + g;
+      uint32_t b[2] = {lm_pack2(p, p + ldb), lm_pack2(p + 8 * ldb, p + 9 * ldb)};
+      lm_mma(acc[j], a, b, T());
+    }
+  }
+}
+
+/* ---- f32 operands: the same fragment with FMAs ---- */
+template <int KD, int NJ>
+__device__ __forceinline__ void lm_mma_nt_f32(float (&acc)[NJ][4], const float *A, int lda, const float *Bt,
+                                              int ldb) {
+  int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const float *a0 = A + g * lda, *a1 = a0 + 8 * lda;
+#pragma unroll
+  for (int j = 0; j < NJ; j++) {
+    const float *b0 = Bt + (8 * j + 2 * t) * ldb, *b1 = b0 + ldb;
+#pragma unroll 4
+    for (int k = 0; k < KD; k += 4) {
+      float4 x0 = *(const float4 *)(a0 + k), x1 = *(const float4 *)(a1 + k);
+      float4 y0 = *(const float4 *)(b0 + k), y1 = *(const float4 *)(b1 + k);
+      acc[j][0] += x0.x * y0.x + x0.y * y0.y + x0.z * y0.z + x0.w * y0.w;
+      acc[j][1] += x0.x * y1.x + x0.y * y1.y + x0.z * y1.z + x0.w * y1.w;
+      acc[j][2] += x1.x * y0.x + x1.y * y0.y + x1.z * y0.z + x1.w * y0.w;
+      acc[j][3] += x1.x * y1.x + x1.y * y1.y + x1.z * y1.z + x1.w * y1.w;
+    }
+  }
+}
+
+template <int KD, int NJ>
+__device__ __forceinline__ void lm_mma_nn_f32(float (&acc)[NJ][4], const float *A, int lda, const float *B,
+                                              int ldb) {
+  int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const float *a0 = A + g * lda, *a1 = a0 + 8 * lda;
+#pragma unroll
+  for (int j = 0; j < NJ; j++) {
+    const float *b = B + 8 * j + 2 * t;
+#pragma unroll 4
+    for (int k = 0; k < KD; k++) {
+      float2 y = *(const float2 *)(b + k * ldb);
+      float x0 = a0[k], x1 = a1[k];
+      acc[j][0] += x0 * y.x, acc[j][1] += x0 * y.y;
+      acc[j][2] += x1 * y.x, acc[j][3] += x1 * y.y;
+    }
+  }
+}
+
+/* the one name the kernels call: tensor cores for 16-bit T, FMAs for f32 */
+template <typename T, int KD, int NJ> struct lm_tile {
+  static __device__ __forceinline__ void nt(float (&acc)[NJ][4], const T *A, int lda, const T *Bt, int ldb) {
+    lm_mma_nt<T, KD, NJ>(acc, A, lda, Bt, ldb);
+  }
+  static __device__ __forceinline__ void nn(float (&acc)[NJ][4], const T *A, int lda, const T *B, int ldb) {
+    lm_mma_nn<T, KD, NJ>(acc, A, lda, B, ldb);
+  }
+};
+template <int KD, int NJ> struct lm_tile<float, KD, NJ> {
+  static __device__ __forceinline__ void nt(float (&acc)[NJ][4], const float *A, int lda, const float *Bt,
+                                            int ldb) {
+    lm_mma_nt_f32<KD, NJ>(acc, A, lda, Bt, ldb);
+  }
+  static __device__ __forceinline__ void nn(float (&acc)[NJ][4], const float *A, int lda, const float *B,
+                                            int ldb) {
+    lm_mma_nn_f32<KD, NJ>(acc, A, lda, B, ldb);
+  }
+};
+
+/* ---- moving tiles ---- */
+/* ROWS rows of COLS elements from global g (rows COLS apart) into shared s
+ * (pitch lds), 16 bytes per thread and step; rows from nvalid on read as
+ * zeros. g must be 16-byte aligned, COLS * sizeof(T) a multiple of 16. */
+template <typename T, int ROWS, int COLS>
+__device__ __forceinline__ void lm_tile_load(T *s, int lds, const T *g, int64_t nvalid) {
+  const int cpr = COLS * (int)sizeof(T) / 16; /* 16-byte chunks per row */
+  for (int i = threadIdx.x; i < ROWS * cpr; i += blockDim.x) {
+    int r = i / cpr, c = i - r * cpr;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (r < nvalid) v = ((const uint4 *)(g + (int64_t)r * COLS))[c];
+    ((uint4 *)(s + r * lds))[c] = v;
+  }
+}
+
+/* two adjacent elements from floats */
+__device__ __forceinline__ void lm_put2(float *p, float x, float y) { *(float2 *)p = make_float2(x, y); }
+__device__ __forceinline__ void lm_put2(__nv_bfloat16 *p, float x, float y) {
+  *(__nv_bfloat162 *)p = __floats2bfloat162_rn(x, y);
+}
+__device__ __forceinline__ void lm_put2(__half *p, float x, float y) { *(__half2 *)p = __floats2half2_rn(x, y); }
+
+/* the warp's accumulator tile (16 x 8*NJ) into shared S (pitch ld) as T */
+template <typename T, int NJ>
+__device__ __forceinline__ void lm_tile_store(T *S, int ld, const float (&acc)[NJ][4]) {
+  int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int j = 0; j < NJ; j++) {
+    lm_put2(S + g * ld + 8 * j + 2 * t, acc[j][0], acc[j][1]);
+    lm_put2(S + (g + 8) * ld + 8 * j + 2 * t, acc[j][2], acc[j][3]);
+  }
+}
+
+#endif
