@@ -25,7 +25,7 @@ struct FwdArgs {
 
 template <typename T, int D> __global__ void __launch_bounds__(ATTN_THREADS) attn_fwd_kernel(FwdArgs a) {
   typedef FwdCfg<T, D> K;
-  extern __shared__ __align__(16) unsigned char smem[];
+  LM_DYNAMIC_SMEM(smem);
   T *sQ = (T *)smem, *sK = sQ + K::BR * K::LD, *sV = sK + K::BC * K::LD, *sP = sV + K::BC * K::LD;
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   int64_t ntile = (a.L + K::BR - 1) / K::BR, b = blockIdx.x / ntile;
@@ -119,7 +119,7 @@ int lm_cuda_attention(lm_tensor *o, lm_tensor *lse, const lm_tensor *q, const lm
     typedef FwdCfg<T, D> K;
     LM_TRY(attn_smem(attn_fwd_kernel<T, D>, K::smem, "attention"));
     unsigned blocks = (unsigned)(d.B * ((d.L + K::BR - 1) / K::BR));
-    attn_fwd_kernel<T, D><<<blocks, ATTN_THREADS, K::smem, LM_STREAM>>>(a);
+    LM_LAUNCH(blocks, ATTN_THREADS, K::smem, attn_fwd_kernel<T, D>)(a);
     return lm_cuda_launched("attention");
   });
 }

@@ -80,6 +80,10 @@ template <typename F> int attn_dispatch(const AttnDims &d, F f) {
 /* Lets kernel use `bytes` of dynamic shared memory (above 48 KiB a kernel
  * must ask); a device with less answers LM_CUDA_UNSUPPORTED. */
 template <typename K> int attn_smem(K *kernel, size_t bytes, const char *name) {
+#ifdef LOOM_CUDA_EMULATE
+  (void)kernel, (void)bytes, (void)name;
+  return 0;
+#endif
   cudaError_t e = cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        (int)bytes);
   if (e != cudaSuccess) {

@@ -44,7 +44,7 @@ template <typename T, int D> struct DkdvCfg {
 
 template <typename T, int D> __global__ void __launch_bounds__(ATTN_THREADS) attn_dkdv_kernel(BwdArgs a) {
   typedef DkdvCfg<T, D> K;
-  extern __shared__ __align__(16) unsigned char smem[];
+  LM_DYNAMIC_SMEM(smem);
   T *sK = (T *)smem, *sV = sK + K::BK * K::LD, *sQ = sV + K::BK * K::LD, *sG = sQ + K::BQ * K::LD;
   T *sP = sG + K::BQ * K::LD, *sS = sP + ATTN_WARPS * 16 * K::LDP;
   float *sLse = (float *)(sS + ATTN_WARPS * 16 * K::LDP), *sDd = sLse + K::BQ;
@@ -118,7 +118,7 @@ template <typename T, int D> struct DqCfg {
 
 template <typename T, int D> __global__ void __launch_bounds__(ATTN_THREADS) attn_dq_kernel(BwdArgs a) {
   typedef DqCfg<T, D> K;
-  extern __shared__ __align__(16) unsigned char smem[];
+  LM_DYNAMIC_SMEM(smem);
   T *sQ = (T *)smem, *sG = sQ + K::BQ * K::LD, *sK = sG + K::BQ * K::LD, *sV = sK + K::BK * K::LD;
   T *sS = sV + K::BK * K::LD;
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -181,18 +181,18 @@ template <typename T, int D> __global__ void __launch_bounds__(ATTN_THREADS) att
 template <typename T, int D> static int attn_bwd_launch(BwdArgs &a) {
   typedef DkdvCfg<T, D> KV;
   typedef DqCfg<T, D> KQ;
-  attn_dot_kernel<T, D><<<lm_blocks(a.B * a.L * 32), LM_THREADS, 0, LM_STREAM>>>(a);
+  LM_LAUNCH(lm_blocks(a.B * a.L * 32), LM_THREADS, 0, attn_dot_kernel<T, D>)(a);
   LM_TRY(lm_cuda_launched("attention_bwd (dO . O)"));
   if ((a.dk || a.dv) && a.S > 0) {
     LM_TRY(attn_smem(attn_dkdv_kernel<T, D>, KV::smem, "attention_bwd"));
     unsigned blocks = (unsigned)(a.B * ((a.S + KV::BK - 1) / KV::BK));
-    attn_dkdv_kernel<T, D><<<blocks, ATTN_THREADS, KV::smem, LM_STREAM>>>(a);
+    LM_LAUNCH(blocks, ATTN_THREADS, KV::smem, attn_dkdv_kernel<T, D>)(a);
     LM_TRY(lm_cuda_launched("attention_bwd (dk, dv)"));
   }
   if (a.dq) {
     LM_TRY(attn_smem(attn_dq_kernel<T, D>, KQ::smem, "attention_bwd"));
     unsigned blocks = (unsigned)(a.B * ((a.L + KQ::BQ - 1) / KQ::BQ));
-    attn_dq_kernel<T, D><<<blocks, ATTN_THREADS, KQ::smem, LM_STREAM>>>(a);
+    LM_LAUNCH(blocks, ATTN_THREADS, KQ::smem, attn_dq_kernel<T, D>)(a);
     LM_TRY(lm_cuda_launched("attention_bwd (dq)"));
   }
   return 0;

@@ -81,34 +81,6 @@ int lm_cuda_current_device(void) {
   return ready[k] || cuda_select(k) == 0 ? k : -1;
 }
 
-/* ---- the walk: coalesces like core/cpu/iter.c ---- */
-void lm_walk_init(lm_walk *w, int narg, const lm_tensor *const *t) {
-  const lm_tensor *r = t[0];
-  w->nd = 0;
-  for (int k = 0; k < LM_MAXARG; k++) {
-    w->base[k] = k < narg ? lm_ptr(t[k]) : NULL;
-    for (int d = 0; d < LM_MAX_DIMS; d++) w->stride_[k][d] = 0;
-  }
-  for (int d = 0; d < LM_MAX_DIMS; d++) w->shape[d] = 1;
-  for (int d = 0; d < r->ndim; d++) {
-    if (r->shape[d] == 1) continue;
-    int m = w->nd;
-    bool merge = m > 0;
-    for (int k = 0; k < narg && merge; k++)
-      merge = w->stride_[k][m - 1] == t[k]->stride_[d] * r->shape[d] * lm_dtype_size(t[k]->dtype_);
-    if (merge) {
-      w->shape[m - 1] *= r->shape[d];
-      for (int k = 0; k < narg; k++)
-        w->stride_[k][m - 1] = t[k]->stride_[d] * lm_dtype_size(t[k]->dtype_);
-    } else {
-      w->shape[m] = r->shape[d];
-      for (int k = 0; k < narg; k++) w->stride_[k][m] = t[k]->stride_[d] * lm_dtype_size(t[k]->dtype_);
-      w->nd++;
-    }
-  }
-  if (w->nd == 0) w->nd = 1; /* a scalar: shape 1, strides 0 */
-}
-
 /* ---- the table, filled by slot name; registered when libloom loads ---- */
 __attribute__((constructor)) static void register_cuda(void) {
   static lm_backend b;

@@ -14,6 +14,14 @@
 #define LM_STREAM ((cudaStream_t)0)
 #define LM_THREADS 256
 
+/* A launch, written LM_LAUNCH(grid, block, smem, kernel)(args) (the kernel
+ * last: its template arguments may hold commas), and a kernel's dynamic
+ * shared memory. kernels/emu/ defines both to run kernels on the CPU. */
+#ifndef LOOM_CUDA_EMULATE
+#define LM_LAUNCH(grid, block, smem, ...) __VA_ARGS__<<<(grid), (block), (smem), LM_STREAM>>>
+#define LM_DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
+#endif
+
 /* ---- errors ---- */
 /* Leaves "cuda: what: reason", clears CUDA's last error, returns -1. */
 int lm_cuda_fail(const char *what, cudaError_t e);
@@ -162,7 +170,33 @@ struct lm_walk {
   int64_t stride_[LM_MAXARG][LM_MAX_DIMS];
   char *base[LM_MAXARG];
 };
-void lm_walk_init(lm_walk *w, int narg, const lm_tensor *const *t);
+/* coalesces like core/cpu/iter.c */
+static inline void lm_walk_init(lm_walk *w, int narg, const lm_tensor *const *t) {
+  const lm_tensor *r = t[0];
+  w->nd = 0;
+  for (int k = 0; k < LM_MAXARG; k++) {
+    w->base[k] = k < narg ? lm_ptr(t[k]) : NULL;
+    for (int d = 0; d < LM_MAX_DIMS; d++) w->stride_[k][d] = 0;
+  }
+  for (int d = 0; d < LM_MAX_DIMS; d++) w->shape[d] = 1;
+  for (int d = 0; d < r->ndim; d++) {
+    if (r->shape[d] == 1) continue;
+    int m = w->nd;
+    bool merge = m > 0;
+    for (int k = 0; k < narg && merge; k++)
+      merge = w->stride_[k][m - 1] == t[k]->stride_[d] * r->shape[d] * lm_dtype_size(t[k]->dtype_);
+    if (merge) {
+      w->shape[m - 1] *= r->shape[d];
+      for (int k = 0; k < narg; k++)
+        w->stride_[k][m - 1] = t[k]->stride_[d] * lm_dtype_size(t[k]->dtype_);
+    } else {
+      w->shape[m] = r->shape[d];
+      for (int k = 0; k < narg; k++) w->stride_[k][m] = t[k]->stride_[d] * lm_dtype_size(t[k]->dtype_);
+      w->nd++;
+    }
+  }
+  if (w->nd == 0) w->nd = 1; /* a scalar: shape 1, strides 0 */
+}
 
 #ifdef __CUDA_ARCH__
 #define LM_UNROLL _Pragma("unroll")
@@ -215,9 +249,9 @@ int lm_launch(const lm_tensor *const *t, F f, const char *name) {
 #endif
   if (lm_cuda_use(t[0]) < 0) return -1;
   if (n < INT32_MAX)
-    lm_pointwise_kernel<N, uint32_t, F><<<lm_blocks(n), LM_THREADS, 0, LM_STREAM>>>(w, (uint32_t)n, f);
+    LM_LAUNCH(lm_blocks(n), LM_THREADS, 0, lm_pointwise_kernel<N, uint32_t, F>)(w, (uint32_t)n, f);
   else
-    lm_pointwise_kernel<N, int64_t, F><<<lm_blocks(n), LM_THREADS, 0, LM_STREAM>>>(w, n, f);
+    LM_LAUNCH(lm_blocks(n), LM_THREADS, 0, lm_pointwise_kernel<N, int64_t, F>)(w, n, f);
   return lm_cuda_launched(name);
 }
 

@@ -127,7 +127,7 @@ int lm_cuda_swiglu(lm_tensor *out, const lm_tensor *a, const lm_tensor *b) {
   if (lm_cuda_use(out) < 0) return -1;
   return lm_by_float_dtype(out->dtype_, "swiglu kernel", [&](auto z) {
     typedef decltype(z) T;
-    swiglu_kernel<T><<<lm_blocks(n), LM_THREADS, 0, LM_STREAM>>>(
+    LM_LAUNCH(lm_blocks(n), LM_THREADS, 0, swiglu_kernel<T>)(
         (T *)lm_ptr(out), (const T *)lm_ptr(a), (const T *)lm_ptr(b), n);
     return lm_cuda_launched("swiglu");
   });
@@ -142,7 +142,7 @@ int lm_cuda_swiglu_bwd(lm_tensor *da, lm_tensor *db, const lm_tensor *g, const l
   if (lm_cuda_use(g) < 0) return -1;
   return lm_by_float_dtype(g->dtype_, "swiglu_bwd kernel", [&](auto z) {
     typedef decltype(z) T;
-    swiglu_bwd_kernel<T><<<lm_blocks(n), LM_THREADS, 0, LM_STREAM>>>(
+    LM_LAUNCH(lm_blocks(n), LM_THREADS, 0, swiglu_bwd_kernel<T>)(
         da ? (T *)lm_ptr(da) : NULL, db ? (T *)lm_ptr(db) : NULL, (const T *)lm_ptr(g),
         (const T *)lm_ptr(a), (const T *)lm_ptr(b), n);
     return lm_cuda_launched("swiglu_bwd");
@@ -183,7 +183,7 @@ int lm_cuda_softmax_bwd(lm_tensor *gx, const lm_tensor *g, const lm_tensor *y, i
   if (lm_cuda_use(gx) < 0) return -1;
   return lm_by_float_dtype(gx->dtype_, "softmax_bwd kernel", [&](auto z) {
     typedef decltype(z) T;
-    softmax_bwd_kernel<T><<<lm_blocks(rows, 1), lm_row_threads(n), 0, LM_STREAM>>>(
+    LM_LAUNCH(lm_blocks(rows, 1), lm_row_threads(n), 0, softmax_bwd_kernel<T>)(
         (T *)lm_ptr(gx), (const T *)lm_ptr(g), (const T *)lm_ptr(y), rows, n, log);
     return lm_cuda_launched("softmax_bwd");
   });
@@ -298,7 +298,7 @@ int lm_cuda_norm_bwd(lm_tensor *dx, lm_tensor *dw, lm_tensor *db, const lm_tenso
   return lm_by_float_dtype(x->dtype_, "norm_bwd kernel", [&](auto z) {
     typedef decltype(z) T;
     typedef typename lm_acc<T>::type C;
-    norm_dx_kernel<T><<<lm_blocks(rows, 1), lm_row_threads(n), 0, LM_STREAM>>>(a);
+    LM_LAUNCH(lm_blocks(rows, 1), lm_row_threads(n), 0, norm_dx_kernel<T>)(a);
     LM_TRY(lm_cuda_launched("norm_bwd"));
     if (!dw && !db) return 0;
     int64_t chunks = (rows + NORM_CHUNK - 1) / NORM_CHUNK;
@@ -306,8 +306,8 @@ int lm_cuda_norm_bwd(lm_tensor *dx, lm_tensor *dw, lm_tensor *db, const lm_tenso
     C *part = (C *)lm_cuda_alloc((size_t)(2 * chunks * n) * sizeof(C));
     if (!part) return -1;
     dim3 grid((unsigned)((n + 31) / 32), (unsigned)chunks);
-    norm_dwdb_partial<T><<<grid, dim3(32, 8), 0, LM_STREAM>>>(a, part, chunks);
-    norm_dwdb_final<C><<<lm_blocks(n), LM_THREADS, 0, LM_STREAM>>>(
+    LM_LAUNCH(grid, dim3(32, 8), 0, norm_dwdb_partial<T>)(a, part, chunks);
+    LM_LAUNCH(lm_blocks(n), LM_THREADS, 0, norm_dwdb_final<C>)(
         part, chunks, n, dw ? lm_ptr(dw) : NULL, dw ? dw->dtype_ : 0, last_stride(dw),
         db ? lm_ptr(db) : NULL, db ? db->dtype_ : 0, last_stride(db));
     lm_cuda_free(part); /* stream-ordered: the kernels above run first */
@@ -357,7 +357,7 @@ int lm_cuda_rope(lm_tensor *out, const lm_tensor *x, const lm_tensor *cos, const
             sin->stride_[0], sin->stride_[1], T, H, half, sign};
   return lm_by_float_dtype(x->dtype_, "rope kernel", [&](auto z) {
     typedef decltype(z) TT;
-    rope_kernel<TT><<<lm_blocks(pairs), LM_THREADS, 0, LM_STREAM>>>((TT *)lm_ptr(out),
+    LM_LAUNCH(lm_blocks(pairs), LM_THREADS, 0, rope_kernel<TT>)((TT *)lm_ptr(out),
                                                                     (const TT *)lm_ptr(x), r, pairs);
     return lm_cuda_launched("rope");
   });

@@ -169,7 +169,7 @@ int lm_cuda_cross_entropy(lm_tensor *loss, lm_tensor *lse, const lm_tensor *x,
   a.lse = lm_ptr(lse), a.edt = lse->dtype_, a.es = stride1(lse);
   return lm_by_float_dtype(x->dtype_, "cross_entropy kernel", [&](auto z) {
     typedef decltype(z) T;
-    ce_fwd_kernel<T><<<lm_blocks(a.N, 1), lm_row_threads(a.C), 0, LM_STREAM>>>(a);
+    LM_LAUNCH(lm_blocks(a.N, 1), lm_row_threads(a.C), 0, ce_fwd_kernel<T>)(a);
     return lm_cuda_launched("cross_entropy");
   });
 }
@@ -190,7 +190,7 @@ int lm_cuda_cross_entropy_bwd(lm_tensor *dx, const lm_tensor *gloss, const lm_te
   a.gloss = lm_ptr(gloss), a.gdt = gloss->dtype_, a.gs = stride1(gloss);
   return lm_by_float_dtype(x->dtype_, "cross_entropy_bwd kernel", [&](auto z) {
     typedef decltype(z) T;
-    ce_bwd_kernel<T><<<lm_blocks(a.N, 1), lm_row_threads(a.C), 0, LM_STREAM>>>(a);
+    LM_LAUNCH(lm_blocks(a.N, 1), lm_row_threads(a.C), 0, ce_bwd_kernel<T>)(a);
     return lm_cuda_launched("cross_entropy_bwd");
   });
 }

@@ -26,6 +26,15 @@
 template <typename T> struct lm_tile_pad { static const int value = 16 / (int)sizeof(T); };
 
 /* ---- 16-bit operands: the tensor cores ---- */
+#ifdef LOOM_CUDA_EMULATE /* kernels/emu/: the instruction as the PTX ISA defines it */
+__device__ __forceinline__ void lm_mma(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
+                                       __nv_bfloat16) {
+  lm_emu_mma(c, a, b, false);
+}
+__device__ __forceinline__ void lm_mma(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], __half) {
+  lm_emu_mma(c, a, b, true);
+}
+#else
 __device__ __forceinline__ void lm_mma(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
                                        __nv_bfloat16) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
@@ -40,6 +49,7 @@ __device__ __forceinline__ void lm_mma(float (&c)[4], const uint32_t (&a)[4], co
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
+#endif
 
 /* two adjacent 16-bit elements as one register (the first in the low half) */
 template <typename T> __device__ __forceinline__ uint32_t lm_ld2(const T *p) {
