@@ -2,13 +2,16 @@
  * run through their slot functions on the CPU under emu.h, against plain
  * f64 references written from the formulas of core/backend.h. Outputs are
  * poisoned with NaN first, so an element left unwritten fails the check.
+ * The caching allocator (alloc.cu) runs over a pretend 64 MiB device.
  * Ends with "test_cuda_emu: N passed, N failed". */
 #include "emu.h"
 #include "../fused.cu"
 #include "../loss.cu"
 #include "../attention.cu"
 #include "../attention_bwd.cu"
+#include "../alloc.cu"
 #include <stdarg.h>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -36,8 +39,35 @@ extern "C" int lm_is_contiguous(const lm_tensor *t) {
 }
 int lm_cuda_use(const lm_tensor *) { return 0; }
 int lm_cuda_launched(const char *) { return 0; }
-void *lm_cuda_alloc(size_t n) { return malloc(n ? n : 1); }
-void lm_cuda_free(void *p) { free(p); }
+int lm_cuda_current_device(void) { return 0; }
+
+/* a device of 64 MiB for the allocator (alloc.cu) to ask */
+static const size_t DEVICE_BYTES = 64 << 20;
+static std::map<void *, size_t> device_blocks;
+static size_t device_used;
+static cudaError_t sticky = cudaSuccess;
+extern "C" cudaError_t cudaMalloc(void **p, size_t n) {
+  if (device_used + n > DEVICE_BYTES) return sticky = cudaErrorMemoryAllocation;
+  *p = malloc(n);
+  device_blocks[*p] = n, device_used += n;
+  return cudaSuccess;
+}
+extern "C" cudaError_t cudaFree(void *p) {
+  device_used -= device_blocks[p];
+  device_blocks.erase(p);
+  free(p);
+  return cudaSuccess;
+}
+extern "C" cudaError_t cudaMemGetInfo(size_t *fr, size_t *total) {
+  *fr = DEVICE_BYTES - device_used, *total = DEVICE_BYTES;
+  return cudaSuccess;
+}
+extern "C" cudaError_t cudaGetLastError(void) {
+  cudaError_t e = sticky;
+  sticky = cudaSuccess;
+  return e;
+}
+extern "C" const char *cudaGetErrorString(cudaError_t e) { return e ? "out of memory" : "no error"; }
 int lm_cuda_fill(lm_tensor *t, double v) {
   for (int64_t i = 0; i < t->numel_; i++) lm_dev_store(lm_ptr(t) + i * lm_dtype_size(t->dtype_), t->dtype_, v);
   return 0;
@@ -92,6 +122,10 @@ static void check(const char *what, const Ten &got, const std::vector<double> &r
   bool ok = err <= tol && (int64_t)ref.size() == got.n();
   ok ? passed++ : failed++;
   printf("%s %-58s rel err %.3g (tol %.0e)\n", ok ? "ok  " : "FAIL", what, err, tol);
+}
+static void expect(const char *what, bool ok, const char *detail = "") {
+  ok ? passed++ : failed++;
+  printf("%s %-58s %s\n", ok ? "ok  " : "FAIL", what, detail);
 }
 static void expect_rc(const char *what, int rc, int want) {
   bool ok = rc == want;
@@ -366,7 +400,53 @@ static void unary_grad_cases(int dtype) {
   }
 }
 
+/* ---- the caching allocator ---- */
+static void allocator_cases() {
+  const size_t K = 1024, M = K * K;
+  size_t in[] = {1, 512, 513, M - 1, M, M + 1, 3 * M, 3 * M + 1, 5 * M};
+  size_t out[] = {512, 512, 1024, M, M, M + M / 4, 3 * M, 3 * M + M / 2, 5 * M};
+  bool ok = true;
+  for (int i = 0; i < 9; i++) ok = ok && lm_cuda_round_size(in[i]) == out[i];
+  expect("allocator: size classes (512 B steps, 4 per power of two above 1 MiB)", ok);
+
+  int64_t st[LM_NMEM_STATS];
+  lm_cuda_memory_stats(0, st);
+  int64_t drivers0 = st[LM_MEM_DRIVER_ALLOCS];
+  size_t sizes[] = {100, 4000, 70000, 3 * M + 5, 100, 2 * M};
+  for (int step = 0; step < 3; step++) { /* a "training step": the same requests each time */
+    void *p[6];
+    for (int i = 0; i < 6; i++) p[i] = lm_cuda_alloc(sizes[i]);
+    for (int i = 0; i < 6; i++) lm_cuda_free(p[i]);
+  }
+  lm_cuda_memory_stats(0, st);
+  char d[128];
+  snprintf(d, sizeof d, "%lld driver allocations", (long long)(st[LM_MEM_DRIVER_ALLOCS] - drivers0));
+  expect("allocator: later steps reuse the first step's blocks", st[LM_MEM_DRIVER_ALLOCS] - drivers0 == 6, d);
+  expect("allocator: nothing allocated after the frees, all reserved",
+         st[LM_MEM_ALLOCATED] == 0 && st[LM_MEM_RESERVED] >= (int64_t)(5 * M) && st[LM_MEM_PEAK] >= (int64_t)(5 * M));
+
+  /* out of memory: the cache goes back to the driver and the request is retried */
+  lm_cuda_free(lm_cuda_alloc(16 * M)); /* cached: 16 MiB and the step's blocks */
+  void *big = lm_cuda_alloc(48 * M);    /* more than is left beside the cache */
+  lm_cuda_memory_stats(0, st);
+  expect("allocator: a request that fits once the cache is emptied succeeds",
+         big != NULL && st[LM_MEM_RESERVED] == (int64_t)(48 * M));
+  void *huge = lm_cuda_alloc(100 * M);
+  expect("allocator: out of memory returns NULL naming requested and free bytes",
+         huge == NULL && strstr(last_error, "out of memory") && strstr(last_error, "104857600 requested") &&
+             strstr(last_error, "16777216 bytes free of 67108864"),
+         last_error);
+  lm_cuda_free(big);
+  void *again = lm_cuda_alloc(48 * M);
+  expect("allocator: usable after running out (the freed block comes back)", again == big);
+  lm_cuda_free(again);
+  lm_cuda_empty_cache(0);
+  lm_cuda_memory_stats(0, st);
+  expect("allocator: empty_cache hands every block back", st[LM_MEM_RESERVED] == 0 && device_used == 0);
+}
+
 int main() {
+  allocator_cases();
   unary_grad_cases(LM_F32);
   unary_grad_cases(LM_F64);
   for (int dt : {LM_F32, LM_F64, LM_BF16}) swiglu_case(dt);
