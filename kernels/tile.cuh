@@ -12,8 +12,9 @@
  *
  * Every operand is in shared memory, rows contiguous ("k" along a row for A
  * and for B given transposed): mma_nt reads B as Bt (8*NJ x KD), mma_nn as B
- * (KD x 8*NJ). Row pitches are a multiple of 16 bytes plus 16 (LM_TILE_PAD),
- * so the fragment loads below hit 32 different banks. */
+ * (KD x 8*NJ). 16-bit fragments load with ldmatrix (transposing for mma_nn).
+ * Row pitches are a multiple of 16 bytes plus 16 (lm_tile_pad), so the
+ * eight rows an ldmatrix phase reads fall on 32 different banks. */
 #ifndef LOOM_CUDA_TILE_CUH
 #define LOOM_CUDA_TILE_CUH
 #include "common.cuh"
@@ -51,52 +52,79 @@ __device__ __forceinline__ void lm_mma(float (&c)[4], const uint32_t (&a)[4], co
 }
 #endif
 
-/* two adjacent 16-bit elements as one register (the first in the low half) */
-template <typename T> __device__ __forceinline__ uint32_t lm_ld2(const T *p) {
-  return *(const uint32_t *)p;
-}
-/* two 16-bit elements from separate places, p0 in the low half */
-template <typename T> __device__ __forceinline__ uint32_t lm_pack2(const T *p0, const T *p1) {
-  return (uint32_t) * (const uint16_t *)p0 | ((uint32_t) * (const uint16_t *)p1 << 16);
+/* ldmatrix: four 8x8 tiles of 16-bit elements from shared memory; lane l
+ * gives the address of row l % 8 of tile l / 8 (16-byte aligned). Register
+ * i of lane 4g + t gets tile i's (row g, columns 2t, 2t+1), or with TRANS
+ * its (rows 2t, 2t+1, column g), the first in the low half. */
+template <bool TRANS> __device__ __forceinline__ void lm_ldmatrix_x4(uint32_t (&r)[4], const void *row) {
+#ifdef LOOM_CUDA_EMULATE
+  lm_emu_ldmatrix(r, row, TRANS);
+#else
+  uint32_t s = (uint32_t)__cvta_generic_to_shared(row);
+  if (TRANS)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+#endif
 }
 
-/* The A fragment of rows 0..15, columns k0..k0+15 of a row-major tile:
- * registers (row g, cols 2t..), (row g+8, cols 2t..), (row g, cols 2t+8..),
- * (row g+8, cols 2t+8..). */
-template <typename T>
-__device__ __forceinline__ void lm_frag_a(uint32_t (&a)[4], const T *A, int lda, int k0, int g, int t) {
-  const T *p = A + g * lda + k0 + 2 * t;
-  a[0] = lm_ld2(p), a[1] = lm_ld2(p + 8 * lda), a[2] = lm_ld2(p + 8), a[3] = lm_ld2(p + 8 * lda + 8);
+/* The A fragment of rows 0..15, columns k0..k0+15 of a row-major tile: lane
+ * l points at row l % 16, column k0 + 8 (l / 16), so the four tiles are
+ * (rows 0-7, k0), (rows 8-15, k0), (rows 0-7, k0+8), (rows 8-15, k0+8): the
+ * registers (row g, cols 2t..), (row g+8, ..), (row g, cols 2t+8..), (row g+8, ..). */
+template <typename T> __device__ __forceinline__ void lm_frag_a(uint32_t (&a)[4], const T *A, int lda, int k0) {
+  int lane = threadIdx.x & 31;
+  lm_ldmatrix_x4<false>(a, A + (lane & 15) * lda + k0 + (lane >> 4) * 8);
+}
+
+/* B fragments of n-tiles j and j + 1 (b[0], b[1] each: k = 2t.. and
+ * 2t+8.., column g), from Bt (n x k, row-major): tiles (n 8j.., k0),
+ * (n 8j.., k0+8), (n 8j+8.., k0), (n 8j+8.., k0+8) */
+template <typename T> __device__ __forceinline__ void lm_frag_bt2(uint32_t (&b)[4], const T *Bt, int ldb, int j, int k0) {
+  int lane = threadIdx.x & 31, m = lane >> 3, r = lane & 7;
+  lm_ldmatrix_x4<false>(b, Bt + (8 * j + r + (m >> 1) * 8) * ldb + k0 + (m & 1) * 8);
+}
+/* the same from B (k x n, row-major), transposed on the way: tiles
+ * (k0.., n 8j), (k0+8.., n 8j), (k0.., n 8j+8), (k0+8.., n 8j+8) */
+template <typename T> __device__ __forceinline__ void lm_frag_b2(uint32_t (&b)[4], const T *B, int ldb, int j, int k0) {
+  int lane = threadIdx.x & 31, m = lane >> 3, r = lane & 7;
+  lm_ldmatrix_x4<true>(b, B + (k0 + r + (m & 1) * 8) * ldb + 8 * j + (m >> 1) * 8);
 }
 
 template <typename T, int KD, int NJ>
 __device__ __forceinline__ void lm_mma_nt(float (&acc)[NJ][4], const T *A, int lda, const T *Bt, int ldb) {
-  int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  static_assert(NJ % 2 == 0 && KD % 16 == 0, "n-tiles in pairs, k in steps of 16");
 #pragma unroll
   for (int k0 = 0; k0 < KD; k0 += 16) {
     uint32_t a[4];
-    lm_frag_a(a, A, lda, k0, g, t);
+    lm_frag_a(a, A, lda, k0);
 #pragma unroll
-    for (int j = 0; j < NJ; j++) { /* B fragment: (k 2t.., col g), (k 2t+8.., col g) */
-      const T *p = Bt + (8 * j + g) * ldb + k0 + 2 * t;
-      uint32_t b[2] = {lm_ld2(p), lm_ld2(p + 8)};
-      lm_mma(acc[j], a, b, T());
+    for (int j = 0; j < NJ; j += 2) {
+      uint32_t b[4];
+      lm_frag_bt2(b, Bt, ldb, j, k0);
+      uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+      lm_mma(acc[j], a, b0, T());
+      lm_mma(acc[j + 1], a, b1, T());
     }
   }
 }
 
 template <typename T, int KD, int NJ>
 __device__ __forceinline__ void lm_mma_nn(float (&acc)[NJ][4], const T *A, int lda, const T *B, int ldb) {
-  int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  static_assert(NJ % 2 == 0 && KD % 16 == 0, "n-tiles in pairs, k in steps of 16");
 #pragma unroll
   for (int k0 = 0; k0 < KD; k0 += 16) {
     uint32_t a[4];
-    lm_frag_a(a, A, lda, k0, g, t);
+    lm_frag_a(a, A, lda, k0);
 #pragma unroll
-    for (int j = 0; j < NJ; j++) { /* B[k][n] at k = k0 + 2t (+1, +8, +9), n = 8j + g */
-      const T *p = B + (k0 + 2 * t) * ldb + 8 * j + g;
-      uint32_t b[2] = {lm_pack2(p, p + ldb), lm_pack2(p + 8 * ldb, p + 9 * ldb)};
-      lm_mma(acc[j], a, b, T());
+    for (int j = 0; j < NJ; j += 2) {
+      uint32_t b[4];
+      lm_frag_b2(b, B, ldb, j, k0);
+      uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+      lm_mma(acc[j], a, b0, T());
+      lm_mma(acc[j + 1], a, b1, T());
     }
   }
 }

@@ -5,8 +5,8 @@
  * (__syncthreads, __syncwarp, a shuffle, an mma), and a barrier opens when
  * every thread it waits for has arrived. Threads run in a shuffled order
  * (seeded), so a read that a barrier does not order after its write shows.
- * mma.m16n8k16 is computed from its operands laid out as the PTX ISA
- * defines the fragments, independently of tile.cuh's loads.
+ * mma.m16n8k16 and ldmatrix follow the PTX ISA's definitions of their
+ * fragments, independently of how tile.cuh uses them.
  *
  * What it checks: the kernels' index arithmetic, masks, loops, barriers
  * between phases, and the host code around them. What it cannot: the
@@ -48,6 +48,7 @@ static unsigned long seed = 1;
 static unsigned char dynamic_smem[256 << 10] __attribute__((aligned(16)));
 static uint64_t exchange[1024];     /* a shuffle's values, by thread */
 static uint32_t mma_a[1024][4], mma_b[1024][2];
+static const void *ldm_row[1024];    /* an ldmatrix's row addresses, by thread */
 static long barriers;                /* opened, for the report */
 } // namespace lm_emu
 
@@ -115,6 +116,29 @@ static inline void lm_emu_mma(float (&c)[4], const uint32_t (&a)[4], const uint3
     for (int k = 0; k < 16; k++) s += (double)A[row][k] * B[k][col];
     c[e] = (float)s;
   }
+}
+
+/* ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lane l gives the
+ * address of row l % 8 of tile l / 8 (16-byte aligned); register i of lane
+ * 4g + t gets tile i's (row g, cols 2t, 2t+1), or transposed its (rows 2t,
+ * 2t+1, col g); the first element in the low half. */
+static inline void lm_emu_ldmatrix(uint32_t (&r)[4], const void *row, bool trans) {
+  int me = lm_emu_linear(), base = me & ~31, g = (me & 31) >> 2, t = me & 3;
+  if ((uintptr_t)row & 15) { fprintf(stderr, "emu: ldmatrix row address %p not 16-byte aligned\n", row); abort(); }
+  lm_emu::ldm_row[me] = row;
+  __syncwarp();
+  for (int i = 0; i < 4; i++) {
+    uint16_t lo, hi;
+    if (!trans) {
+      const uint16_t *p = (const uint16_t *)lm_emu::ldm_row[base + 8 * i + g];
+      lo = p[2 * t], hi = p[2 * t + 1];
+    } else {
+      lo = ((const uint16_t *)lm_emu::ldm_row[base + 8 * i + 2 * t])[g];
+      hi = ((const uint16_t *)lm_emu::ldm_row[base + 8 * i + 2 * t + 1])[g];
+    }
+    r[i] = (uint32_t)lo | (uint32_t)hi << 16;
+  }
+  __syncwarp();
 }
 
 namespace lm_emu {
