@@ -64,6 +64,8 @@ enum lm_reduce { LM_SUM, LM_MAX, LM_MIN, LM_ARGMAX, LM_ARGMIN, LM_NREDUCE };
 /* ---- the table of a device's kernels ----
  * Every slot but name, alloc, free, copy and fill may be NULL: an op whose
  * kernel is missing fails with an error naming the slot and device. */
+#define LM_UNSUPPORTED (-2)
+
 typedef struct lm_backend {
   const char *name;
   /* makes device `index` of this kind current; NULL for one-device kinds */
@@ -115,8 +117,11 @@ typedef struct lm_backend {
 
   /* ---- fused kernels: one pass where composed ops take several. An op
    * whose fused slot is NULL runs its composed form (ops/fused*.c); specs
-   * compare the two. Float tensors are f32 or f64 unless said otherwise;
-   * "rows" are contiguous (rows, n) views. ---- */
+   * compare the two. A fused kernel given arguments it does not cover (a
+   * head dim, an alignment) returns LM_UNSUPPORTED with an error starting
+   * "unsupported:"; the op then runs the composed form. Float tensors are
+   * f32 or f64 unless said otherwise; "rows" are contiguous (rows, n)
+   * views. ---- */
   /* gx = g * f'(x) for a unary kind, y = f(x) given too (derivatives of
    * exp, tanh, sigmoid, sqrt read it); all of gx's shape and dtype */
   int (*unary_grad)(int kind, lm_tensor *gx, const lm_tensor *g, const lm_tensor *x,

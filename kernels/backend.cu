@@ -1,6 +1,6 @@
 /* backend.cu: the CUDA backend: device discovery and selection, the
- * stream-ordered allocator, the helpers the kernel files share (errors, the
- * strided walk's setup), and the table registered for CUDA devices. */
+ * helpers the kernel files share (errors, the strided walk's setup), and
+ * the table registered for CUDA devices (the allocator is alloc.cu). */
 #include "common.cuh"
 #include "kernels.cuh"
 #include <stdio.h>
@@ -20,7 +20,7 @@ int lm_cuda_launched(const char *kernel) {
 #define MAX_DEVICES 64
 static int device_count = -1;              /* -1: not asked yet */
 static char no_device_reason[256];
-static bool pool_ready[MAX_DEVICES], use_pool[MAX_DEVICES];
+static bool ready[MAX_DEVICES];            /* made current once */
 
 static int devices(void) {
   if (device_count < 0) {
@@ -41,24 +41,11 @@ static int devices(void) {
   return device_count;
 }
 
-
 static int set_device(int k) {
   int cur = -1;
   if (cudaGetDevice(&cur) != cudaSuccess) cur = -1;
   if (cur != k) LM_CUDA_TRY(cudaSetDevice(k));
-  if (!pool_ready[k]) { /* keep freed blocks cached: no sync per free */
-    int pools = 0;
-    cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, k);
-    use_pool[k] = pools != 0;
-    if (use_pool[k]) {
-      cudaMemPool_t pool;
-      uint64_t keep = UINT64_MAX;
-      if (cudaDeviceGetDefaultMemPool(&pool, k) == cudaSuccess)
-        cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
-    }
-    cudaGetLastError();
-    pool_ready[k] = true;
-  }
+  ready[k] = true;
   return 0;
 }
 
@@ -76,66 +63,40 @@ int lm_cuda_use(const lm_tensor *t) {
   if (k < 0) return 0;
 #endif
   if (k < 0) return lm_error("cuda: tensor is on the CPU, expected a CUDA tensor");
-  if (k >= MAX_DEVICES || !pool_ready[k]) return cuda_select(k);
+  if (k >= MAX_DEVICES || !ready[k]) return cuda_select(k);
   int cur = -1;
   if (cudaGetDevice(&cur) == cudaSuccess && cur == k) return 0;
   LM_CUDA_TRY(cudaSetDevice(k));
   return 0;
 }
 
-/* ---- memory: on the current device (lm_backend_of selected it) ---- */
-static int current_device(void) {
+/* the current device's index (lm_backend_of selected it), or -1 */
+int lm_cuda_current_device(void) {
   int k = 0;
-  if (cudaGetDevice(&k) != cudaSuccess) k = 0;
-  return k < 0 || k >= MAX_DEVICES ? 0 : k;
-}
-
-void *lm_cuda_alloc(size_t n) {
-  int k = current_device();
-  if (!pool_ready[k] && set_device(k) < 0) return NULL;
-  void *p = NULL;
-  cudaError_t e = use_pool[k] ? cudaMallocAsync(&p, n, LM_STREAM) : cudaMalloc(&p, n);
-  if (e != cudaSuccess) {
+  if (cudaGetDevice(&k) != cudaSuccess) {
     cudaGetLastError();
-    lm_error("cuda:%d: cannot allocate %zu bytes (%s)", k, n, cudaGetErrorString(e));
-    return NULL;
+    return devices() == 0 ? -1 : lm_error("cuda: no current device");
   }
-  return p;
+  if (k < 0 || k >= MAX_DEVICES) return lm_error("cuda:%d: beyond the %d devices loom keeps", k, MAX_DEVICES);
+  return ready[k] || cuda_select(k) == 0 ? k : -1;
 }
 
-void lm_cuda_free(void *p) {
-  if (!p) return;
-  int k = current_device();
-  cudaError_t e = use_pool[k] ? cudaFreeAsync(p, LM_STREAM) : cudaFree(p);
-  if (e != cudaSuccess) cudaGetLastError(); /* free cannot fail upward */
-}
-
-/* ---- the walk: coalesces like core/cpu/iter.c ---- */
-void lm_walk_init(lm_walk *w, int narg, const lm_tensor *const *t) {
-  const lm_tensor *r = t[0];
-  w->nd = 0;
-  for (int k = 0; k < LM_MAXARG; k++) {
-    w->base[k] = k < narg ? lm_ptr(t[k]) : NULL;
-    for (int d = 0; d < LM_MAX_DIMS; d++) w->stride_[k][d] = 0;
+/* the table's info: runtime, driver and each device, for lm_build_info.
+ * Asks the driver only; a machine without a GPU answers why. */
+static const char *cuda_info(void) {
+  static char buf[1024];
+  int rt = 0, drv = 0, n = devices();
+  cudaRuntimeGetVersion(&rt), cudaDriverGetVersion(&drv);
+  int w = snprintf(buf, sizeof buf, "runtime %d.%d, driver %d.%d, %d device(s)", rt / 1000, rt % 1000 / 10,
+                   drv / 1000, drv % 1000 / 10, n);
+  if (n == 0) lm_clear_error(), w += snprintf(buf + w, sizeof buf - w, " (%s)", no_device_reason);
+  for (int k = 0; k < n && w < (int)sizeof buf; k++) {
+    cudaDeviceProp p;
+    if (cudaGetDeviceProperties(&p, k) != cudaSuccess) { cudaGetLastError(); continue; }
+    w += snprintf(buf + w, sizeof buf - w, "; cuda:%d %s sm_%d%d %.1f GiB", k, p.name, p.major, p.minor,
+                  p.totalGlobalMem / 1073741824.0);
   }
-  for (int d = 0; d < LM_MAX_DIMS; d++) w->shape[d] = 1;
-  for (int d = 0; d < r->ndim; d++) {
-    if (r->shape_[d] == 1) continue;
-    int m = w->nd;
-    bool merge = m > 0;
-    for (int k = 0; k < narg && merge; k++)
-      merge = w->stride_[k][m - 1] == t[k]->stride_[d] * r->shape_[d] * lm_dtype_size(t[k]->dtype_);
-    if (merge) {
-      w->shape[m - 1] *= r->shape_[d];
-      for (int k = 0; k < narg; k++)
-        w->stride_[k][m - 1] = t[k]->stride_[d] * lm_dtype_size(t[k]->dtype_);
-    } else {
-      w->shape[m] = r->shape_[d];
-      for (int k = 0; k < narg; k++) w->stride_[k][m] = t[k]->stride_[d] * lm_dtype_size(t[k]->dtype_);
-      w->nd++;
-    }
-  }
-  if (w->nd == 0) w->nd = 1; /* a scalar: shape 1, strides 0 */
+  return buf;
 }
 
 /* ---- the table, filled by slot name; registered when libloom loads ---- */
@@ -158,5 +119,17 @@ __attribute__((constructor)) static void register_cuda(void) {
   b.embedding = lm_cuda_embedding;
   b.index_add = lm_cuda_index_add;
   b.adamw = lm_cuda_adamw;
+  b.memory_stats = lm_cuda_memory_stats;
+  b.info = cuda_info;
+  b.unary_grad = lm_cuda_unary_grad;
+  b.swiglu = lm_cuda_swiglu;
+  b.swiglu_bwd = lm_cuda_swiglu_bwd;
+  b.softmax_bwd = lm_cuda_softmax_bwd;
+  b.norm_bwd = lm_cuda_norm_bwd;
+  b.rope = lm_cuda_rope;
+  b.attention = lm_cuda_attention;
+  b.attention_bwd = lm_cuda_attention_bwd;
+  b.cross_entropy = lm_cuda_cross_entropy;
+  b.cross_entropy_bwd = lm_cuda_cross_entropy_bwd;
   lm_register_backend(LM_KIND_CUDA, &b);
 }

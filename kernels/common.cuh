@@ -5,6 +5,7 @@
 #define LOOM_CUDA_COMMON_CUH
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
+#include <cuda_bf16.h>
 #include <stdint.h>
 #include <string.h>
 #include "kernels.cuh"
@@ -12,6 +13,14 @@
 /* Every kernel runs on the legacy default stream of the current device. */
 #define LM_STREAM ((cudaStream_t)0)
 #define LM_THREADS 256
+
+/* A launch, written LM_LAUNCH(grid, block, smem, kernel)(args) (the kernel
+ * last: its template arguments may hold commas), and a kernel's dynamic
+ * shared memory. kernels/emu/ defines both to run kernels on the CPU. */
+#ifndef LOOM_CUDA_EMULATE
+#define LM_LAUNCH(grid, block, smem, ...) __VA_ARGS__<<<(grid), (block), (smem), LM_STREAM>>>
+#define LM_DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
+#endif
 
 /* ---- errors ---- */
 /* Leaves "cuda: what: reason", clears CUDA's last error, returns -1. */
@@ -114,6 +123,44 @@ template <typename T> __host__ __device__ inline T lm_dev_load_as(const char *p,
   return (T)lm_dev_load(p, d);
 }
 
+/* ---- float storage types and their compute types ----
+ * The fused kernels are templates over the storage type T (float, double,
+ * __nv_bfloat16, __half); they compute in lm_acc<T>::type: double for f64,
+ * float for the rest (bf16/f16 are storage formats, as everywhere). */
+template <typename T> struct lm_acc { typedef float type; };
+template <> struct lm_acc<double> { typedef double type; };
+__device__ __forceinline__ float lm_to_acc(float v) { return v; }
+__device__ __forceinline__ double lm_to_acc(double v) { return v; }
+__device__ __forceinline__ float lm_to_acc(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float lm_to_acc(__half v) { return __half2float(v); }
+template <typename T> __device__ __forceinline__ T lm_from_acc(typename lm_acc<T>::type v) { return (T)v; }
+template <> __device__ __forceinline__ __nv_bfloat16 lm_from_acc<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <> __device__ __forceinline__ __half lm_from_acc<__half>(float v) { return __float2half_rn(v); }
+
+/* An element of run-time dtype d in compute type C (float or double). */
+template <typename C> __device__ __forceinline__ C lm_ld(const char *p, int d) {
+  return d == LM_F64 ? (C) * (const double *)p : (C)lm_dev_loadf(p, d);
+}
+template <> __device__ __forceinline__ double lm_ld<double>(const char *p, int d) { return lm_dev_load(p, d); }
+template <typename C> __device__ __forceinline__ void lm_st(char *p, int d, C v) {
+  if (d == LM_F64) *(double *)p = (double)v;
+  else lm_dev_storef(p, d, (float)v);
+}
+
+/* f(T()) for the storage type of a float dtype; an error naming `what`
+ * for any other dtype. */
+template <typename F> int lm_by_float_dtype(int dtype, const char *what, F f) {
+  switch (dtype) {
+  case LM_F32: return f(float());
+  case LM_F64: return f(double());
+  case LM_BF16: return f(__nv_bfloat16());
+  case LM_F16: return f(__half());
+  default: return lm_error("%s: no CUDA kernel for dtype %s", what, lm_dtype_name(dtype));
+  }
+}
+
 /* ---- strided walk ---- */
 #define LM_MAXARG 4
 /* Dims coalesced as in core/cpu/iter.c; strides in bytes. Passed by value. */
@@ -123,7 +170,33 @@ struct lm_walk {
   int64_t stride_[LM_MAXARG][LM_MAX_DIMS];
   char *base[LM_MAXARG];
 };
-void lm_walk_init(lm_walk *w, int narg, const lm_tensor *const *t);
+/* coalesces like core/cpu/iter.c */
+static inline void lm_walk_init(lm_walk *w, int narg, const lm_tensor *const *t) {
+  const lm_tensor *r = t[0];
+  w->nd = 0;
+  for (int k = 0; k < LM_MAXARG; k++) {
+    w->base[k] = k < narg ? lm_ptr(t[k]) : NULL;
+    for (int d = 0; d < LM_MAX_DIMS; d++) w->stride_[k][d] = 0;
+  }
+  for (int d = 0; d < LM_MAX_DIMS; d++) w->shape[d] = 1;
+  for (int d = 0; d < r->ndim; d++) {
+    if (r->shape_[d] == 1) continue;
+    int m = w->nd;
+    bool merge = m > 0;
+    for (int k = 0; k < narg && merge; k++)
+      merge = w->stride_[k][m - 1] == t[k]->stride_[d] * r->shape_[d] * lm_dtype_size(t[k]->dtype_);
+    if (merge) {
+      w->shape[m - 1] *= r->shape_[d];
+      for (int k = 0; k < narg; k++)
+        w->stride_[k][m - 1] = t[k]->stride_[d] * lm_dtype_size(t[k]->dtype_);
+    } else {
+      w->shape[m] = r->shape_[d];
+      for (int k = 0; k < narg; k++) w->stride_[k][m] = t[k]->stride_[d] * lm_dtype_size(t[k]->dtype_);
+      w->nd++;
+    }
+  }
+  if (w->nd == 0) w->nd = 1; /* a scalar: shape 1, strides 0 */
+}
 
 #ifdef __CUDA_ARCH__
 #define LM_UNROLL _Pragma("unroll")
@@ -176,9 +249,9 @@ int lm_launch(const lm_tensor *const *t, F f, const char *name) {
 #endif
   if (lm_cuda_use(t[0]) < 0) return -1;
   if (n < INT32_MAX)
-    lm_pointwise_kernel<N, uint32_t, F><<<lm_blocks(n), LM_THREADS, 0, LM_STREAM>>>(w, (uint32_t)n, f);
+    LM_LAUNCH(lm_blocks(n), LM_THREADS, 0, lm_pointwise_kernel<N, uint32_t, F>)(w, (uint32_t)n, f);
   else
-    lm_pointwise_kernel<N, int64_t, F><<<lm_blocks(n), LM_THREADS, 0, LM_STREAM>>>(w, n, f);
+    LM_LAUNCH(lm_blocks(n), LM_THREADS, 0, lm_pointwise_kernel<N, int64_t, F>)(w, n, f);
   return lm_cuda_launched(name);
 }
 

@@ -71,13 +71,16 @@ static int host_to_device(lm_tensor *dst, const lm_tensor *src) {
     if (lm_copy_(&h, src) < 0) { free(host); return -1; }
     hp = (const char *)host;
   }
+  /* Async from pageable memory (loom's CPU tensors are not pinned): the
+   * call returns once the bytes are staged, without waiting for the GPU's
+   * queued work, as cudaMemcpy would; host may be freed right after. */
   if (lm_cuda_use(dst) < 0) rc = -1;
   else if (dst->dtype_ == src->dtype_ && lm_is_contiguous(dst)) {
-    cudaError_t e = cudaMemcpy(lm_ptr(dst), hp, n, cudaMemcpyHostToDevice);
+    cudaError_t e = cudaMemcpyAsync(lm_ptr(dst), hp, n, cudaMemcpyHostToDevice, LM_STREAM);
     if (e != cudaSuccess) rc = lm_cuda_fail("copy to the GPU", e);
   } else if (!(dev = scratch(n))) rc = -1;
   else {
-    cudaError_t e = cudaMemcpy(dev, hp, n, cudaMemcpyHostToDevice);
+    cudaError_t e = cudaMemcpyAsync(dev, hp, n, cudaMemcpyHostToDevice, LM_STREAM);
     if (e != cudaSuccess) rc = lm_cuda_fail("copy to the GPU", e);
     lm_tensor d = dense(&ds, dev, src, src->dtype_, dst->device_);
     if (rc == 0) rc = device_copy(dst, &d);
@@ -104,6 +107,7 @@ static int device_to_host(lm_tensor *dst, const lm_tensor *src) {
     char *hp = direct ? lm_ptr(dst) : (char *)(host = malloc(n));
     if (!hp) rc = lm_error("copy: out of memory staging %zu bytes", n);
     else {
+      /* the caller wants the values now: this waits for the GPU */
       cudaError_t e = cudaMemcpy(hp, dp, n, cudaMemcpyDeviceToHost);
       if (e != cudaSuccess) rc = lm_cuda_fail("copy from the GPU", e);
     }

@@ -1,49 +1,23 @@
--- cuda_spec.lua: every CUDA kernel against the same op on the CPU; skips,
--- saying why, when there is no GPU.
+-- cuda_spec.lua: the CUDA backend against the same ops on the CPU (the
+-- ground truth): copies, random numbers, pointwise, reductions, GEMM (f32,
+-- TF32, bf16, strided and broadcast batches), row kernels, backward, and
+-- the caching allocator. Skips, saying why, when there is no GPU.
+-- Tolerances are |cuda - cpu| / |cpu| over a result (support/cuda.lua).
 local loom = require "loom"
+local ffi = require "ffi"
+local G = require "support.cuda"
 local F = loom.F
 
-local ok, why = loom.device_available("cuda")
+if G.skip(describe, it, "cuda") then return end
 
-if not ok then
-  print("no GPU: skipping CUDA specs (" .. tostring(why) .. ")")
-  describe("cuda", function()
-    it("is skipped because cudaGetDeviceCount found no device", function()
-      -- a CPU-only build says instead that it has no kernels for the device
-      local reason = tostring(why)
-      assert.is_truthy(reason:find("cudaGetDeviceCount found no device", 1, true)
-                       or reason:find("no kernels for it", 1, true), reason)
-    end)
-  end)
-  return
-end
+local C = loom.C
 
-local function flat(t, out)
-  out = out or {}
-  if type(t) ~= "table" then out[#out + 1] = t return out end
-  for _, v in ipairs(t) do flat(v, out) end
-  return out
-end
-
--- a (CPU) and b (CUDA) agree elementwise within tol (relative)
-local function same(a, b, tol)
-  assert.is_truthy(tostring(b.device):find("^cuda"), "expected a CUDA result")
-  local x, y = flat(a:totable()), flat(b:to("cpu"):totable())
-  assert.are.equal(#x, #y)
-  for i = 1, #x do
-    local u, v = tonumber(x[i]) or (x[i] and 1 or 0), tonumber(y[i]) or (y[i] and 1 or 0)
-    if u == u or v == v then -- both NaN is a match
-      assert(math.abs(u - v) <= (tol or 0) * (1 + math.abs(u)),
-             ("element %d: cpu %.9g, cuda %.9g"):format(i, u, v))
-    end
-  end
-end
-
--- runs fn on CPU inputs and on their CUDA copies, and compares
-local function check(tol, fn, ...)
-  local cpu, gpu = {...}, {}
-  for i, t in ipairs(cpu) do gpu[i] = t:to("cuda") end
-  same(fn(unpack(cpu)), fn(unpack(gpu)), tol)
+-- the allocator's counters of cuda:0
+local function mem()
+  local s = ffi.new("int64_t[4]")
+  assert(C.lm_device_memory_stats(C.LM_CUDA0, s) == 0, ffi.string(C.lm_last_error()))
+  return { allocated = tonumber(s[C.LM_MEM_ALLOCATED]), peak = tonumber(s[C.LM_MEM_PEAK]),
+           reserved = tonumber(s[C.LM_MEM_RESERVED]), driver = tonumber(s[C.LM_MEM_DRIVER_ALLOCS]) }
 end
 
 describe("cuda", function()
@@ -55,57 +29,78 @@ describe("cuda", function()
 
   it("copies across devices, dtypes and strides", function()
     for _, dt in ipairs({"f32", "f64", "bf16", "f16", "i32", "i64", "bool"}) do
-      check(0, function(t) return t:to(dt) end, x * 10)
+      G.check(0, function(t) return t:to(dt) end, x * 10)
     end
-    check(0, function(t) return t:t():contiguous() end, x)
-    check(0, function(t) return t:narrow(2, 2, 3):expand(2, 5, 3):contiguous() end, x)
-    same(loom.full({3, 4}, 2.5), loom.full({3, 4}, 2.5, {device = "cuda"}))
+    G.check(0, function(t) return t:t():contiguous() end, x)
+    G.check(0, function(t) return t:narrow(2, 2, 3):expand(2, 5, 3):contiguous() end, x)
+    G.close(loom.full({3, 4}, 2.5), loom.full({3, 4}, 2.5, {device = "cuda"}), 0)
   end)
 
   it("draws the same random numbers as the CPU", function()
     for _, f in ipairs({"rand", "randn"}) do
       loom.manual_seed(3); local a = loom[f]({6, 9})
       loom.manual_seed(3); local b = loom[f]({6, 9}, {device = "cuda"})
-      same(a, b, f == "randn" and 1e-6 or 0)
+      G.close(a, b, f == "randn" and 1e-6 or 0)
     end
     loom.manual_seed(3); local a = loom.randint(-4, 9, {6, 9})
     loom.manual_seed(3); local b = loom.randint(-4, 9, {6, 9}, {device = "cuda"})
-    same(a, b)
+    G.close(a, b, 0)
   end)
 
   it("computes pointwise ops with broadcasting", function()
     for _, f in ipairs({"exp", "tanh", "sqrt", "log"}) do
-      check(1e-5, function(t) local u = t:abs() + 0.1 return u[f](u) end, x)
+      G.check(1e-6, function(t) local u = t:abs() + 0.1 return u[f](u) end, x)
     end
-    check(1e-5, function(t) return F.relu(t) + F.gelu(t) + F.silu(t) end, x)
-    check(1e-5, function(t) return F.gelu(t, {approximate = "tanh"}) end, x)
-    check(1e-5, function(a, b) return a + b * 2 - a / (b:abs() + 1) end, x, y)
-    check(1e-5, function(a, b) return a * b:narrow(1, 1, 1) end, x, y)
-    check(1e-5, function(a) return a:pow(2) end, x)
+    G.check(1e-6, function(t) return F.relu(t) + F.gelu(t) + F.silu(t) end, x)
+    G.check(1e-6, function(t) return F.gelu(t, {approximate = "tanh"}) end, x)
+    G.check(1e-6, function(a, b) return a + b * 2 - a / (b:abs() + 1) end, x, y)
+    G.check(1e-6, function(a, b) return a * b:narrow(1, 1, 1) end, x, y)
+    G.check(1e-6, function(a) return a:pow(2) end, x)
   end)
 
   it("reduces", function()
     for _, d in ipairs({1, 2}) do
-      check(1e-5, function(t) return t:sum(d) end, x)
-      check(0, function(t) return (t:max(d)) end, x)
-      check(0, function(t) return t:argmax(d) end, x)
+      G.check(1e-6, function(t) return t:sum(d) end, x)
+      G.check(0, function(t) return (t:max(d)) end, x)
+      G.check(0, function(t) return t:argmax(d) end, x)
     end
   end)
 
-  it("multiplies matrices, transposed or not", function()
-    check(1e-4, function(a, b) return a:matmul(b:t()) end, x, y)
-    check(1e-4, function(a, b) return a:t():matmul(b) end, x, y)
-    check(1e-4, function(a) return loom.randn({3, 4, 5}):to(a.device):matmul(a:narrow(1, 1, 5)) end, x)
+  it("multiplies matrices, transposed or not, in batches", function()
+    local z = loom.randn({3, 4, 5})
+    G.check(1e-5, function(a, b) return a:matmul(b:t()) end, x, y)
+    G.check(1e-5, function(a, b) return a:t():matmul(b) end, x, y)
+    G.check(1e-5, function(a, b) return b:matmul(a:narrow(1, 1, 5)) end, x, z)   -- rows folded
+    G.check(1e-5, function(a, b) return b:transpose(2, 3):matmul(b) end, x, z)   -- strided batches
+    G.check(1e-5, function(a, b) return a:narrow(2, 1, 4):matmul(b) end, x, z)   -- a broadcast over the batch
+    G.check(1e-12, function(a, b) return a:to("f64"):matmul(b:to("f64"):t()) end, x, y)
+  end)
+
+  it("multiplies bf16 and f16 operands with f32 accumulation, and f32 in TF32 on request", function()
+    loom.manual_seed(11)
+    local a, b = loom.randn({64, 96}), loom.randn({96, 80})
+    for _, dt in ipairs({"bf16", "f16"}) do
+      G.check(G.tol[dt], function(p, q) return p:to(dt):matmul(q:to(dt)) end, a, b)
+    end
+    local want = a:to("f64"):matmul(b:to("f64")):to("f32")
+    assert.are.equal(0, C.lm_set_float32_matmul_precision(C.LM_PRECISION_HIGH))
+    local ok, got = pcall(function() return a:to("cuda"):matmul(b:to("cuda")) end)
+    C.lm_set_float32_matmul_precision(C.LM_PRECISION_HIGHEST)
+    assert(ok, got)
+    -- TF32 keeps 10 bits of mantissa: ~3e-4 relative, far above f32's 1e-7
+    local err = G.rel_err(G.values(want), G.values(got))
+    assert.is_true(err < 2e-3, "tf32 error " .. err)
+    G.close(want, a:to("cuda"):matmul(b:to("cuda")), 1e-5) -- back to full f32
   end)
 
   it("runs softmax, norms and embedding", function()
-    check(1e-5, function(t) return t:softmax(-1) end, x)
-    check(1e-5, function(t) return t:log_softmax(-1) end, x)
+    G.check(1e-6, function(t) return t:softmax(-1) end, x)
+    G.check(1e-6, function(t) return t:log_softmax(-1) end, x)
     local w, b = loom.randn({7}), loom.randn({7})
-    check(1e-5, function(t, w_, b_) return F.layer_norm(t, {7}, w_, b_, 1e-5) end, x, w, b)
-    check(1e-5, function(t, w_) return F.rms_norm(t, {7}, w_, 1e-6) end, x, w)
-    local idx = loom.tensor({3, 0, 4, 3}, {dtype = "i64"})
-    check(0, function(i, t) return F.embedding(i, t) end, idx, x)
+    G.check(1e-6, function(t, w_, b_) return F.layer_norm(t, {7}, w_, b_, 1e-5) end, x, w, b)
+    G.check(1e-6, function(t, w_) return F.rms_norm(t, {7}, w_, 1e-6) end, x, w)
+    local idx = loom.tensor({4, 1, 5, 4}, {dtype = "i64"}) -- ids are 1-based in Lua
+    G.check(0, function(i, t) return F.embedding(i, t) end, idx, x)
   end)
 
   it("runs backward on the GPU", function()
@@ -114,6 +109,38 @@ describe("cuda", function()
       F.layer_norm(w:matmul(y:to(dev):t()), {5}):sum():backward()
       return w.grad
     end
-    same(grad("cpu"), grad("cuda"), 1e-4)
+    G.close(grad("cpu"), grad("cuda"), 1e-5)
+  end)
+
+  it("asks the driver for nothing after the first training steps", function()
+    loom.manual_seed(5)
+    local w1, w2 = loom.randn({32, 64}):to("cuda"), loom.randn({64, 10}):to("cuda")
+    w1.requires_grad, w2.requires_grad = true, true
+    local data, target = loom.randn({16, 32}), loom.randint(1, 11, {16}, {dtype = "i64"})
+    local function step()
+      w1.grad, w2.grad = nil, nil
+      local h = F.relu(data:to("cuda"):matmul(w1))
+      F.cross_entropy(h:matmul(w2), target:to("cuda")):backward()
+      collectgarbage() -- tensors the step dropped go back to the cache now
+      collectgarbage()
+    end
+    step(); step()
+    local before = mem()
+    for _ = 1, 3 do step() end
+    local after = mem()
+    assert.are.equal(before.driver, after.driver)
+    assert.is_true(after.peak >= after.allocated and after.reserved >= after.allocated)
+    assert.is_true(after.allocated > 0) -- the weights and their grads
+  end)
+
+  it("reports running out of memory and stays usable", function()
+    local ok, err = pcall(loom.empty, {2 ^ 39}, {dtype = "f64", device = "cuda"}) -- 4 TiB
+    assert.is_false(ok)
+    err = tostring(err)
+    assert.is_truthy(err:find("out of memory", 1, true), err)
+    assert.is_truthy(err:find("4398046511104", 1, true), err) -- the bytes asked for
+    -- (the allocator's message also names the free bytes: test_cuda_emu checks
+    -- it; lm_empty words its own today)
+    G.check(1e-6, function(t) return t * 2 end, x) -- the device still works
   end)
 end)

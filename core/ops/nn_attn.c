@@ -161,7 +161,7 @@ static int sdpa_fw_fused(const lm_backend *be, const lm_call *c, lm_tensor **out
   lm_tensor *r1 = r0 ? lm_s_reshape(&s, lse, c->out[1].ndim, c->out[1].shape) : NULL;
   if (r1) lm_retain(out[0] = r0), lm_retain(out[1] = r1);
   lm_scope_end(&s);
-  return r1 ? 0 : -1;
+  return r1 ? 0 : rc == LM_UNSUPPORTED ? rc : -1;
 }
 
 static int sdpa_bw_fused(const lm_backend *be, const lm_saved *n, lm_tensor *g, lm_tensor **gin) {
@@ -186,7 +186,9 @@ static int sdpa_bw_fused(const lm_backend *be, const lm_saved *n, lm_tensor *g, 
 
 int lm_fw_sdpa(const lm_call *c, lm_tensor **out) {
   const lm_backend *be = sdpa_fusable(c->nin, c->in) ? LM_FUSED(c->in[0], attention) : NULL;
-  if (be) return sdpa_fw_fused(be, c, out);
+  int rc = be ? sdpa_fw_fused(be, c, out) : LM_UNSUPPORTED;
+  if (rc != LM_UNSUPPORTED) return rc;
+  if (be) lm_clear_error(); /* the kernel does not cover these: compose */
   lm_scope s = {0};
   lm_tensor *q, *k, *v, *sc = NULL;
   double scale;
@@ -202,7 +204,9 @@ int lm_fw_sdpa(const lm_call *c, lm_tensor **out) {
 
 int lm_bw_sdpa(const lm_saved *n, lm_tensor *const *gout, lm_tensor **gin) {
   const lm_backend *be = sdpa_fusable(n->nin, n->in) ? LM_FUSED(n->in[0], attention_bwd) : NULL;
-  if (be) return sdpa_bw_fused(be, n, gout[0], gin);
+  int fused = be ? sdpa_bw_fused(be, n, gout[0], gin) : LM_UNSUPPORTED;
+  if (fused != LM_UNSUPPORTED) return fused;
+  if (be) lm_clear_error(); /* the kernel does not cover these: compose */
   lm_scope s = {0};
   lm_tensor *q, *k, *v;
   double scale;

@@ -1,0 +1,117 @@
+-- cuda_fused_spec.lua: the ops that run on fused CUDA kernels (attention,
+-- cross entropy, softmax and norm backward, rope, the unary derivatives),
+-- forward and gradients, at the sizes where those kernels change path:
+-- several tiles, rows longer than a block, head dims 64 and 128, bf16.
+-- The same op on the CPU is the ground truth; tolerances are |cuda - cpu| /
+-- |cpu| (support/cuda.lua: f32 2e-5, bf16 1e-2; attention in bf16 2e-2,
+-- its probabilities being rounded to bf16 before P V as in FlashAttention).
+-- Skips, saying why, without a GPU.
+local loom = require "loom"
+local G = require "support.cuda"
+local F = loom.F
+
+if G.skip(describe, it, "cuda fused kernels") then return end
+
+-- forward and the gradients of the float inputs in `which` agree
+local function fw_bw(tol, f, inputs, which)
+  local w = function(out) loom.manual_seed(99) return loom.randn(out:size()) end
+  local oc, gc = G.grads("cpu", f, inputs, which, w)
+  local og, gg = G.grads("cuda", f, inputs, which, w)
+  G.close(oc, og, tol, "forward")
+  for i in pairs(which) do
+    assert(gc[i] and gg[i], "gradient of input " .. i .. " missing")
+    G.close(gc[i], gg[i], tol, "gradient of input " .. i)
+  end
+end
+
+describe("cuda fused kernels", function()
+  before_each(function() loom.manual_seed(17) end)
+
+  for _, dt in ipairs({ "f32", "bf16" }) do
+    for _, D in ipairs({ 64, 128 }) do
+      for _, causal in ipairs({ false, true }) do
+        local shapes = { { 2, 2, 100, 100 }, { 1, 3, 70, 130 }, { 1, 1, 300, 300 } }
+        it(("attention %s, head dim %d%s"):format(dt, D, causal and ", causal" or ""), function()
+          for _, s in ipairs(shapes) do
+            local B, H, L, S = s[1], s[2], s[3], s[4]
+            local q, k, v = loom.randn({ B, H, L, D }):to(dt), loom.randn({ B, H, S, D }):to(dt), loom.randn({ B, H, S, D }):to(dt)
+            fw_bw(dt == "bf16" and 2e-2 or 2e-5, function(a, b, c)
+              return F.scaled_dot_product_attention(a, b, c, { is_causal = causal })
+            end, { q, k, v }, { true, true, true })
+          end
+        end)
+      end
+    end
+  end
+
+  it("attention with a scale and heads of 96 (the composed form)", function()
+    local q, k, v = loom.randn({ 1, 2, 40, 96 }), loom.randn({ 1, 2, 50, 96 }), loom.randn({ 1, 2, 50, 96 })
+    fw_bw(2e-5, function(a, b, c) return F.scaled_dot_product_attention(a, b, c, { scale = 0.3 }) end,
+          { q, k, v }, { true, true, true })
+  end)
+
+  for _, dt in ipairs({ "f32", "bf16" }) do
+    it("cross entropy over a vocabulary of 50257, " .. dt, function()
+      local x = (loom.randn({ 8, 50257 }) * 3):to(dt)
+      local t = loom.randint(1, 50258, { 8 }, { dtype = "i64" })
+      fw_bw(G.tol[dt], function(a, b) return F.cross_entropy(a, b) end, { x, t }, { true })
+      fw_bw(G.tol[dt], function(a, b) return F.cross_entropy(a, b, { label_smoothing = 0.1, reduction = "sum" }) end,
+            { x, t }, { true })
+    end)
+  end
+
+  it("cross entropy with class weights, ignored rows, smoothing, 3-D logits", function()
+    local x, w = loom.randn({ 2, 9, 1000 }), loom.rand({ 1000 }) + 0.5
+    local t = loom.randint(1, 1001, { 2, 9 }, { dtype = "i64" })
+    t = t:where(t:gt(100), -100) -- some rows ignored (ids under 100 become ignore_index)
+    fw_bw(2e-5, function(a, b, c)
+      return F.cross_entropy(a, b, { weight = c, ignore_index = -100, label_smoothing = 0.2 })
+    end, { x, t, w }, { true })
+    fw_bw(2e-5, function(a, b) return F.cross_entropy(a, b, { reduction = "none", ignore_index = -100 }) end,
+          { x, t }, { true })
+  end)
+
+  it("softmax and log_softmax backward over rows longer than a block", function()
+    for _, n in ipairs({ 7, 1000, 5000 }) do
+      local x = loom.randn({ 6, n }) * 2
+      fw_bw(2e-5, function(a) return a:softmax(-1) end, { x }, { true })
+      fw_bw(2e-5, function(a) return a:log_softmax(-1) end, { x }, { true })
+    end
+  end)
+
+  it("layer_norm and rms_norm backward, weights over many row chunks", function()
+    for _, s in ipairs({ { 200, 4096 }, { 3, 33 }, { 1000, 64 } }) do
+      local x, w, b = loom.randn(s), loom.randn({ s[2] }), loom.randn({ s[2] })
+      fw_bw(5e-5, function(a, c, d) return F.layer_norm(a, { s[2] }, c, d, 1e-5) end, { x, w, b }, { true, true, true })
+      fw_bw(5e-5, function(a, c) return F.rms_norm(a, { s[2] }, c, 1e-6) end, { x, w }, { true, true })
+      fw_bw(5e-5, function(a) return F.layer_norm(a, { s[2] }) end, { x }, { true })
+    end
+    local xb, wb = loom.randn({ 130, 256 }):to("bf16"), loom.randn({ 256 }):to("bf16")
+    fw_bw(G.tol.bf16, function(a, c) return F.rms_norm(a, { 256 }, c) end, { xb, wb }, { true, true })
+  end)
+
+  it("rope forward and backward", function()
+    for _, dt in ipairs({ "f32", "bf16" }) do
+      local cos, sin = F.rope_tables(64, 128)
+      local x = loom.randn({ 2, 64, 4, 128 }):to(dt)
+      fw_bw(G.tol[dt], function(a, c, d) return F.apply_rotary_emb(a, c, d) end, { x, cos, sin }, { true })
+    end
+  end)
+
+  it("unary derivatives, on strided inputs", function()
+    local x = loom.randn({ 40, 30 })
+    local pos = x:abs() + 0.1
+    local fs = {
+      exp = function(a) return a:exp() end, tanh = function(a) return a:tanh() end,
+      sigmoid = function(a) return a:sigmoid() end, gelu = function(a) return F.gelu(a) end,
+      gelu_tanh = function(a) return F.gelu(a, { approximate = "tanh" }) end, silu = function(a) return F.silu(a) end,
+      relu = function(a) return F.relu(a) end, sin = function(a) return a:sin() end,
+      clamp = function(a) return a:clamp(-0.5, 0.5) end, pow = function(a) return a:pow(3) end,
+      swiglu = function(a) return F.silu(a:narrow(2, 1, 20)) * a:narrow(2, 21, 20) end,
+    }
+    for name, f in pairs(fs) do
+      fw_bw(2e-5, function(a) return f(a:t()) end, { x }, { true }) -- a transposed view
+      if name == "pow" then fw_bw(2e-5, function(a) return a:sqrt() + a:log() + a:rsqrt() end, { pos }, { true }) end
+    end
+  end)
+end)
