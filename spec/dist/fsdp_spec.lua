@@ -215,6 +215,32 @@ describe("fully_shard x TP", function()
   end)
 end)
 
+describe("fully_shard on the meta device", function()
+  it("built on meta, parallelised and sharded, then to_empty and init_weights: the ordinary model's weights "
+     .. "and gradients", function()
+    local mesh, bad = meshes[1].mesh, {}
+    local ntp = mesh:size("tp")
+    local function build(meta)
+      loom.manual_seed(7)
+      local m = meta and loom.device("meta"):use(tr.new, cfg) or tr.new(cfg)
+      if ntp > 1 then tp.parallelize_module(m, mesh["tp"], tr.tp_plan({ sequence_parallel = true, tp = ntp }, m)) end
+      for _, b in m.layers:ipairs() do fsdp.fully_shard(b, { mesh = mesh["dp"] }) end
+      fsdp.fully_shard(m, { mesh = mesh["dp"] })
+      if meta then loom.manual_seed(7) m:to_empty("cpu") m:init_weights() end   -- draws from the seed again
+      return m
+    end
+    local a, b = build(false), build(true)
+    local x = loom.randint(1, cfg.vocab_size + 1, { 2, 8 })
+    for _, m in ipairs { a, b } do loom.F.cross_entropy(m(x), x):backward() end
+    local pb = b:named_parameters()
+    for i, kv in ipairs(a:named_parameters()) do
+      H.close(bad, kv[1], pb[i][2], H.full(kv[2]), 0, 0)
+      H.close(bad, "grad " .. kv[1], pb[i][2].grad, H.full(kv[2].grad), 0, 0)
+    end
+    assert.same({}, bad)
+  end)
+end)
+
 describe("fully_shard on an MLP with biases and odd sizes", function()
   local MLP = nn.Module:extend("FsdpMLP")
   function MLP:__init() self.net1 = nn.Linear(9, 6) self.net2 = nn.Linear(6, 5) end

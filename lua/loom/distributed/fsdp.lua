@@ -273,7 +273,10 @@ local function hook_outputs(unit, out)
 end
 
 local function forward_pre(unit)
-  setup.check_sites(unit)
+  if setup.check_sites(unit) and unit.live then   -- new tensors (to_empty): nothing gathered counts
+    for _, h in ipairs(unit.live.handles) do h.remove() end
+    unit.live = nil
+  end
   if not loom.is_grad_enabled() then   -- evaluation: temporaries, freed after
     unit.temp = take_gather(unit)
     bind(unit, unit.temp)

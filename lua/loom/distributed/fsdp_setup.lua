@@ -178,17 +178,36 @@ function M.root_of(unit)
   return unit
 end
 
--- the modules must still hold the sharded parameters fully_shard put there
+-- the same DTensor layout (mesh, placements, sizes): what to_empty,
+-- Module:to or a dtype change put in place of a sharded parameter
+local function same_layout(a, b)
+  if a.dist == nil or b.dist == nil or a.device_mesh ~= b.device_mesh then return false end
+  local pa, pb = a.placements, b.placements
+  for k = 1, #pa do if pa[k] ~= pb[k] then return false end end
+  return table.concat(a:size(), "x") == table.concat(b:size(), "x")
+     and table.concat(a:to_local():size(), "x") == table.concat(b:to_local():size(), "x")
+end
+
+-- The modules must still hold the sharded parameters fully_shard put
+-- there, or tensors of the same layout (a model built on meta, sharded,
+-- then to_empty): those become the unit's. Returns whether one changed.
 function M.check_sites(unit)
+  local changed = false
   for _, e in ipairs(unit.entries) do
-    for _, s in ipairs(e.sites) do
+    for k, s in ipairs(e.sites) do
       local v = rawget(s.module, "_parameters")[s.name]
       if v == nil or address(v) ~= address(e.sharded) then
-        error(string.format("fully_shard: parameter %s was replaced after fully_shard (by parallelize_module, "
-                            .. "or an assignment); parallelise the model first, then apply fully_shard", e.fqn), 0)
+        if k == 1 and v ~= nil and same_layout(v, e.sharded) then
+          e.sharded, changed = v, true
+          managed[address(v)] = unit
+        else
+          error(string.format("fully_shard: parameter %s was replaced after fully_shard (by parallelize_module, "
+                              .. "or an assignment); parallelise the model first, then apply fully_shard", e.fqn), 0)
+        end
       end
     end
   end
+  return changed
 end
 
 return M
