@@ -203,6 +203,19 @@ describe("fully_shard x TP", function()
     assert.equal(2 * block, after[false] - after[true])
   end)
 
+  it("accumulates gradients over two backward calls without zero_grad", function()
+    local mesh, bad = meshes[1].mesh, {}
+    local ndp, dp = mesh:size("dp"), mesh:get_local_rank("dp")
+    local ref, m = sharded_llama(mesh, { reshard = true, sp = true })
+    for k = 1, 2 do
+      local x = llama_batch(k, ndp)
+      loom.F.cross_entropy(ref(x), x):backward()
+      llama_loss(m, x:narrow(1, 2 * dp + 1, 2), x:narrow(1, 2 * dp + 1, 2), true)
+    end
+    H.compare_params(bad, "after 2 backward calls", m, ref, true)
+    assert.same({}, bad)
+  end)
+
   it("evaluates under no_grad with the parameters gathered for the call only", function()
     local mesh = meshes[1].mesh
     local ref, m = sharded_llama(mesh, { reshard = true, sp = true })
