@@ -76,9 +76,11 @@ local function stale(unit) return unit.live == nil or changed(unit, unit.live.ve
 -- with the Work until it is waited for)
 local function start_gather(unit)
   touch(unit)
-  local shards = {}
-  for i, e in ipairs(unit.entries) do shards[i] = e.sharded:to_local() end
-  local flat = L.pack_shards(unit.infos, shards)
+  local flat = loom.no_grad(function()   -- (forward pre-hooks run with autograd on)
+    local shards = {}
+    for i, e in ipairs(unit.entries) do shards[i] = e.sharded:to_local() end
+    return L.pack_shards(unit.infos, shards)
+  end)
   unit.inflight = { flat = flat, versions = versions(unit),
                     work = dist.all_gather(flat, 1, unit.mesh, 1, { async_op = true }) }
 end
@@ -94,9 +96,8 @@ local function take_gather(unit)
   if not unit.inflight then start_gather(unit) end
   local out = unit.inflight.work:wait()
   unit.inflight = nil
-  return L.unpack_full(unit.infos, out)
+  return loom.no_grad(L.unpack_full, unit.infos, out)
 end
-
 
 -- what the module sees: the TP DTensor over the gathered local tensor
 local function view_of(e, t)
@@ -105,6 +106,7 @@ local function view_of(e, t)
 end
 
 local function bind(unit, tensors)
+  unit.bound = true
   for i, e in ipairs(unit.entries) do
     local v = view_of(e, tensors[i])
     for _, s in ipairs(e.sites) do rawget(s.module, "_parameters")[s.name] = v end
@@ -112,6 +114,7 @@ local function bind(unit, tensors)
 end
 
 local function unbind(unit)
+  unit.bound = false
   for _, e in ipairs(unit.entries) do
     for _, s in ipairs(e.sites) do rawget(s.module, "_parameters")[s.name] = e.sharded end
   end
@@ -273,6 +276,10 @@ local function hook_outputs(unit, out)
 end
 
 local function forward_pre(unit)
+  if unit.bound then   -- the last forward raised before its forward hook ran
+    unbind(unit)
+    if unit.temp then release(unit.temp) unit.temp = nil end
+  end
   if setup.check_sites(unit) and unit.live then   -- new tensors (to_empty): nothing gathered counts
     for _, h in ipairs(unit.live.handles) do h.remove() end
     unit.live = nil
