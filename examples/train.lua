@@ -33,6 +33,9 @@ local FLAGS = {
   { "print-every", 0, "without a terminal, a progress line every N steps too (0: at each eval only)" },
   { "tp", 0, "tensor-parallel degree (0: the world size over --dp)" },
   { "dp", 0, "data-parallel degree (0: the world size over --tp); tp * dp = world size" },
+  { "fsdp", false, "shard parameters, gradients and AdamW state over dp (fully_shard on each block, then the root) "
+                   .. "instead of replicating them" },
+  { "no-reshard", false, "with --fsdp: keep each block's gathered parameters from forward to backward" },
   { "sequence-parallel", false, "shard norms and residuals on the sequence (with --tp > 1)" },
   { "loss-parallel", true, "cross entropy on vocabulary-sharded logits (with --tp > 1)" },
   { "no-loss-parallel", false, "gather the logits instead" },
@@ -111,8 +114,26 @@ local function build_model(o, cfg, w, dist)
     tp.parallelize_module(model, w.mesh["tp"], transformer.tp_plan(
       { sequence_parallel = o["sequence-parallel"], loss_parallel = o.lp, tp = w.tp }, model), { src_data_rank = false })
   end
-  if w.dp > 1 then tp.replicate(model, w.mesh["dp"]) end
+  if w.dp > 1 and not o.fsdp then tp.replicate(model, w.mesh["dp"]) end
   return model
+end
+
+-- FSDP over dp (after any weights are loaded): each block, then the root
+local function shard_model(o, model, w)
+  if not o.fsdp or w.dp == 1 then return end
+  local fsdp = require "loom.distributed.fsdp"
+  local opts = { mesh = w.mesh["dp"], reshard_after_forward = not o["no-reshard"] }
+  for _, block in model.layers:ipairs() do fsdp.fully_shard(block, opts) end
+  fsdp.fully_shard(model, { mesh = w.mesh["dp"] })
+end
+
+-- parameters and AdamW state held by this rank, next to the whole model's
+local function memory_line(model, opt, nparams)
+  local mem = require("loom.distributed.fsdp").memory(model, opt)
+  local full = nparams * 4
+  return string.format("memory per rank: parameters %.2f MB + AdamW state %.2f MB = %.3f of the model's %.2f MB "
+                       .. "(+ %.2f MB state)", mem.params / 2^20, mem.optimizer / 2^20, mem.total / (3 * full),
+                       full / 2^20, 2 * full / 2^20)
 end
 
 -- the loss curve as a PNG next to the log, through gnuplot when it is there
@@ -160,6 +181,7 @@ local function main(argv)
   if hf then o.dim, o.layers, o.heads = cfg.dim, cfg.n_layers, cfg.n_heads end
   local model = build_model(o, cfg, w, dist)
   if hf then hf.load_weights(model, o["init-from"]) say("initialised from " .. o["init-from"]) end
+  shard_model(o, model, w)
   local nparams = 0
   for _, p in ipairs(model:parameters()) do nparams = nparams + p:numel() end
   local opt = loom.optim.AdamW(model:parameters(), { lr = o.lr, betas = { 0.9, 0.95 },
@@ -257,8 +279,9 @@ local function main(argv)
                           "threads_per_rank" }), "\n")
   end
   say(string.format("model: %d layers, dim %d, %d heads, %d parameters; %d steps of %dx%d tokens; "
-                    .. "world %d = tp %d x dp %d%s%s, %s", o.layers, o.dim, o.heads, nparams, o.steps, o.batch,
-                    o.seq, w.world, w.tp, w.dp, o["sequence-parallel"] and ", sequence parallel" or "",
+                    .. "world %d = tp %d x dp %d%s%s%s, %s", o.layers, o.dim, o.heads, nparams, o.steps, o.batch,
+                    o.seq, w.world, w.tp, w.dp, o.fsdp and w.dp > 1 and " (FSDP)" or "",
+                    o["sequence-parallel"] and ", sequence parallel" or "",
                     o.lp and ", loss parallel" or "", o.dtype .. " on " .. w.device))
   -- progress: on a terminal, a live line rewritten with \r and kept at each
   -- eval; otherwise (a pipe, a file, under loomrun) whole lines at each
@@ -285,6 +308,7 @@ local function main(argv)
     if o["grad-clip"] > 0 then loom.nn.utils.clip_grad_norm_(model:parameters(), o["grad-clip"]) end
     opt:step()
     tokens = tokens + o.batch * o.seq
+    if step == start_step + 1 then say(memory_line(model, opt, nparams)) end
     local elapsed = now() - t0
     local tps = tokens / elapsed
     local entry = { step = step, loss = last_loss, tokens_per_s = math.floor(tps) }

@@ -3,6 +3,9 @@
 -- matmul op) next to the total; with --dtype f32,bf16 the same config in
 -- each dtype in the same run (bf16: mixed precision, autocast). Usage:
 --   luajit scripts/bench_train.lua [--layers 4 --dim 128 --heads 4 --seq 64 --batch 12 --steps 20 --dtype f32]
+-- Distributed (TP x DP, replicate() or --fsdp): how much of the data-parallel
+-- communication backward hides (see overlap() below):
+--   scripts/loomrun -n 4 scripts/bench_train.lua --tp 2 --dp 2 [--fsdp] [--bucket-mb 25] [--json out.json]
 local root = debug.getinfo(1, "S").source:match("^@(.*)scripts/bench_train%.lua$") or "./"
 package.path = root .. "lua/?.lua;" .. root .. "lua/?/init.lua;" .. package.path
 local loom = require "loom"
@@ -10,7 +13,174 @@ local bench = require "loom.bench"
 local C = loom.C
 
 local o = bench.args(arg, { layers = 4, dim = 128, heads = 4, seq = 64, batch = 12, steps = 20, vocab = 65,
-                            dtype = "f32" }, "bench_train.lua")
+                            dtype = "f32", tp = 0, dp = 0, fsdp = false, ["no-reshard"] = false,
+                            ["sequence-parallel"] = false, json = "",
+                            ["bucket-mb"] = 25 }, "bench_train.lua")
+
+-- The data-parallel collectives (replicate()'s all-reduces, FSDP's
+-- all-gathers and reduce-scatters) are the Lua calls dist.all_reduce,
+-- all_gather and reduce_scatter; tensor parallelism's run inside the ops.
+-- watch(mode) wraps those three: "record" notes each call (to replay it
+-- alone), "sync" waits for an async one at once (no overlap), nil passes.
+-- state.waited sums the seconds spent in Work:wait (communication the
+-- step did not hide, plus the wait for the slowest rank to join).
+local dist_fns = { "all_reduce", "all_gather", "reduce_scatter" }
+local function watch(dist, state)
+  local orig = { wait = dist.Work.wait }
+  state.waited = 0
+  dist.Work.wait = function(w)
+    local t0 = bench.now()
+    local r = orig.wait(w)
+    state.waited = state.waited + bench.now() - t0
+    return r
+  end
+  for _, name in ipairs(dist_fns) do
+    orig[name] = dist[name]
+    dist[name] = function(t, ...)
+      local args = { n = select("#", ...), ... }
+      if state.mode == "record" then
+        state.calls[#state.calls + 1] = { name = name, size = t:size(), dtype = t.dtype, args = args }
+      end
+      local r = orig[name](t, ...)
+      if state.mode == "sync" and type(r) == "table" and r.wait then r:wait() end
+      return r
+    end
+  end
+  return orig
+end
+
+-- the recorded collectives again, blocking, on zeros of the same sizes
+local function replay(orig, calls)
+  local loom_ = require "loom"
+  for _, c in ipairs(calls) do
+    local args = { unpack(c.args, 1, c.args.n) }
+    local last = args[c.args.n]
+    if type(last) == "table" and last.async_op ~= nil then   -- the options: keep all but async_op
+      local copy = {}
+      for k, v in pairs(last) do if k ~= "async_op" then copy[k] = v end end
+      args[c.args.n] = copy
+    end
+    orig[c.name](loom_.zeros(c.size, { dtype = c.dtype }), unpack(args, 1, c.args.n))
+  end
+end
+
+-- Step times of the TP x DP model with the data-parallel collectives
+-- overlapped with backward (as they run) and waited for at once, steps of
+-- the two kinds alternating; the communication measured alone; the
+-- fraction of it hidden = (t_no_overlap - t_overlap) / t_comm. Each
+-- figure is the slowest rank's median.
+local function overlap(o)
+  local dist, tp = require "loom.distributed", require "loom.parallel"
+  local fsdp = require "loom.distributed.fsdp"
+  local tr = loom.models.transformer
+  local world = dist.world_size()
+  local ntp = o.tp > 0 and o.tp or (o.dp > 0 and world / o.dp or 1)
+  local ndp = o.dp > 0 and o.dp or world / ntp
+  if ntp * ndp ~= world or ntp % 1 ~= 0 or ndp % 1 ~= 0 then
+    error(string.format("bench_train.lua: --tp %d x --dp %d must equal the world size %d", ntp, ndp, world), 0)
+  end
+  if o.batch % ndp ~= 0 then error(string.format("bench_train.lua: --batch %d must divide by dp %d", o.batch, ndp), 0) end
+  local mesh = dist.init_device_mesh("cpu", { ndp, ntp }, { mesh_dim_names = { "dp", "tp" } })
+  local me = dist.rank()
+  loom.manual_seed(0)
+  local model = tr.new { vocab_size = o.vocab, dim = o.dim, n_layers = o.layers, n_heads = o.heads, max_seq_len = o.seq }
+  local lp = ntp > 1
+  if ntp > 1 then
+    tp.parallelize_module(model, mesh["tp"], tr.tp_plan({ sequence_parallel = o["sequence-parallel"], loss_parallel = lp,
+                                                          tp = ntp }, model), { src_data_rank = false })
+  end
+  if o.fsdp then
+    local opts = { mesh = mesh["dp"], reshard_after_forward = not o["no-reshard"] }
+    for _, block in model.layers:ipairs() do fsdp.fully_shard(block, opts) end
+    fsdp.fully_shard(model, { mesh = mesh["dp"] })
+  elseif ndp > 1 then
+    tp.replicate(model, mesh["dp"], { bucket_cap_mb = o["bucket-mb"] })
+  end
+  local opt = loom.optim.AdamW(model:parameters(), { lr = 1e-3 })
+  loom.manual_seed(1 + mesh:get_local_rank("dp"))
+  local x = loom.randint(1, o.vocab + 1, { o.batch / ndp, o.seq })
+  local y = loom.randint(1, o.vocab + 1, { o.batch / ndp, o.seq })
+  local function run()
+    local l = loom.F.cross_entropy(model(x), y)
+    l:backward()
+  end
+  local state = { calls = {} }
+  local orig = watch(dist, state)
+  local function step(mode)
+    state.mode, state.waited = mode, 0
+    dist.barrier()
+    local t0 = bench.now()
+    opt:zero_grad()
+    if lp then tp.loss_parallel(run) else run() end
+    opt:step()
+    local t = bench.now() - t0
+    state.mode = nil
+    return t
+  end
+  step("record")
+  local calls = state.calls
+  step("sync")
+  local times = { overlap = {}, sync = {}, comm = {}, wait_overlap = {}, wait_sync = {} }
+  for _ = 1, o.steps do
+    times.overlap[#times.overlap + 1] = step(nil)
+    times.wait_overlap[#times.wait_overlap + 1] = state.waited
+    times.sync[#times.sync + 1] = step("sync")
+    times.wait_sync[#times.wait_sync + 1] = state.waited
+    dist.barrier()
+    local t0 = bench.now()
+    replay(orig, calls)
+    times.comm[#times.comm + 1] = bench.now() - t0
+  end
+  for _, name in ipairs(dist_fns) do dist[name] = orig[name] end
+  dist.Work.wait = orig.wait
+  local function slowest(v)
+    return dist.all_reduce(loom.tensor({ bench.median(v) }, { dtype = "f64" }), "max"):item() * 1e3
+  end
+  local t_ov, t_no, t_comm = slowest(times.overlap), slowest(times.sync), slowest(times.comm)
+  local w_ov, w_no = slowest(times.wait_overlap), slowest(times.wait_sync)
+  local counts, bytes = {}, 0
+  for _, c in ipairs(calls) do
+    counts[c.name] = (counts[c.name] or 0) + 1
+    local n = 4
+    for _, s in ipairs(c.size) do n = n * s end
+    bytes = bytes + n
+  end
+  local kinds = {}
+  for _, name in ipairs(dist_fns) do if counts[name] then kinds[#kinds + 1] = counts[name] .. " " .. name end end
+  local mem = fsdp.memory(model, opt)
+  local hidden = (t_no - t_ov) / t_comm
+  if me == 0 then
+    print(string.format("training step, %s: %d layers, dim %d, %d heads, batch %dx%d (%d per dp rank), tp %d x dp %d, "
+                        .. "%d threads per rank, %d steps of each kind", o.fsdp and "FSDP (fully_shard)" or "replicate()",
+                        o.layers, o.dim, o.heads, o.batch, o.seq, o.batch / ndp, ntp, ndp, loom.num_threads(), o.steps))
+    print(string.format("data-parallel collectives per step: %s, %.2f MB in", table.concat(kinds, ", "), bytes / 2^20))
+    print(string.format("parameters + AdamW state per rank: %.2f MB\n", mem.total / 2^20))
+    bench.table({ "measure", "ms (slowest rank's median)", "of it waiting for collectives" }, {
+      { "step, collectives overlapped with backward", t_ov, w_ov },
+      { "step, each collective waited for at once", t_no, w_no },
+      { "the data-parallel collectives alone", t_comm, "" },
+    })
+    print(string.format("\nhidden fraction of the communication: (%.1f - %.1f) / %.1f = %.2f",
+                        t_no, t_ov, t_comm, hidden))
+    -- the step times of a busy machine swing by more than the collectives
+    -- take; the time spent waiting for them is steadier
+    print(string.format("waiting for collectives: %.1f ms with overlap, %.1f ms without: %.0f%% of it hidden",
+                        w_ov, w_no, 100 * (1 - w_ov / w_no)))
+    if o.json ~= "" then
+      bench.write_json(o.json, { fsdp = o.fsdp, tp = ntp, dp = ndp, layers = o.layers, dim = o.dim, batch = o.batch,
+                                 seq = o.seq, step_overlap_ms = t_ov, step_no_overlap_ms = t_no, comm_ms = t_comm,
+                                 waited_overlap_ms = w_ov, waited_no_overlap_ms = w_no,
+                                 hidden_fraction = hidden,
+                                 hidden_wait_fraction = 1 - w_ov / w_no, collectives = counts, comm_bytes = bytes,
+                                 memory_per_rank_bytes = mem.total })
+    end
+  end
+end
+
+if os.getenv("OMPI_COMM_WORLD_SIZE") or o.tp > 0 or o.dp > 0 then
+  overlap(o)
+  return
+end
 
 -- one config in one dtype: phase times and the op profile
 local function measure(dtype)

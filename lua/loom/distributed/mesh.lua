@@ -247,8 +247,15 @@ function methods:slice(names)
     for k, d in ipairs(dims) do c[d] = sub[k] end
     ranks[i + 1] = self._ranks[ravel(c, self.shape) + 1]
   end
-  return M.new(self.device_type, shape, sub_names, ranks, coord, groups)
+  local sub = M.new(self.device_type, shape, sub_names, ranks, coord, groups)
+  -- the mesh it was cut from (fully_shard joins mesh["dp"] and mesh["tp"] back into one)
+  rawset(sub, "_root", rawget(self, "_root") or self)
+  return sub
 end
+
+-- The mesh a slice was cut from (the top one, for slices of slices), or nil
+-- for a mesh made by init_device_mesh.
+function methods:root_mesh() return rawget(self, "_root") end
 
 -- mesh:use(fn, ...): fn runs with this mesh as the ambient one (nestable;
 -- the previous one is restored even when fn raises).
