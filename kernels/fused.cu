@@ -32,7 +32,7 @@ template <typename C> __device__ inline C unary_d(int kind, C x, C y, C k0, C k1
   case LM_SIN: return cos(x);
   case LM_COS: return -sin(x);
   case LM_POW_SCALAR: return k0 * (k0 - 1 == 2 ? x * x : pow(x, k0 - 1));
-  case LM_CLAMP: return x >= k0 && x <= k1 ? 1 : 0; /* NaN: 0, as clamp(x) == x */
+  case LM_CLAMP: return x > k0 && x < k1 ? 1 : 0; /* 0 at a bound (PyTorch's); NaN: 0 */
   default: return 0;
   }
 }

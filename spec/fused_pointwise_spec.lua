@@ -34,9 +34,9 @@ local UNARY = {
   { "cos", {}, function(x) return -x:sin() end },
   { "pow3", {}, function(x) return x * x * 3 end, function(x) return x:pow(3) end },
   { "pow2.5", { pos = true }, function(x) return x:pow(1.5) * 2.5 end, function(x) return x:pow(2.5) end },
-  { "clamp", { away = true }, function(x) return x:ge(-0.5):logical_and(x:le(0.7)):to(x.dtype) end,
+  { "clamp", { away = true }, function(x) return x:gt(-0.5):logical_and(x:lt(0.7)):to(x.dtype) end,
     function(x) return x:clamp(-0.5, 0.7) end },
-  { "clamp_min", { away = true }, function(x) return x:ge(-0.5):to(x.dtype) end,
+  { "clamp_min", { away = true }, function(x) return x:gt(-0.5):to(x.dtype) end,
     function(x) return x:clamp(-0.5, nil) end },
 }
 

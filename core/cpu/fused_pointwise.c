@@ -52,7 +52,7 @@ GELU_TANH_D(f64)
     case LM_SIN: GRAD_LOOP(gi * cos(x)) break;                                 \
     case LM_COS: GRAD_LOOP(gi * -sin(x)) break;                                \
     case LM_POW_SCALAR: GRAD_LOOP(gi * (pow(x, k0 - 1) * k0)) break;           \
-    case LM_CLAMP: GRAD_LOOP(x >= k0 && x <= k1 ? gi : 0) break;               \
+    case LM_CLAMP: GRAD_LOOP(x > k0 && x < k1 ? gi : 0) break;                 \
     default: return lm_error("unary_grad kernel: no derivative for unary kind %d", kind); \
     }                                                                          \
     return 0;                                                                  \

@@ -186,9 +186,13 @@ int lm_bw_unary(const lm_saved *n, lm_tensor *const *gout, lm_tensor **gin) {
   case LM_POW_SCALAR:
     d = lm_s2(&s, LM_OP_MUL, lm_s1f(&s, LM_OP_POW_SCALAR, x, p - 1), lm_scalar(&s, p, x));
     break;
-  case LM_CLAMP: /* 1 inside [lo, hi], 0 outside */
-    d = lm_s2(&s, LM_OP_EQ, lm_sop(&s, LM_OP_CLAMP, 1, &x, &n->attrs), x);
+  case LM_CLAMP: { /* 1 strictly inside (lo, hi): 0 at a bound, as PyTorch's minimum-norm subgradient */
+    double b[2];
+    unary_params(LM_CLAMP, &n->attrs, b);
+    d = lm_s2(&s, LM_OP_LOGICAL_AND, lm_s2(&s, LM_OP_GT, x, lm_scalar(&s, b[0], x)),
+              lm_s2(&s, LM_OP_LT, x, lm_scalar(&s, b[1], x)));
     break;
+  }
   default: lm_scope_end(&s); return lm_error("%s: not differentiable", lm_op_table[n->op].name);
   }
   int rc = lm_give(n, gin, 0, lm_s2(&s, LM_OP_MUL, g, d));

@@ -18,6 +18,8 @@ function F.linear(x, w, b)
 end
 
 function F.relu(x) return check(x, "relu", "input"):relu() end
+function F.hardtanh(x, min_val, max_val) return check(x, "hardtanh", "input"):hardtanh(min_val, max_val) end
+function F.relu6(x) return check(x, "relu6", "input"):hardtanh(0, 6) end
 function F.silu(x) return check(x, "silu", "input"):silu() end
 -- swiglu(gate, up) = silu(gate) * up (SwiGLU's product, one pass where
 -- the backend has the fused kernel); gate and up broadcast

@@ -60,6 +60,18 @@ function Tensor.clamp(x, lo, hi)
   return op1(C.LM_OP_CLAMP, x, nil, { lo or 0 / 0, hi or 0 / 0 })
 end
 
+-- hardtanh(min_val, max_val): clamp's values (defaults -1, 1); its
+-- gradient, like clamp's, is 1 strictly between the bounds
+function Tensor.hardtanh(x, lo, hi)
+  lo, hi = lo == nil and -1 or lo, hi == nil and 1 or hi
+  for name, v in pairs { min_val = lo, max_val = hi } do
+    if type(v) ~= "number" or v ~= v then T.argerror("hardtanh", name, "a number", T.describe(v)) end
+  end
+  if lo > hi then T.argerror("hardtanh", "max_val", "a number >= min_val (" .. lo .. ")", tostring(hi)) end
+  return op1(C.LM_OP_HARDTANH, check_tensor(x, "hardtanh", "self"), nil, { lo, hi })
+end
+M.hardtanh = Tensor.hardtanh
+
 function M.where(cond, a, b)
   check_tensor(cond, "where", "condition")
   local like = T.is_tensor(a) and a or T.is_tensor(b) and b or cond:to("f32")

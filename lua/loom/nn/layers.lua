@@ -127,6 +127,12 @@ for name, fn in pairs { ReLU = "relu", SiLU = "silu", Tanh = "tanh", Sigmoid = "
   M[name] = Module:extend(name)
   M[name].forward = function(_, x) return F[fn](x) end
 end
+M.Hardtanh = Module:extend("Hardtanh")
+function M.Hardtanh:__init(min_val, max_val) self.min_val, self.max_val = min_val or -1, max_val or 1 end
+function M.Hardtanh:forward(x) return F.hardtanh(x, self.min_val, self.max_val) end
+function M.Hardtanh:extra_repr() return ("min_val=%g, max_val=%g"):format(self.min_val, self.max_val) end
+M.ReLU6 = Module:extend("ReLU6")
+function M.ReLU6:forward(x) return F.relu6(x) end
 M.GELU = Module:extend("GELU")
 function M.GELU:__init(opts) self.approximate = opts and opts.approximate or "none" end
 function M.GELU:forward(x) return F.gelu(x, { approximate = self.approximate }) end
