@@ -158,8 +158,9 @@ end
 -- split(size, dim): pieces of `size` along dim, the last may be smaller
 function Tensor.split(x, size, d)
   d = d or 1
-  local n = x:size(d)
-  if type(size) ~= "number" or size < 1 or size ~= math.floor(size) then
+  local sz = x:size()   -- global sizes for a DTensor
+  local n = sz[T.dim_index("split", d, #sz) + 1]
+  if not T.is_int(size) or size < 1 then
     T.argerror("split", "split_size", "a positive integer", T.describe(size))
   end
   local parts = {}
@@ -172,10 +173,12 @@ end
 
 -- chunk(n, dim): torch.chunk: ceil-sized pieces, possibly fewer than n
 function Tensor.chunk(x, chunks, d)
-  if type(chunks) ~= "number" or chunks < 1 or chunks ~= math.floor(chunks) then
+  if not T.is_int(chunks) or chunks < 1 then
     T.argerror("chunk", "chunks", "a positive integer", T.describe(chunks))
   end
-  return x:split(math.max(1, math.ceil(x:size(d or 1) / chunks)), d)
+  local sz = x:size()
+  local n = sz[T.dim_index("chunk", d or 1, #sz) + 1]
+  return x:split(math.max(1, math.ceil(n / chunks)), d)
 end
 
 function Tensor.softmax(x, d) return op1(C.LM_OP_SOFTMAX, x, { cdim(d, "softmax") }) end

@@ -13,26 +13,30 @@ function M.Parameter(t)
   return t:detach():requires_grad_(true)
 end
 
+-- The checks below run in __init, called by Module.new: their errors
+-- name the line that made the layer (level 4 from the check).
+local LV = 4
+
 local function positive_int(fname, name, v)
   if not T.is_int(v) or v < 1 then
-    T.argerror(fname, name, "a positive integer", T.describe(v), 3)
+    T.argerror(fname, name, "a positive integer", T.describe(v), LV)
   end
 end
 
 -- eps: a finite number >= 0 (nil: the default)
 local function check_eps(fname, eps)
   if eps ~= nil and (type(eps) ~= "number" or not (eps >= 0 and eps < math.huge)) then
-    T.argerror(fname, "eps", "a finite number >= 0", T.describe(eps), 3)
+    T.argerror(fname, "eps", "a finite number >= 0", T.describe(eps), LV)
   end
   return eps
 end
 
 local function check_flag(fname, name, v)
-  if v ~= nil and type(v) ~= "boolean" then T.argerror(fname, name, "a boolean", T.describe(v), 3) end
+  if v ~= nil and type(v) ~= "boolean" then T.argerror(fname, name, "a boolean", T.describe(v), LV) end
 end
 
 local function float_dtype(fname, dtype)
-  T.check_float_dtype(fname, dtype, 2)
+  T.check_float_dtype(fname, dtype, LV)
 end
 
 -- U(-bound, bound) of the given size, for the kaiming-uniform defaults
@@ -48,7 +52,7 @@ M.Linear = Module:extend("Linear")
 function M.Linear:__init(in_features, out_features, opts)
   positive_int("Linear", "in_features", in_features)
   positive_int("Linear", "out_features", out_features)
-  opts = T.check_opts("Linear", opts, { bias = true, dtype = true, device = true })
+  opts = T.check_opts("Linear", opts, { bias = true, dtype = true, device = true }, LV - 1)
   check_flag("Linear", "bias", opts.bias)
   float_dtype("Linear", opts.dtype)
   self.in_features, self.out_features = in_features, out_features
@@ -67,7 +71,7 @@ M.Embedding = Module:extend("Embedding")
 function M.Embedding:__init(n, dim, opts)
   positive_int("Embedding", "num_embeddings", n)
   positive_int("Embedding", "embedding_dim", dim)
-  opts = T.check_opts("Embedding", opts, { dtype = true })
+  opts = T.check_opts("Embedding", opts, { dtype = true }, LV - 1)
   float_dtype("Embedding", opts.dtype)
   self.num_embeddings, self.embedding_dim = n, dim
   self.weight = M.Parameter(loom.randn({ n, dim }, { dtype = opts.dtype }))
@@ -78,16 +82,20 @@ function M.Embedding:extra_repr() return self.num_embeddings .. ", " .. self.emb
 local function norm_shape(fname, shape)
   if type(shape) == "number" then shape = { shape } end
   if type(shape) ~= "table" or T.is_tensor(shape) or #shape == 0 then
-    T.argerror(fname, "normalized_shape", "a size or a non-empty table of sizes", T.describe(shape), 3)
+    T.argerror(fname, "normalized_shape", "a size or a non-empty table of sizes", T.describe(shape), LV)
   end
-  for _, v in ipairs(shape) do positive_int(fname, "normalized_shape", v) end
+  for _, v in ipairs(shape) do
+    if not T.is_int(v) or v < 1 then
+      T.argerror(fname, "normalized_shape", "positive integers", T.describe(v), LV)
+    end
+  end
   return shape
 end
 
 -- LayerNorm(shape, {eps=1e-5, elementwise_affine=true, bias=true})
 M.LayerNorm = Module:extend("LayerNorm")
 function M.LayerNorm:__init(shape, opts)
-  opts = T.check_opts("LayerNorm", opts, { eps = true, elementwise_affine = true, bias = true, dtype = true })
+  opts = T.check_opts("LayerNorm", opts, { eps = true, elementwise_affine = true, bias = true, dtype = true }, LV - 1)
   self.normalized_shape = norm_shape("LayerNorm", shape)
   self.eps = check_eps("LayerNorm", opts.eps) or 1e-5
   check_flag("LayerNorm", "elementwise_affine", opts.elementwise_affine)
@@ -104,7 +112,7 @@ function M.LayerNorm:extra_repr() return "(" .. table.concat(self.normalized_sha
 -- RMSNorm(shape, {eps=1e-6}): x / rms(x) * weight (Llama's)
 M.RMSNorm = Module:extend("RMSNorm")
 function M.RMSNorm:__init(shape, opts)
-  opts = T.check_opts("RMSNorm", opts, { eps = true, elementwise_affine = true, dtype = true })
+  opts = T.check_opts("RMSNorm", opts, { eps = true, elementwise_affine = true, dtype = true }, LV - 1)
   self.normalized_shape = norm_shape("RMSNorm", shape)
   self.eps = check_eps("RMSNorm", opts.eps) or 1e-6
   check_flag("RMSNorm", "elementwise_affine", opts.elementwise_affine)
@@ -119,7 +127,7 @@ function M.RMSNorm:extra_repr() return "(" .. table.concat(self.normalized_shape
 M.Dropout = Module:extend("Dropout")
 function M.Dropout:__init(p)
   p = p or 0.5
-  if type(p) ~= "number" or not (p >= 0 and p <= 1) then T.argerror("Dropout", "p", "a probability in [0, 1]", T.describe(p)) end
+  if type(p) ~= "number" or not (p >= 0 and p <= 1) then T.argerror("Dropout", "p", "a probability in [0, 1]", T.describe(p), LV - 1) end
   self.p = p
 end
 function M.Dropout:forward(x) return F.dropout(x, self.p, self.training) end
@@ -133,9 +141,9 @@ end
 M.GELU = Module:extend("GELU")
 function M.GELU:__init(opts)
   if type(opts) == "string" then opts = { approximate = opts } end
-  opts = T.check_opts("GELU", opts, { approximate = true })
+  opts = T.check_opts("GELU", opts, { approximate = true }, LV - 1)
   local a = opts.approximate or "none"
-  if a ~= "none" and a ~= "tanh" then T.argerror("GELU", "approximate", "\"none\" or \"tanh\"", T.describe(a)) end
+  if a ~= "none" and a ~= "tanh" then T.argerror("GELU", "approximate", "\"none\" or \"tanh\"", T.describe(a), LV - 1) end
   self.approximate = a
 end
 function M.GELU:forward(x) return F.gelu(x, { approximate = self.approximate }) end
@@ -145,7 +153,7 @@ M.Sequential = Module:extend("Sequential")
 function M.Sequential:__init(...)
   for i = 1, select("#", ...) do
     local m = select(i, ...)
-    if not Module.is_module(m) then T.argerror("Sequential", "module #" .. i, "an nn.Module", T.describe(m)) end
+    if not Module.is_module(m) then T.argerror("Sequential", "module #" .. i, "an nn.Module", T.describe(m), LV - 1) end
     self:register_module(tostring(i), m)
   end
 end
@@ -161,7 +169,7 @@ M.Sequential.__len = M.Sequential.len
 M.ModuleList = Module:extend("ModuleList")
 function M.ModuleList:__init(list)
   if list ~= nil and (type(list) ~= "table" or Module.is_module(list)) then
-    T.argerror("ModuleList", "modules", "a list of modules", T.describe(list))
+    T.argerror("ModuleList", "modules", "a list of modules", T.describe(list), LV - 1)
   end
   for _, m in ipairs(list or {}) do self:append(m) end
 end

@@ -15,7 +15,7 @@ local function check_params(name, params)
   end
   local seen = {}
   for i, p in ipairs(params) do
-    T.check_tensor(p, name, "params[" .. i .. "]")
+    if not T.is_tensor(p) then T.argerror(name, "params[" .. i .. "]", "a tensor", T.describe(p), 4) end
     if not p.is_leaf then
       T.argerror(name, "params[" .. i .. "]", "a leaf tensor (an nn.Parameter)", "a tensor computed by an op", 4)
     end
@@ -39,21 +39,22 @@ function Optimizer.check_value(name, k, v, level)
   end
 end
 
+-- (errors name the line that called SGD(...) or AdamW(...): level 4 here)
 function Optimizer.new(cls, name, params, defaults, opts)
   check_params(name, params)
   if opts ~= nil and (type(opts) ~= "table" or T.is_tensor(opts)) then
-    T.argerror(name, "options", "a table", T.describe(opts), 3)
+    T.argerror(name, "options", "a table", T.describe(opts), 4)
   end
   local self = setmetatable({ params = params, state = {}, name = name }, cls)
   self.defaults = {}
   for k, v in pairs(defaults) do
     local given = opts and opts[k]
     if given ~= nil and type(given) ~= type(v) then
-      T.argerror(name, k, "a " .. type(v), T.describe(given), 3)
+      T.argerror(name, k, "a " .. type(v), T.describe(given), 4)
     end
     if given == nil then given = v end   -- (not `given == nil and v or given`: v may be false)
     self.defaults[k] = given
-    Optimizer.check_value(name, k, self.defaults[k], 2)
+    Optimizer.check_value(name, k, self.defaults[k], 3)
   end
   for k in pairs(opts or {}) do
     if defaults[k] == nil then error(string.format("%s: unknown option %q", name, tostring(k)), 3) end
