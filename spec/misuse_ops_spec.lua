@@ -152,6 +152,25 @@ local crashers = {
   { "loom.op expand to 2^62 x 2^62 then sum", child = "loom.op('expand', { loom.ones(1) }, { 2 ^ 62, 2 ^ 62 }):sum()", "elements" },
 }
 
+-- collective ops given wrong handles or attrs, in a world of one (a child
+-- of an mpirun rank would join its job: these live in this spec, not in
+-- dist/misuse_dist_spec)
+local comm = "local dist = require 'loom.distributed' dist.init() "
+    .. "local g = dist.init_device_mesh('cpu', { 1 }):get_group(1).comm "
+local collectives = {
+  { "_dist_all_reduce with a tensor as its communicator", child = comm .. "loom.op('_dist_all_reduce', { loom.ones(2) }, { 0 }, nil, { loom.ones(1) })", "_dist_all_reduce", "handle 1 expected a communicator" },
+  { "_dist_all_reduce with a buffer as its communicator", child = comm .. "loom.op('_dist_all_reduce', { loom.ones(2) }, { 0 }, nil, { ffi.new('char[64]') })", "_dist_all_reduce", "handle 1 expected a communicator" },
+  { "_dist_all_reduce with a number as its communicator", child = comm .. "loom.op('_dist_all_reduce', { loom.ones(2) }, { 0 }, nil, { 12345 })", "convert", "void" },
+  { "_dist_all_reduce with a string as its communicator", child = comm .. "loom.op('_dist_all_reduce', { loom.ones(2) }, { 0 }, nil, { 'world' })", "convert", "void" },
+  { "_dist_all_reduce without a communicator", child = comm .. "loom.op('_dist_all_reduce', { loom.ones(2) }, { 0 })", "_dist_all_reduce", "got none" },
+  { "_dist_all_reduce with three handles", child = comm .. "loom.op('_dist_all_reduce', { loom.ones(2) }, { 0 }, nil, { g, g, g })", "_dist_all_reduce", "at most 24, 8 and 2" },
+  { "_dist_all_reduce with reduce op 99", child = comm .. "loom.op('_dist_all_reduce', { loom.ones(2) }, { 99 }, nil, { g })", "all_reduce", "got 99" },
+  { "_dist_all_gather over dim 5 of 1", child = comm .. "loom.op('_dist_all_gather', { loom.ones(2) }, { 5, 1 }, nil, { g })", "all_gather", "dim" },
+  { "_dist_slice over dim 9 of 1", child = comm .. "loom.op('_dist_slice', { loom.ones(2) }, { 9 }, nil, { g })", "dim" },
+  { "_dist_all_to_all split over dim 4 of 1", child = comm .. "loom.op('_dist_all_to_all', { loom.ones(2) }, { 4, 0, -1 }, nil, { g })", "all_to_all", "split_dim" },
+  { "_dist_reduce_scatter over dim 6 of 1", child = comm .. "loom.op('_dist_reduce_scatter', { loom.ones(2) }, { 0, 6 }, nil, { g })", "reduce_scatter", "dim" },
+}
+
 describe("op misuse", function()
   local n = 0
   describe("pointwise ops and numbers", function() n = n + X.run(it, pointwise) end)
@@ -159,6 +178,7 @@ describe("op misuse", function()
   describe("joins, splits, matmul", function() n = n + X.run(it, joins) end)
   describe("loom.F", function() n = n + X.run(it, functional) end)
   describe("crash-type calls in a child process", function() n = n + X.run(it, crashers) end)
+  describe("collective ops with wrong handles, in a child process", function() n = n + X.run(it, collectives) end)
 
   it("counts its cases (at least 120 here)", function()
     assert.is_true(n >= 120, "only " .. n .. " cases")
