@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test.sh: sets up (scripts/setup.sh), then runs every test: the C tests
 # (ctest), the layering check, the single-process busted specs, the leak check under valgrind
-# (scripts/leakcheck.sh), the multi-rank specs on 2 and 4 ranks, and the
+# (scripts/leakcheck.sh), ASan/UBSan (scripts/sanitize.sh), the multi-rank specs on 2 and 4 ranks, and the
 # multi-node rehearsal in network namespaces (scripts/test_netns.sh). Ends
 # with one "N passed, N failed" line; exits non-zero on any failure.
 set -uo pipefail
@@ -64,6 +64,10 @@ count_busted
 # leaks and memory errors under valgrind: test_core, a Lua workload, errors_spec
 suite "leak check (valgrind)" bash scripts/leakcheck.sh
 count_line leakcheck
+
+# ASan and UBSan: build-asan/, test_core and a set of single-process specs
+suite "sanitizers (scripts/sanitize.sh)" timeout 900 bash scripts/sanitize.sh
+count_line sanitize
 
 if [ -d spec/dist ] && [ -x scripts/loomrun ]; then
   for n in 2 4; do

@@ -60,14 +60,33 @@ double lm_load(const void *p, int d) {
   }
 }
 
+/* Out-of-range conversions to integers are undefined in C; these are
+ * defined: NaN becomes 0, values past the ends of int64 saturate, and i32
+ * takes the low 32 bits of the int64 value (two's complement wrap, as
+ * int32 arithmetic wraps; i32 ops compute in int64 and store here). The
+ * Lua layer rejects out-of-range numbers where they enter. */
+static int64_t to_i64(double v) {
+  if (v != v) return 0;
+  if (v <= -9223372036854775808.0) return INT64_MIN;
+  if (v >= 9223372036854775808.0) return INT64_MAX;
+  return (int64_t)v;
+}
+static int32_t to_i32(double v) {
+  if (v >= -2147483648.0 && v < 2147483648.0) return (int32_t)v;
+  if (v != v) return 0;
+  if (v <= -9223372036854775808.0) return INT32_MIN;
+  if (v >= 9223372036854775808.0) return INT32_MAX;
+  return (int32_t)(uint32_t)(uint64_t)(int64_t)v; /* GCC: modulo 2^32 */
+}
+
 void lm_store(void *p, int d, double v) {
   switch (d) {
   case LM_F32: *(float *)p = (float)v; break;
   case LM_F64: *(double *)p = v; break;
   case LM_BF16: *(uint16_t *)p = lm_f32_to_bf16((float)v); break;
   case LM_F16: *(uint16_t *)p = lm_f32_to_f16((float)v); break;
-  case LM_I32: *(int32_t *)p = (int32_t)v; break;
-  case LM_I64: *(int64_t *)p = (int64_t)v; break;
+  case LM_I32: *(int32_t *)p = to_i32(v); break;
+  case LM_I64: *(int64_t *)p = to_i64(v); break;
   default: *(uint8_t *)p = v != 0; break;
   }
 }

@@ -37,7 +37,8 @@ function F.log_softmax(x, d) return check(x, "log_softmax", "input"):log_softmax
 -- so it is reproducible and, on a DTensor, drawn by global index.
 function F.dropout(x, p, training)
   check(x, "dropout", "input")
-  if type(p) ~= "number" or p < 0 or p > 1 then T.argerror("dropout", "p", "a probability in [0, 1]", T.describe(p)) end
+  if type(p) ~= "number" or not (p >= 0 and p <= 1) then T.argerror("dropout", "p", "a probability in [0, 1]", T.describe(p)) end
+  if training ~= nil and type(training) ~= "boolean" then T.argerror("dropout", "training", "a boolean", T.describe(training)) end
   if training == false or p == 0 then return x end
   if p == 1 then return x * 0 end
   local keep
@@ -53,10 +54,32 @@ function F.dropout(x, p, training)
   return x * keep:to(x.dtype) * (1 / (1 - p))
 end
 
-local function ndims(fname, shape)
-  if type(shape) == "number" then return 1 end
-  if type(shape) ~= "table" then T.argerror(fname, "normalized_shape", "a size or a table of sizes", T.describe(shape), 3) end
-  return #shape
+-- the norms' int attrs: {k (the normalized dims), flags..., the k sizes}.
+-- normalized_shape must be the last k sizes of x (global ones for a
+-- DTensor), as in PyTorch; the sizes ride after the flags.
+local function norm_attrs(fname, x, shape, eps, ...)
+  if type(shape) == "number" then shape = { shape } end
+  if type(shape) ~= "table" or T.is_tensor(shape) or #shape == 0 then
+    T.argerror(fname, "normalized_shape", "a size or a non-empty table of sizes", T.describe(shape), 3)
+  end
+  local xs, k = x:size(), #shape
+  local want = table.concat(shape, ", ")
+  if k > #xs then
+    T.argerror(fname, "normalized_shape", string.format("at most the input's %d dims", #xs),
+               string.format("{%s} (%d dims)", want, k), 3)
+  end
+  for j = 1, k do
+    if shape[j] ~= xs[#xs - k + j] then
+      T.argerror(fname, "normalized_shape", string.format("the last %d sizes of the input {%s}", k,
+                 table.concat(xs, ", ", #xs - k + 1)), "{" .. want .. "}", 3)
+    end
+  end
+  if eps ~= nil and (type(eps) ~= "number" or not (eps >= 0 and eps < math.huge)) then
+    T.argerror(fname, "eps", "a finite number >= 0", T.describe(eps), 3)
+  end
+  local a = { k, ... }
+  for j = 1, k do a[#a + 1] = shape[j] end
+  return a
 end
 
 -- layer_norm(x, normalized_shape, weight, bias, eps)
@@ -65,7 +88,7 @@ function F.layer_norm(x, shape, w, b, eps)
   local inputs = { x }
   if w ~= nil then inputs[#inputs + 1] = check(w, "layer_norm", "weight") end
   if b ~= nil then inputs[#inputs + 1] = check(b, "layer_norm", "bias") end
-  local y = op(C.LM_OP_LAYER_NORM, inputs, { ndims("layer_norm", shape), w and 1 or 0, b and 1 or 0 }, { eps or 1e-5 })
+  local y = op(C.LM_OP_LAYER_NORM, inputs, norm_attrs("layer_norm", x, shape, eps, w and 1 or 0, b and 1 or 0), { eps or 1e-5 })
   return y   -- not the op's second output (the rows' statistics)
 end
 
@@ -74,7 +97,7 @@ function F.rms_norm(x, shape, w, eps)
   check(x, "rms_norm", "input")
   local inputs = { x }
   if w ~= nil then inputs[2] = check(w, "rms_norm", "weight") end
-  local y = op(C.LM_OP_RMS_NORM, inputs, { ndims("rms_norm", shape), w and 1 or 0 }, eps and { eps } or nil)
+  local y = op(C.LM_OP_RMS_NORM, inputs, norm_attrs("rms_norm", x, shape, eps, w and 1 or 0), eps and { eps } or nil)
   return y   -- not the op's second output (the rows' statistics)
 end
 
@@ -89,6 +112,7 @@ function F.embedding(ids, w)
 end
 
 local REDUCTION = { none = 0, mean = 1, sum = 2 }
+local CE_OPTS = { weight = true, ignore_index = true, reduction = true, label_smoothing = true }
 
 -- cross_entropy(logits, target, {weight, ignore_index=-100, reduction="mean",
 -- label_smoothing=0}): logits (N, C), (C) or (B, T, C) (flattened), target
@@ -99,14 +123,17 @@ function F.cross_entropy(logits, target, opts)
   if logits.dist ~= nil and F.parallel_cross_entropy then   -- inside loss_parallel
     return F.parallel_cross_entropy(logits, target, opts)
   end
-  opts = opts or {}
+  opts = T.check_opts("cross_entropy", opts, CE_OPTS)
   local red = REDUCTION[opts.reduction or "mean"]
   if not red then T.argerror("cross_entropy", "reduction", "\"none\", \"mean\" or \"sum\"", T.describe(opts.reduction)) end
   local ls = opts.label_smoothing or 0
-  if type(ls) ~= "number" or ls < 0 or ls > 1 then
+  if type(ls) ~= "number" or not (ls >= 0 and ls <= 1) then
     T.argerror("cross_entropy", "label_smoothing", "a number in [0, 1]", T.describe(ls))
   end
   local ignore = opts.ignore_index or -100
+  if not T.is_int(ignore) or math.abs(ignore) >= 2 ^ 53 then
+    T.argerror("cross_entropy", "ignore_index", "an integer", T.describe(ignore))
+  end
   local ids = target.dtype == "i64" or target.dtype == "i32"
   local lead = nil
   if logits:dim() > 2 then   -- (B, T, C) -> (B*T, C), the loss reshaped back
@@ -126,7 +153,14 @@ end
 
 -- scaled_dot_product_attention(q, k, v, {attn_mask, is_causal=false, scale})
 function F.scaled_dot_product_attention(q, k, v, opts)
-  opts = opts or {}
+  local fname = "scaled_dot_product_attention"
+  opts = T.check_opts(fname, opts, { attn_mask = true, is_causal = true, scale = true })
+  if opts.is_causal ~= nil and type(opts.is_causal) ~= "boolean" then
+    T.argerror(fname, "is_causal", "a boolean", T.describe(opts.is_causal))
+  end
+  if opts.scale ~= nil and (type(opts.scale) ~= "number" or not (opts.scale > 0 and opts.scale < math.huge)) then
+    T.argerror(fname, "scale", "a finite number > 0 (nil: 1/sqrt(head_dim))", T.describe(opts.scale))
+  end
   local inputs = { check(q, "scaled_dot_product_attention", "query"),
                    check(k, "scaled_dot_product_attention", "key"),
                    check(v, "scaled_dot_product_attention", "value") }

@@ -97,7 +97,12 @@ function loom.cuda.memory_stats(k)
 end
 
 function loom.num_threads() return lib.C.lm_num_threads() end
-function loom.set_num_threads(n) lib.C.lm_set_num_threads(n) end
+function loom.set_num_threads(n)
+  if not T.is_int(n) or n < 1 or n > 4096 then
+    T.argerror("set_num_threads", "n", "an integer in [1, 4096]", T.describe(n))
+  end
+  lib.C.lm_set_num_threads(n)
+end
 
 -- Submodules load lazily so `require "loom"` stays cheap.
 function loom.autocast(dtype, fn, ...) return require("loom.amp").autocast(dtype, fn, ...) end

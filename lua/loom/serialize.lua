@@ -213,6 +213,9 @@ function M.load(path)
   end
   if #s < MIN_SIZE then error(string.format("load: %s is truncated (%d bytes)", path, #s), 2) end
   local declared = tonumber(ffi.cast("uint64_t*", s:sub(#MAGIC + 1, HEAD))[0])
+  if declared < MIN_SIZE or declared > 2 ^ 53 then
+    error(string.format("load: %s is corrupt (its header gives a length of %.0f bytes)", path, declared), 2)
+  end
   if #s < declared then
     error(string.format("load: %s is truncated (%d of %d bytes)", path, #s, declared), 2)
   end

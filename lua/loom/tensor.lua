@@ -2,6 +2,7 @@
 -- creation functions and Torch7-style printing.
 local ffi = require "ffi"
 local lib = require "loom.lib"
+local checks = require "loom.checks"
 local C = lib.C
 
 local M = {}            -- the functions `loom` exports from this file
@@ -29,17 +30,8 @@ local function c_error(level)
 end
 M.c_error = c_error
 
-local function argerror(fname, argname, expected, got, level)
-  error(string.format("%s: %s expected %s, got %s", fname, argname, expected, got), (level or 2) + 1)
-end
-M.argerror = argerror
-
-local function describe(v)
-  if is_tensor(v) then return "a tensor" end
-  if type(v) == "string" then return string.format("%q", v) end
-  return type(v) == "table" and "a table" or tostring(v)
-end
-M.describe = describe
+local argerror, describe = checks.argerror, checks.describe
+M.argerror, M.describe = argerror, describe
 
 local function check_tensor(v, fname, argname)
   if not is_tensor(v) then argerror(fname, argname, "a tensor", describe(v), 3) end
@@ -47,16 +39,15 @@ local function check_tensor(v, fname, argname)
 end
 M.check_tensor = check_tensor
 
-local function check_int(v, fname, argname)
-  if type(v) ~= "number" or v ~= math.floor(v) then
-    argerror(fname, argname, "an integer", describe(v), 3)
-  end
-  return v
-end
+local is_int, check_int, fits, check_fits, check_opts =
+  checks.is_int, checks.check_int, checks.fits, checks.check_fits, checks.check_opts
+M.is_int, M.check_int, M.fits, M.check_fits, M.check_opts = is_int, check_int, fits, check_fits, check_opts
+M.check_size, M.dim_index = checks.check_size, checks.dim_index
+local dim_index = checks.dim_index
 
 -- Lua dim (1-based, negative from the end) to C (0-based, negative kept).
 local function cdim(d, fname, argname)
-  if type(d) ~= "number" or d ~= math.floor(d) or d == 0 then
+  if not is_int(d) or d == 0 then
     argerror(fname, argname or "dim", "a non-zero integer dim (1-based, negative from the end)",
              describe(d), 3)
   end
@@ -199,6 +190,9 @@ M.op2 = op2
 ---------------------------------------------------------------------------
 -- creation
 
+local CREATE_OPTS = { dtype = true, device = true, requires_grad = true }
+M.CREATE_OPTS = CREATE_OPTS
+
 -- Size from (2, 3), ({2, 3}) or a tensor's size table; then an options table.
 local function parse_size(fname, ...)
   local args = { ... }
@@ -209,13 +203,8 @@ local function parse_size(fname, ...)
     opts = table.remove(args)
   end
   local size = type(args[1]) == "table" and args[1] or args
-  if #size > 8 then argerror(fname, "size", "at most 8 dims", #size .. " dims", 3) end
-  for k, v in ipairs(size) do
-    if type(v) ~= "number" or v ~= math.floor(v) or v < 0 then
-      argerror(fname, "size", "non-negative integers", string.format("%s in dim %d", describe(v), k), 3)
-    end
-  end
-  return size, opts or {}
+  M.check_size(fname, size, 3)
+  return size, check_opts(fname, opts, CREATE_OPTS, 3)
 end
 
 local shapebuf = ffi.new("int64_t[8]")
@@ -244,13 +233,13 @@ function M.empty(...)
 end
 
 function M.full(size, value, opts)
-  opts = opts or {}
+  opts = check_opts("full", opts, CREATE_OPTS)
   if type(size) == "number" then size = { size } end
-  if type(size) ~= "table" then argerror("full", "size", "a table of sizes", describe(size)) end
+  M.check_size("full", size)
   if type(value) ~= "number" and type(value) ~= "boolean" then
     argerror("full", "value", "a number", describe(value))
   end
-  local _, _ = parse_size("full", size)
+  check_fits(value, opts.dtype and dtype_id(opts.dtype, "full") or 0, "full", "value")
   local t = empty_of("full", size, opts)
   if C.lm_fill_(t, value == true and 1 or value == false and 0 or value) < 0 then c_error() end
   return finish("full", t, opts)
@@ -270,18 +259,36 @@ end
 function M.arange(a, b, step, opts)
   if type(b) == "table" then opts, b = b, nil end
   if type(step) == "table" then opts, step = step, nil end
-  opts = opts or {}
+  opts = check_opts("arange", opts, CREATE_OPTS)
   local start, stop = b and a or 0, b or a
   step = step or 1
-  for name, v in pairs { start = start, stop = stop, step = step } do
-    if type(v) ~= "number" then argerror("arange", name, "a number", describe(v)) end
+  for _, kv in ipairs { { "start", start }, { "end", stop }, { "step", step } } do
+    local v = kv[2]
+    if type(v) ~= "number" or v ~= v or v == math.huge or v == -math.huge then
+      argerror("arange", kv[1], "a finite number", describe(v))
+    end
   end
   local dt = opts.dtype and dtype_id(opts.dtype, "arange") or 0
+  if step ~= 0 and (stop - start) / step > 2 ^ 53 then
+    argerror("arange", "end", "at most 2^53 elements from start by step", string.format("%.17g", stop))
+  end
+  check_fits(start, dt, "arange", "start")
+  if step ~= 0 and (stop - start) / step > 0 then   -- the last element: start + (n - 1) * step
+    check_fits(start + (math.ceil((stop - start) / step) - 1) * step, dt, "arange", "end")
+  end
   local dev = device_of(opts, "arange")
   return finish("arange", wrap(C.lm_arange(start, stop, step, dt, dev)), opts)
 end
 
 local RANDOM = { uniform = 0, normal = 1, randint = 2 }
+
+-- rand/randn draw reals: an integer dtype would hold only zeros
+function M.check_float_dtype(fname, dtype, level)
+  if dtype ~= nil and dtype_id(dtype, fname) >= 4 then
+    argerror(fname, "dtype", "a floating-point dtype (f32, f64, bf16, f16)", describe(dtype), (level or 2) + 1)
+  end
+end
+
 local function random(fname, kind, a, b, size, opts)
   local t = empty_of(fname, size, opts)
   if C.lm_random_(t, RANDOM[kind], a, b, nil, nil) < 0 then c_error(3) end
@@ -290,11 +297,13 @@ end
 
 function M.rand(...)
   local size, opts = parse_size("rand", ...)
+  M.check_float_dtype("rand", opts.dtype)
   return random("rand", "uniform", 0, 1, size, opts)
 end
 
 function M.randn(...)
   local size, opts = parse_size("randn", ...)
+  M.check_float_dtype("randn", opts.dtype)
   return random("randn", "normal", 0, 1, size, opts)
 end
 
@@ -303,10 +312,16 @@ function M.randint(low, high, size, opts)
   check_int(low, "randint", "low")
   check_int(high, "randint", "high")
   if type(size) == "number" then size = { size } end
-  local sz = parse_size("randint", size)
-  opts = opts or {}
-  if not opts.dtype then opts = { dtype = "i64", device = opts.device } end
-  return random("randint", "randint", low, high, sz, opts)
+  M.check_size("randint", size)
+  opts = check_opts("randint", opts, CREATE_OPTS)
+  if not opts.dtype then opts = { dtype = "i64", device = opts.device, requires_grad = opts.requires_grad } end
+  if low >= high then
+    argerror("randint", "low", string.format("less than high (%.17g)", high), string.format("%.17g", low))
+  end
+  local dt = dtype_id(opts.dtype, "randint")
+  check_fits(low, dt, "randint", "low")
+  check_fits(high - 1, dt, "randint", "high")
+  return random("randint", "randint", low, high, size, opts)
 end
 
 -- loom.device("meta"):use(fn): tensors made without a device inside fn
@@ -328,7 +343,9 @@ end
 function Device:__tostring() return "device(" .. self.name .. ")" end
 
 function M.manual_seed(seed)
-  check_int(seed, "manual_seed", "seed")
+  if not is_int(seed) or seed < -2 ^ 63 or seed >= 2 ^ 64 then
+    argerror("manual_seed", "seed", "an integer in [-2^63, 2^64)", describe(seed))
+  end
   C.lm_manual_seed(seed)
 end
 
@@ -339,6 +356,14 @@ function M.get_rng_state()
 end
 
 function M.set_rng_state(st)
+  if type(st) ~= "table" then argerror("set_rng_state", "state", "a table {seed, offset} from get_rng_state", describe(st)) end
+  for _, k in ipairs { "seed", "offset" } do
+    local v = st[k]
+    if not (type(v) == "cdata" and (ffi.istype("uint64_t", v) or ffi.istype("int64_t", v)))
+       and not (is_int(v) and v >= 0) then
+      argerror("set_rng_state", "state." .. k, "a non-negative integer", describe(v))
+    end
+  end
   C.lm_rng_set_state(st.seed, st.offset)
 end
 
@@ -346,8 +371,7 @@ end
 -- Lua has one number type, so the default dtype is f32 (as in Torch7);
 -- a table of booleans makes a bool tensor.
 function M.tensor(data, opts)
-  opts = opts or {}
-  if type(opts) ~= "table" then argerror("tensor", "options", "a table", describe(opts)) end
+  opts = check_opts("tensor", opts, CREATE_OPTS)
   local size, flat = {}, {}
   local function shape_of(v, d)
     if type(v) == "table" then
@@ -372,10 +396,12 @@ function M.tensor(data, opts)
   local dims = {}
   for d = 1, #size do if size[d] >= 0 then dims[#dims + 1] = size[d] end end
   local dt = opts.dtype or (type(flat[1]) == "boolean" and "bool" or "f32")
+  local dtid = dtype_id(dt, "tensor")
   local src = empty_of("tensor", dims, { dtype = "f64" })
   local p = ffi.cast("double*", C.lm_data(src))
   for i = 1, #flat do
     local v = flat[i]
+    if type(v) == "number" and not fits(v, dtid) then check_fits(v, dtid, "tensor", "data[" .. i .. "] (flat index)") end
     p[i - 1] = v == true and 1 or v == false and 0 or v
   end
   local t = empty_of("tensor", dims, { dtype = dt, device = opts.device })
@@ -466,11 +492,7 @@ function Tensor.size(x, d)
     for k = 0, x.ndim - 1 do s[k + 1] = tonumber(x.shape_[k]) end
     return s
   end
-  local n = x.ndim
-  if type(d) ~= "number" or d == 0 or d > n or d < -n then
-    argerror("size", "dim", string.format("a dim in [%d, -1] or [1, %d]", -n, n), describe(d))
-  end
-  return tonumber(x.shape_[d > 0 and d - 1 or n + d])
+  return tonumber(x.shape_[dim_index("size", d, x.ndim)])
 end
 
 function Tensor.stride(x, d)
@@ -479,19 +501,37 @@ function Tensor.stride(x, d)
     for k = 0, x.ndim - 1 do s[k + 1] = tonumber(x.stride_[k]) end
     return s
   end
-  return tonumber(x.stride_[cdim(d, "stride") % x.ndim])
+  return tonumber(x.stride_[dim_index("stride", d, x.ndim)])
 end
 
 function Tensor.is_contiguous(x) return C.lm_is_contiguous(x) == 1 end
 
 function Tensor.data_ptr(x) return C.lm_data(x) end
 
--- view(2, 3), view({2, 3}), view(-1)
-local function sizes(fname, ...)
-  local s = select("#", ...) == 1 and type((...)) == "table" and (...) or { ... }
-  for k, v in ipairs(s) do check_int(v, fname, "size #" .. k) end
+-- integers from (2, 3) or ({2, 3}): the sizes of view(2, 3), view({2, 3}),
+-- view(-1) (what = "size": each >= -1), or the dims of permute
+local function int_list(fname, what, ...)
+  local s = select("#", ...) == 1 and type((...)) == "table" and not is_tensor((...)) and (...) or { ... }
+  local n = 0
+  for _ in pairs(s) do n = n + 1 end
+  if n ~= #s then argerror(fname, what .. "s", "a list of integers", "a table with non-list keys", 3) end
+  if #s > 8 then argerror(fname, what, "at most 8 " .. what .. "s", #s .. " " .. what .. "s", 3) end
+  local numel = 1
+  for k, v in ipairs(s) do
+    check_int(v, fname, what .. " #" .. k)
+    if what == "size" and (v < -1 or v >= 2 ^ 62) then
+      argerror(fname, "size #" .. k, "a size >= 0 (or -1 to infer it)", describe(v), 3)
+    end
+    if v > 0 then numel = numel * v end
+  end
+  -- the core multiplies sizes in int64: a product past 2^62 would wrap
+  if what == "size" and numel >= 2 ^ 62 then
+    argerror(fname, "size", "sizes whose product is below 2^62", string.format("{%s} (%.17g elements)",
+             table.concat(s, ", "), numel), 3)
+  end
   return s
 end
+local function sizes(fname, ...) return int_list(fname, "size", ...) end
 
 function Tensor.view(x, ...) return op1(C.LM_OP_VIEW, x, sizes("view", ...)) end
 function Tensor.reshape(x, ...) return op1(C.LM_OP_RESHAPE, x, sizes("reshape", ...)) end
@@ -511,7 +551,7 @@ function Tensor.t(x)
 end
 
 function Tensor.permute(x, ...)
-  local dims = sizes("permute", ...)
+  local dims = int_list("permute", "dim", ...)
   for k, d in ipairs(dims) do dims[k] = cdim(d, "permute", "dim #" .. k) end
   return op1(C.LM_OP_PERMUTE, x, dims)
 end
@@ -521,20 +561,22 @@ function Tensor.narrow(x, d, start, len)
   check_int(start, "narrow", "start")
   check_int(len, "narrow", "length")
   if start < 1 then argerror("narrow", "start", "a 1-based index >= 1", tostring(start)) end
+  if len < 0 then argerror("narrow", "length", "a length >= 0", tostring(len)) end
   return op1(C.LM_OP_NARROW, x, { cdim(d, "narrow"), start - 1, len })
 end
 
 function Tensor.select(x, d, index)
+  local n = x:size(d)
+  if not is_int(index) or index < 1 or index > n then
+    argerror("select", "index", string.format("an index in [1, %d] (dim %s)", n, tostring(d)), describe(index))
+  end
   return op1(C.LM_OP_SQUEEZE, Tensor.narrow(x, d, index, 1), { cdim(d, "select") })
 end
 
 function Tensor.unsqueeze(x, d)
-  check_int(d, "unsqueeze", "dim")
   local n = x.ndim + 1
-  if d == 0 or d > n or d < -n then
-    argerror("unsqueeze", "dim", string.format("a dim in [%d, -1] or [1, %d]", -n, n), describe(d))
-  end
-  return op1(C.LM_OP_UNSQUEEZE, x, { d > 0 and d - 1 or d })
+  local i = dim_index("unsqueeze", d, n)
+  return op1(C.LM_OP_UNSQUEEZE, x, { d > 0 and i or d })
 end
 
 function Tensor.squeeze(x, d)
@@ -550,9 +592,12 @@ end
 function Tensor.clone(x) return op1(C.LM_OP_CLONE, x) end
 
 -- to("f64"), to("cpu"), to({dtype=..., device=...})
+local TO_OPTS = { dtype = true, device = true }
 function Tensor.to(x, what)
   local dtype, device = nil, nil
-  if type(what) == "table" and not is_tensor(what) then dtype, device = what.dtype, what.device
+  if type(what) == "table" and not is_tensor(what) then
+    check_opts("to", what, TO_OPTS)
+    dtype, device = what.dtype, what.device
   elseif type(what) == "string" and DTYPE_ID[what] then dtype = what
   elseif type(what) == "string" then device = what
   else argerror("to", "argument #1", "a dtype name, a device name or {dtype=, device=}", describe(what)) end
@@ -584,6 +629,7 @@ end
 function Tensor.fill_(x, v)
   check_inplace(x, "fill_")
   if type(v) ~= "number" and type(v) ~= "boolean" then argerror("fill_", "value", "a number", describe(v)) end
+  check_fits(v, x.dtype_, "fill_", "value")
   if C.lm_fill_(x, v == true and 1 or v == false and 0 or v) < 0 then c_error() end
   return x
 end

@@ -8,18 +8,34 @@ local as_tensor, check_tensor = T.as_tensor, T.check_tensor
 local M = {}
 
 -- binary ops take tensors or Lua numbers (or booleans) on either side
-local is_tensor, op2n = T.is_tensor, T.op2n
+local is_tensor, op2n, fits = T.is_tensor, T.op2n, T.fits
+
+-- A whole number mixed with an integer tensor computes in its dtype (bool
+-- in i64): it must fit it, as in PyTorch. Fractional numbers compute in f64.
+local function scalar_dtype(x) return x.dtype_ == 6 and 5 or x.dtype_ end
+local function check_scalar(v, x, name, argname)
+  if type(v) == "number" and x.dtype_ >= 4 and (v ~= v or v == math.floor(v)) and not fits(v, scalar_dtype(x)) then
+    T.check_fits(v, scalar_dtype(x), name, argname, 3)
+  end
+end
+
 local function binary(name)
   local id = C["LM_OP_" .. name:upper()]
   return function(a, b)
     if is_tensor(a) then
       if is_tensor(b) then return op2(id, a, b) end
       local tb = type(b)
-      if tb == "number" or tb == "boolean" then return op2n(id, a, b, false) end
+      if tb == "number" or tb == "boolean" then
+        check_scalar(b, a, name, "argument #2")
+        return op2n(id, a, b, false)
+      end
     end
     check_tensor(b, name, "argument #2")
     local ta = type(a)
-    if ta == "number" or ta == "boolean" then return op2n(id, b, a, true) end
+    if ta == "number" or ta == "boolean" then
+      check_scalar(a, b, name, "argument #1")
+      return op2n(id, b, a, true)
+    end
     check_tensor(a, name, "argument #1")
   end
 end
@@ -44,8 +60,16 @@ function Tensor.pow(x, p)
 end
 M.pow = Tensor.pow
 
+-- gelu(x), gelu(x, "tanh"), gelu(x, {approximate = "none" | "tanh"})
 function Tensor.gelu(x, opts)
-  local approx = opts and opts.approximate or "none"
+  local approx = "none"
+  if type(opts) == "string" then approx = opts
+  elseif type(opts) == "table" and not is_tensor(opts) then
+    T.check_opts("gelu", opts, { approximate = true })
+    approx = opts.approximate == nil and "none" or opts.approximate
+  elseif opts ~= nil then
+    T.argerror("gelu", "approximate", "\"none\", \"tanh\" or {approximate = ...}", T.describe(opts))
+  end
   if approx ~= "none" and approx ~= "tanh" then
     T.argerror("gelu", "approximate", "\"none\" or \"tanh\"", T.describe(approx))
   end
@@ -54,8 +78,19 @@ end
 
 -- clamp(min, max): nil leaves a side open
 function Tensor.clamp(x, lo, hi)
-  for name, v in pairs { min = lo, max = hi } do
-    if v ~= nil and type(v) ~= "number" then T.argerror("clamp", name, "a number or nil", T.describe(v)) end
+  check_tensor(x, "clamp", "self")
+  for _, kv in ipairs { { "min", lo }, { "max", hi } } do
+    local v = kv[2]
+    if v ~= nil and (type(v) ~= "number" or v ~= v) then
+      T.argerror("clamp", kv[1], "a number or nil", T.describe(v))
+    end
+    if v ~= nil and x.dtype_ >= 4 then check_scalar(math.floor(v), x, "clamp", kv[1]) end
+  end
+  if lo == nil and hi == nil then T.argerror("clamp", "min", "at least one of min and max", "neither") end
+  -- an integer kernel cannot take the open side's NaN: one side is a maximum/minimum
+  if x.dtype_ >= 4 and (lo == nil or hi == nil) then
+    if lo == nil then return x:minimum(math.floor(hi)) end
+    return x:maximum(math.ceil(lo))
   end
   return op1(C.LM_OP_CLAMP, x, nil, { lo or 0 / 0, hi or 0 / 0 })
 end
@@ -75,6 +110,8 @@ M.hardtanh = Tensor.hardtanh
 function M.where(cond, a, b)
   check_tensor(cond, "where", "condition")
   local like = T.is_tensor(a) and a or T.is_tensor(b) and b or cond:to("f32")
+  check_scalar(a, like, "where", "argument #2")
+  check_scalar(b, like, "where", "argument #3")
   return op(C.LM_OP_WHERE, { cond, as_tensor(a, like, "where", "argument #2"), as_tensor(b, like, "where", "argument #3") })
 end
 Tensor.where = function(x, cond, other) return M.where(cond, x, other) end
@@ -82,6 +119,7 @@ Tensor.where = function(x, cond, other) return M.where(cond, x, other) end
 function Tensor.masked_fill(x, mask, value)
   check_tensor(mask, "masked_fill", "mask")
   if type(value) ~= "number" then T.argerror("masked_fill", "value", "a number", T.describe(value)) end
+  check_scalar(value, x, "masked_fill", "value")
   return M.where(mask, value, x)
 end
 
@@ -93,7 +131,13 @@ M.matmul = Tensor.matmul
 -- reductions: x:sum() over everything, x:sum(dim, keepdim)
 
 local function reduce_attrs(name, d, keepdim)
-  if d == nil then return nil end
+  if keepdim ~= nil and type(keepdim) ~= "boolean" then
+    T.argerror(name, "keepdim", "a boolean", T.describe(keepdim), 3)
+  end
+  if d == nil then
+    if keepdim ~= nil then T.argerror(name, "dim", "a dim when keepdim is given", "nil", 3) end
+    return nil
+  end
   return { cdim(d, name), keepdim and 1 or 0 }
 end
 
@@ -126,8 +170,9 @@ end
 -- split(size, dim): pieces of `size` along dim, the last may be smaller
 function Tensor.split(x, size, d)
   d = d or 1
-  local n = x:size(d)
-  if type(size) ~= "number" or size < 1 or size ~= math.floor(size) then
+  local sz = x:size()   -- global sizes for a DTensor
+  local n = sz[T.dim_index("split", d, #sz) + 1]
+  if not T.is_int(size) or size < 1 then
     T.argerror("split", "split_size", "a positive integer", T.describe(size))
   end
   local parts = {}
@@ -140,16 +185,24 @@ end
 
 -- chunk(n, dim): torch.chunk: ceil-sized pieces, possibly fewer than n
 function Tensor.chunk(x, chunks, d)
-  if type(chunks) ~= "number" or chunks < 1 or chunks ~= math.floor(chunks) then
+  if not T.is_int(chunks) or chunks < 1 then
     T.argerror("chunk", "chunks", "a positive integer", T.describe(chunks))
   end
-  return x:split(math.max(1, math.ceil(x:size(d or 1) / chunks)), d)
+  local sz = x:size()
+  local n = sz[T.dim_index("chunk", d or 1, #sz) + 1]
+  return x:split(math.max(1, math.ceil(n / chunks)), d)
 end
 
 function Tensor.softmax(x, d) return op1(C.LM_OP_SOFTMAX, x, { cdim(d, "softmax") }) end
 function Tensor.log_softmax(x, d) return op1(C.LM_OP_LOG_SOFTMAX, x, { cdim(d, "log_softmax") }) end
-function Tensor.triu(x, k) return op1(C.LM_OP_TRIU, x, { k or 0 }) end
-function Tensor.tril(x, k) return op1(C.LM_OP_TRIL, x, { k or 0 }) end
+local function diagonal(name, k)
+  if k ~= nil and (not T.is_int(k) or math.abs(k) >= 2 ^ 62) then
+    T.argerror(name, "diagonal", "an integer", T.describe(k), 3)
+  end
+  return { k or 0 }
+end
+function Tensor.triu(x, k) return op1(C.LM_OP_TRIU, x, diagonal("triu", k)) end
+function Tensor.tril(x, k) return op1(C.LM_OP_TRIL, x, diagonal("tril", k)) end
 
 ---------------------------------------------------------------------------
 -- operators

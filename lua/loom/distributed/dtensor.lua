@@ -134,7 +134,7 @@ local shapebuf = ffi.new("int64_t[8]")
 function M.from_local(t, mesh, placements, opts)
   T.check_tensor(t, "from_local", "local_tensor")
   mesh = mesh or (require "loom.distributed").current_mesh()
-  opts = opts or {}
+  opts = T.check_opts("from_local", opts, { run_check = true, shape = true, stride = true })
   local m = c_mesh(mesh)
   local pl = c_placements("from_local", mesh, placements, t:dim())
   local gs = nil
@@ -142,6 +142,7 @@ function M.from_local(t, mesh, placements, opts)
     if type(opts.shape) ~= "table" or #opts.shape ~= t:dim() then
       T.argerror("from_local", "shape", "a table of " .. t:dim() .. " sizes", T.describe(opts.shape))
     end
+    T.check_size("from_local", opts.shape)
     for d = 1, #opts.shape do shapebuf[d - 1] = opts.shape[d] end
     gs = shapebuf
   end
@@ -158,12 +159,20 @@ function M.distribute_tensor(t, mesh, placements, opts)
   if is_dtensor(t) then error("distribute_tensor: the tensor is already a DTensor", 2) end
   mesh = mesh or (require "loom.distributed").current_mesh()
   if mesh == nil then error("distribute_tensor: no device_mesh given and no ambient mesh (mesh:use)", 2) end
-  opts = opts or {}
+  opts = T.check_opts("distribute_tensor", opts, { src_data_rank = true })
   -- Lua tables cannot hold nil: src_data_rank = false asks for no communication
   local src = opts.src_data_rank
   if src == nil then src = 0 elseif src == false then src = nil end
   local dist = require "loom.distributed"
   local m = c_mesh(mesh)
+  if src ~= nil then   -- a rank along every mesh dim: below the smallest dim's size
+    local smallest = math.huge
+    for k = 1, mesh.ndim do smallest = math.min(smallest, mesh.shape[k]) end
+    if not T.is_int(src) or src < 0 or src >= smallest then
+      T.argerror("distribute_tensor", "src_data_rank", string.format("a rank in [0, %d] or false", smallest - 1),
+                 T.describe(src))
+    end
+  end
   local pl = c_placements("distribute_tensor", mesh, placements, t:dim())
   for k = 0, mesh.ndim - 1 do
     if pl[k].kind == 2 then error("distribute_tensor: Partial placements cannot be distributed (use from_local)", 2) end
@@ -191,12 +200,14 @@ end
 
 -- factories: only this rank's shard is allocated; random ones draw each
 -- element from its global index, so they equal slices of the full draw.
-local function factory(name, fill)
+local function factory(name, fill, float_only)
   return function(size, mesh, placements, opts)
     if type(size) == "number" then size = { size } end
-    if type(size) ~= "table" then T.argerror(name, "size", "a table of sizes", T.describe(size)) end
+    T.check_size(name, size)
     mesh = mesh or (require "loom.distributed").current_mesh()
-    opts = opts or {}
+    if mesh == nil then error(name .. ": no device_mesh given and no ambient mesh (mesh:use)", 2) end
+    opts = T.check_opts(name, opts, T.CREATE_OPTS)
+    if float_only then T.check_float_dtype(name, opts.dtype) end
     local m = c_mesh(mesh)
     local pl = c_placements(name, mesh, placements, #size)
     for i = 1, #size do shapebuf[i - 1] = size[i] end
@@ -219,9 +230,12 @@ end
 M.empty = factory("empty", function() end)
 M.zeros = factory("zeros", function(t) t:fill_(0) end)
 M.ones = factory("ones", function(t) t:fill_(1) end)
-M.rand = factory("rand", random(0, 0, 1))
-M.randn = factory("randn", random(1, 0, 1))
+M.rand = factory("rand", random(0, 0, 1), true)
+M.randn = factory("randn", random(1, 0, 1), true)
 function M.full(size, value, mesh, placements, opts)
+  if type(value) ~= "number" and type(value) ~= "boolean" then T.argerror("full", "value", "a number", T.describe(value)) end
+  local dt = type(opts) == "table" and opts.dtype and T.dtype_id(opts.dtype, "full") or 0
+  T.check_fits(value, dt, "full", "value")
   return factory("full", function(t) t:fill_(value) end)(size, mesh, placements, opts)
 end
 
@@ -283,11 +297,7 @@ function Tensor.size(x, d)
   if x.dist == nil then return plain_size(x, d) end
   local _, size = spec(x)
   if d == nil then return size end
-  local n = #size
-  if type(d) ~= "number" or d == 0 or d > n or d < -n then
-    T.argerror("size", "dim", string.format("a dim in [%d, -1] or [1, %d]", -n, n), T.describe(d))
-  end
-  return size[d > 0 and d or n + d + 1]
+  return size[T.dim_index("size", d, #size) + 1]
 end
 function Tensor.numel(x)
   if x.dist == nil then return plain_numel(x) end

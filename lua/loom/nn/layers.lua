@@ -14,10 +14,30 @@ function M.Parameter(t)
   return t:detach():requires_grad_(true)
 end
 
+-- The checks below run in __init, called by Module.new: their errors
+-- name the line that made the layer (level 4 from the check).
+local LV = 4
+
 local function positive_int(fname, name, v)
-  if type(v) ~= "number" or v < 1 or v ~= math.floor(v) then
-    T.argerror(fname, name, "a positive integer", T.describe(v), 3)
+  if not T.is_int(v) or v < 1 then
+    T.argerror(fname, name, "a positive integer", T.describe(v), LV)
   end
+end
+
+-- eps: a finite number >= 0 (nil: the default)
+local function check_eps(fname, eps)
+  if eps ~= nil and (type(eps) ~= "number" or not (eps >= 0 and eps < math.huge)) then
+    T.argerror(fname, "eps", "a finite number >= 0", T.describe(eps), LV)
+  end
+  return eps
+end
+
+local function check_flag(fname, name, v)
+  if v ~= nil and type(v) ~= "boolean" then T.argerror(fname, name, "a boolean", T.describe(v), LV) end
+end
+
+local function float_dtype(fname, dtype)
+  T.check_float_dtype(fname, dtype, LV)
 end
 
 -- a parameter of the given size, dtype and device, filled by the layer's
@@ -34,7 +54,9 @@ M.Linear = Module:extend("Linear")
 function M.Linear:__init(in_features, out_features, opts)
   positive_int("Linear", "in_features", in_features)
   positive_int("Linear", "out_features", out_features)
-  opts = opts or {}
+  opts = T.check_opts("Linear", opts, { bias = true, dtype = true, device = true, weight = true }, LV - 1)
+  check_flag("Linear", "bias", opts.bias)
+  float_dtype("Linear", opts.dtype)
   self.in_features, self.out_features = in_features, out_features
   if opts.weight ~= nil then
     T.check_tensor(opts.weight, "Linear", "weight")
@@ -65,7 +87,8 @@ M.Embedding = Module:extend("Embedding")
 function M.Embedding:__init(n, dim, opts)
   positive_int("Embedding", "num_embeddings", n)
   positive_int("Embedding", "embedding_dim", dim)
-  opts = opts or {}
+  opts = T.check_opts("Embedding", opts, { dtype = true, device = true }, LV - 1)
+  float_dtype("Embedding", opts.dtype)
   self.num_embeddings, self.embedding_dim = n, dim
   self.weight = param({ n, dim }, opts)
   self:reset_parameters()
@@ -76,17 +99,26 @@ function M.Embedding:extra_repr() return self.num_embeddings .. ", " .. self.emb
 
 local function norm_shape(fname, shape)
   if type(shape) == "number" then shape = { shape } end
-  if type(shape) ~= "table" then T.argerror(fname, "normalized_shape", "a size or a table of sizes", T.describe(shape), 3) end
-  for _, v in ipairs(shape) do positive_int(fname, "normalized_shape", v) end
+  if type(shape) ~= "table" or T.is_tensor(shape) or #shape == 0 then
+    T.argerror(fname, "normalized_shape", "a size or a non-empty table of sizes", T.describe(shape), LV)
+  end
+  for _, v in ipairs(shape) do
+    if not T.is_int(v) or v < 1 then
+      T.argerror(fname, "normalized_shape", "positive integers", T.describe(v), LV)
+    end
+  end
   return shape
 end
 
 -- LayerNorm(shape, {eps=1e-5, elementwise_affine=true, bias=true})
 M.LayerNorm = Module:extend("LayerNorm")
 function M.LayerNorm:__init(shape, opts)
-  opts = opts or {}
+  opts = T.check_opts("LayerNorm", opts, { eps = true, elementwise_affine = true, bias = true, dtype = true, device = true }, LV - 1)
   self.normalized_shape = norm_shape("LayerNorm", shape)
-  self.eps = opts.eps or 1e-5
+  self.eps = check_eps("LayerNorm", opts.eps) or 1e-5
+  check_flag("LayerNorm", "elementwise_affine", opts.elementwise_affine)
+  check_flag("LayerNorm", "bias", opts.bias)
+  float_dtype("LayerNorm", opts.dtype)
   if opts.elementwise_affine ~= false then
     self.weight = param(self.normalized_shape, opts)
     if opts.bias ~= false then self.bias = param(self.normalized_shape, opts) end
@@ -103,9 +135,11 @@ function M.LayerNorm:extra_repr() return "(" .. table.concat(self.normalized_sha
 -- RMSNorm(shape, {eps=1e-6}): x / rms(x) * weight (Llama's)
 M.RMSNorm = Module:extend("RMSNorm")
 function M.RMSNorm:__init(shape, opts)
-  opts = opts or {}
+  opts = T.check_opts("RMSNorm", opts, { eps = true, elementwise_affine = true, dtype = true, device = true }, LV - 1)
   self.normalized_shape = norm_shape("RMSNorm", shape)
-  self.eps = opts.eps or 1e-6
+  self.eps = check_eps("RMSNorm", opts.eps) or 1e-6
+  check_flag("RMSNorm", "elementwise_affine", opts.elementwise_affine)
+  float_dtype("RMSNorm", opts.dtype)
   if opts.elementwise_affine ~= false then self.weight = param(self.normalized_shape, opts) end
   self:reset_parameters()
 end
@@ -116,7 +150,7 @@ function M.RMSNorm:extra_repr() return "(" .. table.concat(self.normalized_shape
 M.Dropout = Module:extend("Dropout")
 function M.Dropout:__init(p)
   p = p or 0.5
-  if type(p) ~= "number" or p < 0 or p > 1 then T.argerror("Dropout", "p", "a probability in [0, 1]", T.describe(p)) end
+  if type(p) ~= "number" or not (p >= 0 and p <= 1) then T.argerror("Dropout", "p", "a probability in [0, 1]", T.describe(p), LV - 1) end
   self.p = p
 end
 function M.Dropout:forward(x) return F.dropout(x, self.p, self.training) end
@@ -134,13 +168,23 @@ function M.Hardtanh:extra_repr() return ("min_val=%g, max_val=%g"):format(self.m
 M.ReLU6 = Module:extend("ReLU6")
 function M.ReLU6:forward(x) return F.relu6(x) end
 M.GELU = Module:extend("GELU")
-function M.GELU:__init(opts) self.approximate = opts and opts.approximate or "none" end
+function M.GELU:__init(opts)
+  if type(opts) == "string" then opts = { approximate = opts } end
+  opts = T.check_opts("GELU", opts, { approximate = true }, LV - 1)
+  local a = opts.approximate or "none"
+  if a ~= "none" and a ~= "tanh" then T.argerror("GELU", "approximate", "\"none\" or \"tanh\"", T.describe(a), LV - 1) end
+  self.approximate = a
+end
 function M.GELU:forward(x) return F.gelu(x, { approximate = self.approximate }) end
 
 -- Sequential(m1, m2, ...): children named 1, 2, ...
 M.Sequential = Module:extend("Sequential")
 function M.Sequential:__init(...)
-  for i, m in ipairs { ... } do self:register_module(tostring(i), m) end
+  for i = 1, select("#", ...) do
+    local m = select(i, ...)
+    if not Module.is_module(m) then T.argerror("Sequential", "module #" .. i, "an nn.Module", T.describe(m), LV - 1) end
+    self:register_module(tostring(i), m)
+  end
 end
 function M.Sequential:forward(x)
   for _, kv in ipairs(self:named_children()) do x = kv[2](x) end
@@ -153,9 +197,13 @@ M.Sequential.__len = M.Sequential.len
 -- ModuleList({m1, m2, ...}): children named 1, 2, ...; list[i] indexes
 M.ModuleList = Module:extend("ModuleList")
 function M.ModuleList:__init(list)
+  if list ~= nil and (type(list) ~= "table" or Module.is_module(list)) then
+    T.argerror("ModuleList", "modules", "a list of modules", T.describe(list), LV - 1)
+  end
   for _, m in ipairs(list or {}) do self:append(m) end
 end
 function M.ModuleList:append(m)
+  if not Module.is_module(m) then T.argerror("ModuleList", "module", "an nn.Module", T.describe(m), 2) end
   self:register_module(tostring(#self:named_children() + 1), m)
   return self
 end

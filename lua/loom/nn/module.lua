@@ -223,7 +223,8 @@ function Module:load_state_dict(sd, opts)
 end
 
 function Module:train(mode)
-  mode = mode == nil and true or mode
+  if mode ~= nil and type(mode) ~= "boolean" then T.argerror("train", "mode", "a boolean", T.describe(mode)) end
+  if mode == nil then mode = true end
   for _, mm in ipairs(self:named_modules()) do rawset(mm[2], "training", mode) end
   return self
 end

@@ -58,7 +58,10 @@ end
 function M.clip_grad_norm_(params, max_norm)
   if T.is_tensor(params) then params = { params } end
   if type(params) ~= "table" then T.argerror("clip_grad_norm_", "parameters", "a table of tensors", T.describe(params)) end
-  if type(max_norm) ~= "number" or max_norm <= 0 then
+  for i, p in ipairs(params) do
+    if not T.is_tensor(p) then T.argerror("clip_grad_norm_", "parameters[" .. i .. "]", "a tensor", T.describe(p)) end
+  end
+  if type(max_norm) ~= "number" or not (max_norm > 0) then
     T.argerror("clip_grad_norm_", "max_norm", "a positive number", T.describe(max_norm))
   end
   local norm = math.sqrt(M.grad_norm_squared(params))

@@ -10,6 +10,9 @@ local AdamW = {}
 AdamW.__index = AdamW
 
 function AdamW.new(params, opts)
+  if opts ~= nil and (type(opts) ~= "table" or T.is_tensor(opts)) then
+    T.argerror("AdamW", "options", "a table", T.describe(opts))
+  end
   opts = opts or {}
   local betas = opts.betas
   local plain = {}
@@ -17,9 +20,12 @@ function AdamW.new(params, opts)
   local self = Optimizer.new(AdamW, "AdamW", params,
     { lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 1e-2 }, plain)
   if betas ~= nil then
-    if type(betas) ~= "table" or type(betas[1]) ~= "number" or type(betas[2]) ~= "number" then
-      error("AdamW: betas expected a table of two numbers", 2)
+    if type(betas) ~= "table" or T.is_tensor(betas) or #betas ~= 2 or type(betas[1]) ~= "number"
+       or type(betas[2]) ~= "number" then
+      T.argerror("AdamW", "betas", "a table of two numbers {beta1, beta2}", T.describe(betas))
     end
+    Optimizer.check_value("AdamW", "beta1", betas[1])
+    Optimizer.check_value("AdamW", "beta2", betas[2])
     self.defaults.beta1, self.defaults.beta2 = betas[1], betas[2]
   end
   return self

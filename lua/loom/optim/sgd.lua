@@ -11,7 +11,8 @@ function SGD.new(params, opts)
     { lr = 1e-3, momentum = 0, dampening = 0, nesterov = false, weight_decay = 0 }, opts)
   local d = self.defaults
   if d.nesterov and (d.momentum <= 0 or d.dampening ~= 0) then
-    error("SGD: nesterov needs momentum > 0 and dampening 0", 2)
+    error(string.format("SGD: nesterov needs momentum > 0 and dampening 0, got momentum %s and dampening %s",
+                        tostring(d.momentum), tostring(d.dampening)), 2)
   end
   return self
 end

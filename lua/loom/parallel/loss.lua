@@ -16,6 +16,17 @@ local C = loom.C
 local M = {}
 local SUM, MAX = 0, 2
 
+-- Every rank holds all the ids: each checks them against the whole
+-- vocabulary (as F.cross_entropy does at TP=1), so all raise alike and no
+-- rank waits in a collective.
+local function check_ids(fname, ids, valid, ncls)
+  local bad = loom.no_grad(function() return valid:logical_and(ids:lt(1):logical_or(ids:gt(ncls))) end)
+  if bad:sum():item() == 0 then return end
+  local at = bad:to("i32"):argmax():item()
+  error(string.format("%s: target holds class %d at position %d, outside [1, %d] (the global vocabulary) "
+                      .. "and not ignore_index", fname, ids:narrow(1, at, 1):item(), at, ncls), 4)
+end
+
 local function vocab_parallel_cross_entropy(logits, target, opts)
   local fname = "cross_entropy (loss_parallel)"
   local mesh = logits.device_mesh
@@ -28,12 +39,18 @@ local function vocab_parallel_cross_entropy(logits, target, opts)
   if target.dtype ~= "i64" and target.dtype ~= "i32" then
     error(fname .. ": loss_parallel expects class ids as targets (i64), got " .. target.dtype, 3)
   end
-  opts = opts or {}
+  opts = T.check_opts(fname, opts, { weight = true, ignore_index = true, reduction = true, label_smoothing = true }, 3)
   local reduction = opts.reduction or "mean"
   if reduction ~= "mean" and reduction ~= "sum" and reduction ~= "none" then
     T.argerror(fname, "reduction", "\"none\", \"mean\" or \"sum\"", T.describe(reduction), 3)
   end
   local eps, ignore = opts.label_smoothing or 0, opts.ignore_index or -100
+  if type(eps) ~= "number" or not (eps >= 0 and eps <= 1) then
+    T.argerror(fname, "label_smoothing", "a number in [0, 1]", T.describe(eps), 3)
+  end
+  if not T.is_int(ignore) or math.abs(ignore) >= 2 ^ 53 then
+    T.argerror(fname, "ignore_index", "an integer", T.describe(ignore), 3)
+  end
   local ncls = logits:size(nd)
   local comm = mesh:get_group(1).comm
   local function all_reduce(x, op) return T.op(C.LM_OP_DIST_ALL_REDUCE, { x }, { op }, nil, { comm }) end
@@ -48,6 +65,7 @@ local function vocab_parallel_cross_entropy(logits, target, opts)
     error(string.format("%s: %d targets for %d rows of logits", fname, ids:numel(), l:size(1)), 3)
   end
   local valid = ids:ne(ignore)
+  check_ids(fname, ids, valid, ncls)
   -- rows whose target class is on this shard, and its column here (0 elsewhere)
   local here = ids:gt(offset):logical_and(ids:le(offset + nloc))
   local col = (ids - (offset + 1)):masked_fill(here:logical_not(), 0)

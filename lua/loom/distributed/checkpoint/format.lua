@@ -147,7 +147,96 @@ function M.read_manifest(dir, fname)
     error(string.format("%s: %s has format version %s (this loom reads version %d)", fname, path,
                         tostring(m.version), M.VERSION), 0)
   end
+  local ok, err = pcall(M.check_manifest, m)
+  if not ok then M.fail(dir, fname, "%s is corrupt (%s)", path, tostring(err)) end
   return m, path
+end
+
+---------------------------------------------------------------------------
+-- the manifest's own consistency: its checksum guards against damage, but
+-- a file that is well formed and lies (edited, or written by a buggy
+-- tool) must not make the reader copy past a buffer or index past a list
+
+local DTYPE_SIZE = { f32 = 4, f64 = 8, bf16 = 2, f16 = 2, i32 = 4, i64 = 8, bool = 1 }
+local u64_ct = ffi.typeof("uint64_t")
+
+local function bad(where, expected, got)
+  error(string.format("%s: expected %s, got %s", where, expected, T.describe(got)), 0)
+end
+local function is_list(t, n)
+  if type(t) ~= "table" or T.is_tensor(t) then return false end
+  local k = 0
+  for _ in pairs(t) do k = k + 1 end
+  return k == #t and (n == nil or #t == n)
+end
+local function nonneg_int(v) return T.is_int(v) and v >= 0 and v < 2 ^ 53 end
+local function size_list(where, t, n)
+  if not is_list(t, n) or #t > 8 then bad(where, n and ("a list of " .. n .. " sizes") or "a list of at most 8 sizes", t) end
+  for d, v in ipairs(t) do if not nonneg_int(v) then bad(where .. "[" .. d .. "]", "an integer >= 0", v) end end
+end
+
+function M.check_manifest(m)
+  if not is_list(m.files) then bad("files", "a list", m.files) end
+  for r, fe in ipairs(m.files) do
+    local w = "files[" .. r .. "]"
+    if type(fe) ~= "table" then bad(w, "a table", fe) end
+    if type(fe.name) ~= "string" or not fe.name:match("^[%w_.-]+$") or fe.name:match("^%.") then
+      bad(w .. ".name", "a file name inside the checkpoint", fe.name)
+    end
+    if not nonneg_int(fe.size) then bad(w .. ".size", "an integer >= 0", fe.size) end
+    if not ffi.istype(u64_ct, fe.checksum) then bad(w .. ".checksum", "a uint64", fe.checksum) end
+  end
+  if not is_list(m.tensors) then bad("tensors", "a list", m.tensors) end
+  for i, te in ipairs(m.tensors) do
+    local w = "tensors[" .. i .. "]"
+    if type(te) ~= "table" then bad(w, "a table", te) end
+    if not is_list(te.path) or #te.path == 0 then bad(w .. ".path", "a non-empty list of keys", te.path) end
+    for _, k in ipairs(te.path) do
+      if type(k) ~= "string" and type(k) ~= "number" then bad(w .. ".path", "string or number keys", k) end
+    end
+    if type(te.name) ~= "string" then bad(w .. ".name", "a string", te.name) end
+    local es = DTYPE_SIZE[te.dtype]
+    if not es then bad(w .. ".dtype", "a dtype name", te.dtype) end
+    size_list(w .. ".shape", te.shape)
+    if not is_list(te.shards) then bad(w .. ".shards", "a list", te.shards) end
+    local covered, total = 0, 1
+    for d = 1, #te.shape do total = total * te.shape[d] end
+    for j, sh in ipairs(te.shards) do
+      local ws = w .. ".shards[" .. j .. "]"
+      if type(sh) ~= "table" then bad(ws, "a table", sh) end
+      if not T.is_int(sh.file) or sh.file < 1 or sh.file > #m.files then
+        bad(ws .. ".file", "a file number in [1, " .. #m.files .. "]", sh.file)
+      end
+      size_list(ws .. ".offset", sh.offset, #te.shape)
+      size_list(ws .. ".size", sh.size, #te.shape)
+      local n = es
+      for d = 1, #te.shape do
+        if sh.offset[d] + sh.size[d] > te.shape[d] then
+          bad(ws, string.format("a block inside the shape in dim %d (offset %d, size %d, of %d)", d, sh.offset[d],
+                                sh.size[d], te.shape[d]), "one past it")
+        end
+        n = n * sh.size[d]
+      end
+      if sh.nbytes ~= n then bad(ws .. ".nbytes", n .. " (its size times " .. es .. " bytes)", sh.nbytes) end
+      if not nonneg_int(sh.byte_offset) or sh.byte_offset + n > m.files[sh.file].size then
+        bad(ws .. ".byte_offset", "an offset whose block lies inside " .. m.files[sh.file].name, sh.byte_offset)
+      end
+      if not ffi.istype(u64_ct, sh.checksum) then bad(ws .. ".checksum", "a uint64", sh.checksum) end
+      covered = covered + n / es
+      for q = 1, j - 1 do   -- blocks are written once each: none overlaps another
+        local o, apart = te.shards[q], false
+        for d = 1, #te.shape do
+          if o.offset[d] >= sh.offset[d] + sh.size[d] or sh.offset[d] >= o.offset[d] + o.size[d] then apart = true end
+        end
+        if not apart and n > 0 and o.nbytes > 0 then bad(ws, "a block apart from shards[" .. q .. "]", "an overlap") end
+      end
+    end
+    -- every element comes from a shard (a load never hands out unwritten memory)
+    if covered ~= total then
+      bad(w .. ".shards", string.format("blocks covering its %d elements", total), covered .. " elements")
+    end
+  end
+  if m.values ~= nil and type(m.values) ~= "table" then bad("values", "a table", m.values) end
 end
 
 -- reader(dir, m, fname) -> read(shard, name), close(): read returns the

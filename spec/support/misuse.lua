@@ -1,0 +1,57 @@
+-- misuse.lua: the misuse specs' harness (`local X = require "support.misuse"`).
+-- A case is { "what it does", fn, pattern, ... }: fn must raise a Lua error
+-- whose message holds every pattern (plain text, any case), so the message
+-- names the argument and what was expected. A case with `child = "code"`
+-- instead of fn runs the code in a fresh luajit (loom, ffi and dist loaded)
+-- because it could crash the process: the child must end with a Lua error
+-- holding the patterns, never with a signal.
+local sys = require "support.sys"
+
+local X = {}
+
+-- the error fn raises (fails the spec if it returns)
+function X.error_of(fn)
+  local ok, err = pcall(fn)
+  assert(not ok, "expected an error, but the call returned")
+  return tostring(err)
+end
+
+local function check_patterns(err, pats, from)
+  local low = err:lower()
+  for i = from, #pats do
+    local p = pats[i]
+    assert(low:find(p:lower(), 1, true), string.format("the message %q lacks %q", err, p))
+  end
+end
+
+-- the prelude every child runs before its case
+local prelude = "package.path = " .. string.format("%q", package.path) .. "; "
+    .. "loom = require 'loom'; ffi = require 'ffi'; "
+
+-- runs code in a fresh luajit; returns the exit code and the output
+function X.child(code, env)
+  local rc, out = sys.sh((env or "") .. " luajit -e " .. sys.shq(prelude .. code) .. " </dev/null")
+  return rc, out
+end
+
+function X.check_child(code, pats, from)
+  local rc, out = X.child(code)
+  assert(rc < 128, string.format("the child died of signal %d (exit %d):\n%s", rc - 128, rc, out))
+  assert(rc == 1 and out:find("luajit: ", 1, true),
+         string.format("expected a Lua error (exit 1), got exit %d:\n%s", rc, out))
+  check_patterns(out, pats, from)
+end
+
+-- registers one `it` per case (busted's `it`, passed in: a support module
+-- does not see the spec's environment); returns how many
+function X.run(it, cases)
+  for _, c in ipairs(cases) do
+    it(c[1], function()
+      if c.child then X.check_child(c.child, c, 2)
+      else check_patterns(X.error_of(c[2]), c, 3) end
+    end)
+  end
+  return #cases
+end
+
+return X
