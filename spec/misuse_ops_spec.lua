@@ -149,6 +149,11 @@ local crashers = {
   { "loom.op layer_norm with a short weight", child = "loom.op('layer_norm', { loom.ones(2, 3), loom.ones(2) }, { 1, 1, 0 }, { 1e-5 })", "layer_norm", "weight" },
   { "loom.op where with a float condition", child = "loom.op('where', { loom.ones(3), loom.ones(3), loom.ones(3) })", "where", "condition" },
   { "loom.op triu of a 1-D tensor", child = "loom.op('triu', { loom.ones(3) }, { 2 ^ 62 })", "triu", "2 dims" },
+  { "loom.op transpose with one dim", child = "loom.op('transpose', { loom.ones(2, 3) }, { 0 })", "transpose", "2 integer attrs" },
+  { "loom.op narrow without start and length", child = "loom.op('narrow', { loom.ones(4) }, { 0 })", "narrow", "3 integer attrs" },
+  { "loom.op unsqueeze without a dim", child = "loom.op('unsqueeze', { loom.ones(4) })", "unsqueeze", "1 integer attrs" },
+  { "loom.op cat without a dim", child = "loom.op('cat', { loom.ones(4), loom.ones(4) })", "cat", "1 integer attrs" },
+  { "loom.op view to sizes past 2^63", child = "loom.op('view', { loom.ones(0) }, { 2 ^ 40, 2 ^ 40, 0 })", "view", "2^63" },
   { "loom.op expand to 2^62 x 2^62 then sum", child = "loom.op('expand', { loom.ones(1) }, { 2 ^ 62, 2 ^ 62 }):sum()", "elements" },
 }
 
@@ -160,10 +165,12 @@ local comm = "local dist = require 'loom.distributed' dist.init() "
 local collectives = {
   { "_dist_all_reduce with a tensor as its communicator", child = comm .. "loom.op('_dist_all_reduce', { loom.ones(2) }, { 0 }, nil, { loom.ones(1) })", "_dist_all_reduce", "handle 1 expected a communicator" },
   { "_dist_all_reduce with a buffer as its communicator", child = comm .. "loom.op('_dist_all_reduce', { loom.ones(2) }, { 0 }, nil, { ffi.new('char[64]') })", "_dist_all_reduce", "handle 1 expected a communicator" },
-  { "_dist_all_reduce with a number as its communicator", child = comm .. "loom.op('_dist_all_reduce', { loom.ones(2) }, { 0 }, nil, { 12345 })", "convert", "void" },
-  { "_dist_all_reduce with a string as its communicator", child = comm .. "loom.op('_dist_all_reduce', { loom.ones(2) }, { 0 }, nil, { 'world' })", "convert", "void" },
+  { "_dist_all_reduce with a number as its communicator", child = comm .. "loom.op('_dist_all_reduce', { loom.ones(2) }, { 0 }, nil, { 12345 })", "_dist_all_reduce", "handle 1 expected a communicator", "12345" },
+  { "_dist_all_reduce with a string as its communicator", child = comm .. "loom.op('_dist_all_reduce', { loom.ones(2) }, { 0 }, nil, { 'world' })", "_dist_all_reduce", "handle 1 expected a communicator", "world" },
   { "_dist_all_reduce without a communicator", child = comm .. "loom.op('_dist_all_reduce', { loom.ones(2) }, { 0 })", "_dist_all_reduce", "got none" },
-  { "_dist_all_reduce with three handles", child = comm .. "loom.op('_dist_all_reduce', { loom.ones(2) }, { 0 }, nil, { g, g, g })", "_dist_all_reduce", "at most 24, 8 and 2" },
+  { "_dist_all_reduce with three handles", child = comm .. "loom.op('_dist_all_reduce', { loom.ones(2) }, { 0 }, nil, { g, g, g })", "_dist_all_reduce", "at most 2 handles" },
+  { "_dist_all_reduce with a raw pointer as its communicator", child = comm .. "loom.op('_dist_all_reduce', { loom.ones(2) }, { 0 }, nil, { ffi.cast('void *', 12345) })", "_dist_all_reduce", "handle 1 expected a communicator" },
+  { "_dist_all_reduce with 5000 handles", child = comm .. "local h = {} for k = 1, 5000 do h[k] = g end loom.op('_dist_all_reduce', { loom.ones(2) }, { 0 }, nil, h)", "_dist_all_reduce", "at most 2 handles" },
   { "_dist_all_reduce with reduce op 99", child = comm .. "loom.op('_dist_all_reduce', { loom.ones(2) }, { 99 }, nil, { g })", "all_reduce", "got 99" },
   { "_dist_all_gather over dim 5 of 1", child = comm .. "loom.op('_dist_all_gather', { loom.ones(2) }, { 5, 1 }, nil, { g })", "all_gather", "dim" },
   { "_dist_slice over dim 9 of 1", child = comm .. "loom.op('_dist_slice', { loom.ones(2) }, { 9 }, nil, { g })", "dim" },
@@ -217,5 +224,12 @@ describe("what misuse once got through", function()
     local m = loom.tensor({ -2 ^ 63, 5 }, { dtype = "i64" })
     assert.same({ -2 ^ 63, -5 }, (-m):totable())
     assert.same({ -2 ^ 63, 5 }, m:abs():totable())
+  end)
+
+  it("int64 add, sub and mul that overflow wrap modulo 2^64, as in PyTorch", function()
+    local m = loom.tensor({ -2 ^ 63, 2 ^ 62 }, { dtype = "i64" })
+    assert.same({ 0, -2 ^ 63 }, (m + m):totable())
+    assert.same({ 0, 0 }, (m * 4):totable())
+    assert.same({ 0, 2 ^ 62 }, (m - m:neg():neg()):add(loom.tensor({ 0, 2 ^ 62 }, { dtype = "i64" })):totable())
   end)
 end)

@@ -33,7 +33,8 @@ static inline float lm_expf(float x) {
   float lo = lm_f32_bits(lm_expf_bounds[0]), hi = lm_f32_bits(lm_expf_bounds[1]);
   float xc = x < lo ? lo : x;
   xc = xc > hi ? hi : xc;
-  float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  float t = xc * 1.44269504088896341f + 12582912.0f; /* 1.5 * 2^23: n in t's low bits */
+  float n = t - 12582912.0f;
   float r = xc - n * 0.693359375f; /* n * C1 is exact: C1 has 9 bits */
   r = r + n * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
@@ -44,7 +45,8 @@ static inline float lm_expf(float x) {
   p = p * r + 5.0000001201e-1f;
   p = (p * r) * r + r + 1.0f;
   /* 2^n, n in [-127, 128]: 2^min(n, 127), doubled when n is 128 */
-  int32_t ni = (int32_t)n;
+  /* n as an integer from t's bits, not (int32_t)n: defined for NaN too */
+  int32_t ni = (int32_t)(lm_bits_f32(t) - 0x4B400000u);
   float res = p * lm_f32_bits((uint32_t)((ni > 127 ? 127 : ni) + 127) << 23);
   return ni > 127 ? res + res : res;
 }

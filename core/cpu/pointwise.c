@@ -151,12 +151,22 @@ static void unary_f32(int64_t n, char **p, const int64_t *s, void *ctx) {
   }
 }
 
+/* a double as int64, saturating (clamp's open bounds are +-inf); NaN: 0 */
+static int64_t sat_i64(double v) {
+  return v != v ? 0 : v <= -0x1p63 ? INT64_MIN : v >= 0x1p63 ? INT64_MAX : (int64_t)v;
+}
+
+/* integer arithmetic wraps (two's complement), as PyTorch's: computed in
+ * uint64_t, where overflow is defined */
+#define WRAP(e) ((int64_t)(uint64_t)(e))
+#define NEG_I64(x) WRAP(0 - (uint64_t)(x))
+
 static void unary_int(int64_t n, char **p, const int64_t *s, void *ctx) {
   const pw *c = ctx;
-  const int64_t k0 = c->p ? (int64_t)c->p[0] : 0, k1 = c->p ? (int64_t)c->p[1] : 0;
+  const int64_t k0 = c->p ? sat_i64(c->p[0]) : 0, k1 = c->p ? sat_i64(c->p[1]) : 0;
   switch (c->kind) {
-  case LM_NEG: ROW1(int64_t, int64_t, -x); break;
-  case LM_ABS: ROW1(int64_t, int64_t, x < 0 ? -x : x); break;
+  case LM_NEG: ROW1(int64_t, int64_t, NEG_I64(x)); break;
+  case LM_ABS: ROW1(int64_t, int64_t, x < 0 ? NEG_I64(x) : x); break;
   case LM_RELU: ROW1(int64_t, int64_t, x > 0 ? x : 0); break;
   case LM_CLAMP: ROW1(int64_t, int64_t, x < k0 ? k0 : x > k1 ? k1 : x); break;
   case LM_SIGN: ROW1(int64_t, int64_t, (x > 0) - (x < 0)); break;
@@ -164,12 +174,13 @@ static void unary_int(int64_t n, char **p, const int64_t *s, void *ctx) {
   }
 }
 
-#define BINARY(T, NAME, DIVEXPR)                                               \
+/* U: the type + - * run in (uint64_t for int64, so they wrap) */
+#define BINARY(T, U, NAME, DIVEXPR)                                            \
   static void NAME(int64_t n, char **p, const int64_t *s, void *ctx) {         \
     switch (((const pw *)ctx)->kind) {                                         \
-    case LM_ADD: ROW2(T, T, x + y); break;                                     \
-    case LM_SUB: ROW2(T, T, x - y); break;                                     \
-    case LM_MUL: ROW2(T, T, x * y); break;                                     \
+    case LM_ADD: ROW2(T, T, (T)((U)x + (U)y)); break;                          \
+    case LM_SUB: ROW2(T, T, (T)((U)x - (U)y)); break;                          \
+    case LM_MUL: ROW2(T, T, (T)((U)x * (U)y)); break;                          \
     case LM_DIV: ROW2(T, T, DIVEXPR); break;                                   \
     case LM_POW: ROW2(T, T, pow(x, y)); break;                                 \
     case LM_MAXIMUM: ROW2(T, T, (x != x || x > y) ? x : y); break;             \
@@ -184,10 +195,10 @@ static void unary_int(int64_t n, char **p, const int64_t *s, void *ctx) {
     case LM_OR: ROW2(T, uint8_t, x || y); break;                               \
     }                                                                          \
   }
-BINARY(f32, binary_f32, x / y)
-BINARY(f64, binary_f64, x / y)
-BINARY(int64_t, binary_i64, y ? x / y : 0)
-BINARY(uint8_t, binary_bool, y ? x / y : 0)
+BINARY(f32, f32, binary_f32, x / y)
+BINARY(f64, f64, binary_f64, x / y)
+BINARY(int64_t, uint64_t, binary_i64, y == -1 ? NEG_I64(x) : y ? x / y : 0)
+BINARY(uint8_t, unsigned, binary_bool, y ? x / y : 0)
 
 static lm_row_fn pick(int dtype, lm_row_fn f32, lm_row_fn f64, lm_row_fn i64, lm_row_fn b) {
   switch (dtype) {

@@ -129,5 +129,7 @@ int lm_give(const lm_saved *s, lm_tensor **gin, int i, lm_tensor *g);
 /* the broadcast of n metas' shapes into out (dtype untouched) */
 int lm_broadcast_metas(const char *op, int n, const lm_meta *in, lm_meta *out);
 int lm_need_float(const char *op, int k, const char *arg, const lm_meta *m);
+/* error unless attrs carry at least n ints (what: their names, for the message) */
+int lm_need_ints(const char *op, const lm_attrs *a, int n, const char *what);
 
 #endif

@@ -18,6 +18,11 @@ int lm_broadcast_metas(const char *op, int n, const lm_meta *in, lm_meta *out) {
   return 0;
 }
 
+int lm_need_ints(const char *op, const lm_attrs *a, int n, const char *what) {
+  if (a->ni >= n) return 0;
+  return lm_error("%s: expected %d integer attrs (%s), got %d", op, n, what, a->ni);
+}
+
 int lm_need_float(const char *op, int k, const char *arg, const lm_meta *m) {
   if (lm_is_float(m->dtype)) return 0;
   return lm_error("%s: argument #%d (%s) expected a floating point tensor, got %s", op, k, arg,

@@ -20,6 +20,8 @@ int lm_shape_view(int op, int nin, const lm_meta *in, const lm_attrs *a, lm_meta
     } else if (a->i[d] < 0) {
       return lm_error("%s: expected sizes >= 0 (or one -1), got %lld in dim %d", name,
                       (long long)a->i[d], d + 1);
+    } else if (known > 0 && a->i[d] > INT64_MAX / known) {
+      return lm_error("%s: sizes multiply past 2^63 at dim %d (%lld)", name, d + 1, (long long)a->i[d]);
     } else known *= a->i[d];
   }
   if (infer >= 0) {
@@ -97,6 +99,7 @@ int lm_bw_identity(const lm_saved *n, lm_tensor *const *gout, lm_tensor **gin) {
 /* ---- transpose (attrs: dim0, dim1) ---- */
 int lm_shape_transpose(int op, int nin, const lm_meta *in, const lm_attrs *a, lm_meta *out) {
   (void)op, (void)nin;
+  if (lm_need_ints("transpose", a, 2, "dim0, dim1")) return -1;
   int d0 = lm_wrap_dim("transpose", "dim0", a->i[0], in[0].ndim);
   int d1 = lm_wrap_dim("transpose", "dim1", a->i[1], in[0].ndim);
   if (d0 < 0 || d1 < 0) return -1;
@@ -159,6 +162,7 @@ int lm_shape_narrow(int op, int nin, const lm_meta *in, const lm_attrs *a, lm_me
   (void)op, (void)nin;
   const lm_meta *x = &in[0];
   if (x->ndim == 0) return lm_error("narrow: expected a tensor with at least 1 dim, got a scalar");
+  if (lm_need_ints("narrow", a, 3, "dim, start, length")) return -1;
   int d = lm_wrap_dim("narrow", "dim", a->i[0], x->ndim);
   if (d < 0) return -1;
   int64_t start = a->i[1], len = a->i[2];
@@ -273,6 +277,7 @@ int lm_shape_unsqueeze(int op, int nin, const lm_meta *in, const lm_attrs *a, lm
   (void)op, (void)nin;
   const lm_meta *x = &in[0];
   if (x->ndim == LM_MAX_DIMS) return lm_error("unsqueeze: the tensor already has %d dims", LM_MAX_DIMS);
+  if (lm_need_ints("unsqueeze", a, 1, "dim")) return -1;
   int d = lm_wrap_dim("unsqueeze", "dim", a->i[0], x->ndim + 1);
   if (d < 0) return -1;
   *out = (lm_meta){.ndim = x->ndim + 1, .dtype = x->dtype};
@@ -322,6 +327,7 @@ int lm_shape_cat(int op, int nin, const lm_meta *in, const lm_attrs *a, lm_meta 
   if (nin < 1) return lm_error("cat: expected at least one tensor, got none");
   const lm_meta *x = &in[0];
   if (x->ndim == 0) return lm_error("cat: argument #1 is a scalar; cat needs at least 1 dim");
+  if (lm_need_ints("cat", a, 1, "dim")) return -1;
   int d = lm_wrap_dim("cat", "dim", a->i[0], x->ndim);
   if (d < 0) return -1;
   *out = *x;

@@ -115,21 +115,29 @@ local attrs = ffi.new("lm_attrs")
 
 -- attrs from Lua lists of integers and reals, and handles (e.g. a
 -- communicator, {comm}); the lists must fit the fixed arrays of lm_attrs
-local MAXI, MAXF = 24, 8
-local function set_attrs(ints, floats, handles)
+local MAXI, MAXF, MAXH = 24, 8, 2
+local comm_ptr = ffi.typeof("lm_comm *")
+local function set_attrs(id, ints, floats, handles)
   attrs.ni, attrs.nf, attrs.nh = 0, 0, 0
   if ints then
-    if #ints > MAXI then error(string.format("op: at most %d integer arguments, got %d", MAXI, #ints), 4) end
+    if #ints > MAXI then error(string.format("%s: at most %d integer arguments, got %d", op_name(id), MAXI, #ints), 4) end
     for k = 1, #ints do attrs.i[k - 1] = ints[k] end
     attrs.ni = #ints
   end
   if floats then
-    if #floats > MAXF then error(string.format("op: at most %d real arguments, got %d", MAXF, #floats), 4) end
+    if #floats > MAXF then error(string.format("%s: at most %d real arguments, got %d", op_name(id), MAXF, #floats), 4) end
     for k = 1, #floats do attrs.f[k - 1] = floats[k] end
     attrs.nf = #floats
   end
-  if handles then
-    for k = 1, #handles do attrs.h[k - 1], attrs.hk[k - 1] = handles[k], C.LM_HANDLE_COMM end
+  if handles then -- communicators only, as lm_comm* cdata (never a number or another pointer)
+    if #handles > MAXH then error(string.format("%s: at most %d handles, got %d", op_name(id), MAXH, #handles), 4) end
+    for k = 1, #handles do
+      local h = handles[k]
+      if type(h) ~= "cdata" or not ffi.istype(comm_ptr, h) or h == nil then
+        error(string.format("%s: handle %d expected a communicator (lm_comm*), got %s", op_name(id), k, describe(h)), 4)
+      end
+      attrs.h[k - 1], attrs.hk[k - 1] = h, C.LM_HANDLE_COMM
+    end
     attrs.nh = #handles
   end
 end
@@ -152,7 +160,7 @@ local function op(id, inputs, ints, floats, handles)
     if not is_tensor(t) then argerror(op_name(id), "argument #" .. k, "a tensor", describe(t)) end
     inbuf[k - 1] = t
   end
-  set_attrs(ints, floats, handles)
+  set_attrs(id, ints, floats, handles)
   local nout = C.lm_op_call(id, n, inbuf, attrs, 4, outbuf)
   if nout < 0 then c_error(2) end
   if nout == 0 then return end   -- in-place ops (optimizer updates)
@@ -170,7 +178,7 @@ M.op = op
 -- no loop that makes a tensor compiles.
 local function op1(id, x, ints, floats)
   inbuf[0] = x
-  set_attrs(ints, floats)
+  set_attrs(id, ints, floats)
   if C.lm_op_call(id, 1, inbuf, attrs, 4, outbuf) < 0 then c_error(3) end
   gc_pressure()
   return ffi.gc(outbuf[0][0], C.lm_release)
