@@ -3,6 +3,7 @@
 -- loom.nn, loom.optim and loom.distributed load on first use.
 local lib = require "loom.lib"
 local T = require "loom.tensor"
+local TC = require "loom.tensor_create"
 local ops = require "loom.tensor_ops"
 
 T.install()
@@ -18,10 +19,10 @@ local loom = {
 }
 
 for _, name in ipairs { "tensor", "empty", "zeros", "ones", "full", "arange", "rand", "randn",
-                        "randint", "manual_seed", "get_rng_state", "set_rng_state", "no_grad",
-                        "is_grad_enabled", "device" } do
-  loom[name] = T[name]
+                        "randint", "manual_seed", "get_rng_state", "set_rng_state", "device" } do
+  loom[name] = TC[name]
 end
+loom.no_grad, loom.is_grad_enabled = T.no_grad, T.is_grad_enabled
 for name, fn in pairs(ops) do loom[name] = fn end
 local ser = require "loom.serialize"
 loom.save, loom.load = ser.save, ser.load

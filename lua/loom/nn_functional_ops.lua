@@ -2,6 +2,7 @@
 -- that take and return loom tensors: rotary-embedding tables and their use.
 -- loom.functional builds the user-facing API on these.
 local T = require "loom.tensor"
+local TC = require "loom.tensor_create"
 local C = require("loom.lib").C
 require "loom.tensor_ops"
 
@@ -25,8 +26,8 @@ function M.rope_tables(seq_len, head_dim, opts)
     T.argerror("rope_tables", "theta", "a number > 0", T.describe(theta))
   end
   local half = head_dim / 2
-  local t = T.arange(0, seq_len, 1, { dtype = "f64", device = opts.device }):reshape(seq_len, 1)
-  local inv = T.arange(0, half, 1, { dtype = "f64", device = opts.device })
+  local t = TC.arange(0, seq_len, 1, { dtype = "f64", device = opts.device }):reshape(seq_len, 1)
+  local inv = TC.arange(0, half, 1, { dtype = "f64", device = opts.device })
       :mul(-2 * math.log(theta) / head_dim):exp():reshape(1, half)
   local angle = t:mul(inv)
   local dtype = opts.dtype or "f32"

@@ -16,6 +16,7 @@ local ffi = require "ffi"
 local json = require "dkjson"
 local loom = require "loom"
 local T = require "loom.tensor"
+local TC = require "loom.tensor_create"
 require "loom.serialize"   -- declares fopen/fwrite/fflush/fileno/fsync/fclose
 local C = loom.C
 local libc = ffi.C
@@ -253,7 +254,7 @@ function Reader:read(name, offset, size, fname)
            size[d], d, shape[d])
     end
   end
-  local out = T.empty(size, { dtype = dt })
+  local out = TC.empty(size, { dtype = dt })
   if numel(size) == 0 then return out end
   local esize = SIZES[e.dtype]
   local stride = {}
@@ -440,7 +441,7 @@ function M._on_rank0(fn)
   if rank == 0 then ok, err = pcall(fn) end
   if dist.world_size() > 1 then
     local LEN = 1000
-    local buf = T.zeros({ LEN + 1 }, { dtype = "i32" })
+    local buf = TC.zeros({ LEN + 1 }, { dtype = "i32" })
     local p = ffi.cast("int32_t *", C.lm_data(buf))
     if not ok then
       local msg = tostring(err)

@@ -21,6 +21,7 @@
 -- refuses DTensors (dist.checkpoint.save writes them, shard by shard).
 local ffi = require "ffi"
 local T = require "loom.tensor"
+local TC = require "loom.tensor_create"
 local C = require("loom.lib").C
 local fs = require "loom.fs"
 local libc = ffi.C
@@ -165,7 +166,7 @@ local function decoder(s, path)
       for d = 1, nd do numel = numel * size[d] end
       local nbytes = numel * C.lm_dtype_size(dt)
       if pos + nbytes - 1 > stop then corrupt("tensor data runs past the end") end
-      local t = T.empty(size, { dtype = T.dtypes[dt + 1] })
+      local t = TC.empty(size, { dtype = T.dtypes[dt + 1] })
       if nbytes > 0 then ffi.copy(C.lm_data(t), take(nbytes), nbytes) end
       return t
     end

@@ -5,6 +5,7 @@
 local ffi = require "ffi"
 local loom = require "loom"
 local T = require "loom.tensor"
+local TC = require "loom.tensor_create"
 local C = loom.C
 
 local M = {}
@@ -206,8 +207,8 @@ local function factory(name, fill, float_only)
     T.check_size(name, size)
     mesh = mesh or (require "loom.distributed").current_mesh()
     if mesh == nil then error(name .. ": no device_mesh given and no ambient mesh (mesh:use)", 2) end
-    opts = T.check_opts(name, opts, T.CREATE_OPTS)
-    if float_only then T.check_float_dtype(name, opts.dtype) end
+    opts = T.check_opts(name, opts, TC.CREATE_OPTS)
+    if float_only then TC.check_float_dtype(name, opts.dtype) end
     local m = c_mesh(mesh)
     local pl = c_placements(name, mesh, placements, #size)
     for i = 1, #size do shapebuf[i - 1] = size[i] end

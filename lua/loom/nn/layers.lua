@@ -2,6 +2,7 @@
 -- initialisations), each a small Module over loom.F.
 local loom = require "loom"
 local T = require "loom.tensor"
+local TC = require "loom.tensor_create"
 local Module = require "loom.nn.module"
 
 local F = loom.F
@@ -37,7 +38,7 @@ local function check_flag(fname, name, v)
 end
 
 local function float_dtype(fname, dtype)
-  T.check_float_dtype(fname, dtype, LV)
+  TC.check_float_dtype(fname, dtype, LV)
 end
 
 -- a parameter of the given size, dtype and device, filled by the layer's

@@ -17,6 +17,7 @@
 -- between the two renames leaves it in DIR.old, which load errors offer.
 local ffi = require "ffi"
 local T = require "loom.tensor"
+local TC = require "loom.tensor_create"
 local C = require("loom.lib").C
 local serialize = require "loom.serialize"
 local fs = require "loom.fs"
@@ -272,7 +273,7 @@ function M.reader(dir, m, fname)
       M.fail(dir, fname, "tensor %s: its shard in %s (bytes %d to %d) is corrupt (checksum mismatch)", te.name,
              path, sh.byte_offset, sh.byte_offset + sh.nbytes - 1)
     end
-    local src = T.empty(sh.size, { dtype = te.dtype })
+    local src = TC.empty(sh.size, { dtype = te.dtype })
     if sh.nbytes > 0 then ffi.copy(C.lm_data(src), s, sh.nbytes) end
     return src
   end

@@ -21,6 +21,7 @@
 local ffi = require "ffi"
 local loom = require "loom"
 local T = require "loom.tensor"
+local TC = require "loom.tensor_create"
 local format = require "loom.distributed.checkpoint.format"
 local plan = require "loom.distributed.checkpoint.plan"
 local state = require "loom.distributed.checkpoint.state"
@@ -159,7 +160,7 @@ local function fill(entries, saved, read, where, strict, fname)
                               fname, e.name), 0)
         end
       end
-      local dst = L.device == "cpu" and L or T.empty(bsize, { dtype = x.dtype })
+      local dst = L.device == "cpu" and L or TC.empty(bsize, { dtype = x.dtype })
       for _, sh in ipairs(te.shards) do
         local lo, len = plan.overlap(sh.offset, sh.size, boff, bsize)
         if lo then plan.copy(read(sh, te), sh.offset, dst, boff, lo, len) end

@@ -6,6 +6,7 @@
 -- BroadcastingTorchSaveReader does). Neither needs the world size or mesh
 -- of the run that wrote it.
 local T = require "loom.tensor"
+local TC = require "loom.tensor_create"
 local serialize = require "loom.serialize"
 local format = require "loom.distributed.checkpoint.format"
 local plan = require "loom.distributed.checkpoint.plan"
@@ -27,7 +28,7 @@ function M.read_dir(dir, fname)
   local read, close = format.reader(dir, m, fname)
   local ok, err = pcall(function()
     for _, te in ipairs(m.tensors) do
-      local whole, at0 = T.empty(te.shape, { dtype = te.dtype }), zeros(#te.shape)
+      local whole, at0 = TC.empty(te.shape, { dtype = te.dtype }), zeros(#te.shape)
       for _, sh in ipairs(te.shards) do
         local lo, len = plan.overlap(sh.offset, sh.size, at0, te.shape)
         if lo then plan.copy(read(sh, te), sh.offset, whole, at0, lo, len) end

@@ -3,6 +3,7 @@
 -- every rank when any one fails, so none is left waiting in a collective.
 local ffi = require "ffi"
 local T = require "loom.tensor"
+local TC = require "loom.tensor_create"
 local C = require("loom.lib").C
 
 local M = {}
@@ -13,7 +14,7 @@ local function dist() return require "loom.distributed" end
 
 -- i64s(n) -> a zeroed i64 tensor of n and a pointer to its data
 function M.i64s(n)
-  local t = T.zeros({ n }, { dtype = "i64" })
+  local t = TC.zeros({ n }, { dtype = "i64" })
   return t, ffi.cast("int64_t*", C.lm_data(t))
 end
 
@@ -29,7 +30,7 @@ end
 local function agree(msg)
   local d = dist()
   if d.world_size() == 1 then return msg, msg and 0 or nil end
-  local t = T.zeros({ MSGLEN + 1 }, { dtype = "i32" })
+  local t = TC.zeros({ MSGLEN + 1 }, { dtype = "i32" })
   local p = ffi.cast("int32_t*", C.lm_data(t))
   if msg then
     msg = tostring(msg)
