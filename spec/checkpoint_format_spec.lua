@@ -7,18 +7,8 @@ local loom = require "loom"
 local fs = require "loom.fs"
 local json = require "dkjson"
 
-local function sh(cmd)
-  local p = io.popen("( " .. cmd .. " ) 2>&1; echo \"@@rc=$?\"")
-  local out = p:read("*a")
-  p:close()
-  return tonumber(out:match("@@rc=(%d+)%s*$")), out:gsub("@@rc=%d+%s*$", "")
-end
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  fs.mkdir_p(d)
-  return d
-end
+local sys = require "support.sys"
+local sh, tmpdir = sys.sh, sys.tmpdir
 local function err_of(fn, ...)
   local ok, e = pcall(fn, ...)
   return not ok and tostring(e) or nil

@@ -23,18 +23,8 @@ local function err_of(fn, ...)
   return tostring(e)
 end
 
-local function sh(cmd)
-  local p = io.popen("( " .. cmd .. " ) 2>&1; echo \"@@rc=$?\"")
-  local out = p:read("*a")
-  p:close()
-  return tonumber(out:match("@@rc=(%d+)%s*$")), out:gsub("@@rc=%d+%s*$", "")
-end
-
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  return d
-end
+local sys = require "support.sys"
+local sh, tmpdir = sys.sh, sys.tmpdir
 
 describe("loom.cli", function()
   it("gives every flag its default when absent", function()

@@ -10,12 +10,7 @@ local root = (debug.getinfo(1, "S").source:match("^@(.*)spec/repl_spec%.lua$") o
 if root == "" then root = "./" end
 local loomrun = root .. "scripts/loomrun"
 
-local function sh(cmd)
-  local p = io.popen("( " .. cmd .. " ) 2>&1; echo \"@@rc=$?\"")
-  local out = p:read("*a")
-  p:close()
-  return tonumber(out:match("@@rc=(%d+)%s*$")), out:gsub("@@rc=%d+%s*$", "")
-end
+local sh = require("support.sys").sh
 local function write(text)
   local path = os.tmpname()
   local f = assert(io.open(path, "w"))

@@ -14,23 +14,8 @@ local hf = loom.models.hf
 local FIX = "spec/fixtures/"
 local TOL = 1e-4
 
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  os.execute("mkdir -p '" .. d .. "'")
-  return d
-end
-local function read(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("*a")
-  f:close()
-  return s
-end
-local function write(path, s)
-  local f = assert(io.open(path, "wb"))
-  f:write(s)
-  f:close()
-end
+local sys = require "support.sys"
+local tmpdir, read, write = sys.tmpdir, sys.read, sys.write
 local function u64(n) return ffi.string(ffi.new("uint64_t[1]", n), 8) end
 -- a file from a header string and data bytes, as the format lays it out
 local function raw(path, header, data)

@@ -4,18 +4,10 @@
 local json = require "dkjson"
 local fs = require "loom.fs"
 
-local function sh(cmd)
-  local p = io.popen("( " .. cmd .. " ) 2>&1; echo \"@@rc=$?\"")
-  local out = p:read("*a")
-  p:close()
-  return tonumber(out:match("@@rc=(%d+)%s*$")), out:gsub("@@rc=%d+%s*$", "")
-end
-
-local function tmpdir()
-  local d = os.tmpname()
-  os.remove(d)
-  return d
-end
+local sys = require "support.sys"
+local sh = sys.sh
+-- a path whose folder does not exist yet: train.lua --log makes it
+local function tmpdir() return sys.tmpdir() .. "/run" end
 
 local function lines(path)
   local out = {}

@@ -16,6 +16,10 @@
 #include <stdint.h>
 #include <string.h>
 
+/* the element types by the names the kernels' macros paste */
+typedef float f32;
+typedef double f64;
+
 static inline float lm_f32_bits(uint32_t b) { float f; memcpy(&f, &b, 4); return f; }
 static inline uint32_t lm_bits_f32(float f) { uint32_t b; memcpy(&b, &f, 4); return b; }
 
@@ -161,4 +165,8 @@ static inline float lm_gelu_tanh_df(float x) {
   float q = e < INFINITY ? e * s : 1.0f; /* 1 - s */
   return s + 2.0f * x * s * q * LM_GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
 }
+/* exp by element type, for kernels written once per type (T##_f32) */
+static inline f32 fexp_f32(f32 x) { return lm_expf(x); }
+static inline f64 fexp_f64(f64 x) { return exp(x); }
+
 #endif

@@ -9,11 +9,7 @@
  * loaded, results rounded once), f64 in f64. The tile products run in a
  * register-blocked micro-kernel; threads take (batch entry, query tile)
  * pairs in the forward and batch entries in the backward. */
-/* lm_expf's rintf becomes a vector round only when the compiler may assume
- * no floating point traps (loom enables none): 10x on exp-bound loops. */
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC optimize("no-trapping-math")
-#endif
+#include "simd.h" /* first: its pragma lets exp-bound loops vectorise */
 #include "fastmath.h"
 #include "kernels.h"
 #include <math.h>
@@ -21,8 +17,6 @@
 #include <string.h>
 
 enum { BQ = 32, BK = 64, RB = 4 };
-typedef float f32;
-typedef double f64;
 #define JB_f32 16 /* columns of the micro-kernel: two vector registers a row */
 #define JB_f64 8
 

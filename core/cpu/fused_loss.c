@@ -5,19 +5,11 @@
  * label smoothing eps spread as eps/C * w_c over the classes, rows whose
  * target is `ignore` lose 0 and get no gradient. Contiguous f32 or f64;
  * row sums accumulate in double. The op checks the ids first. */
-/* lm_expf's rintf becomes a vector round only when the compiler may assume
- * no floating point traps (loom enables none): 10x on exp-bound loops. */
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC optimize("no-trapping-math")
-#endif
+#include "simd.h" /* first: its pragma lets exp-bound loops vectorise */
 #include "fastmath.h"
 #include "kernels.h"
 #include <math.h>
 
-typedef float f32;
-typedef double f64;
-static inline f32 fexp_f32(f32 x) { return lm_expf(x); }
-static inline f64 fexp_f64(f64 x) { return exp(x); }
 
 /* sum of the class weights (C without weights): smoothing's total */
 #define SUMW(T)                                                                \

@@ -3,19 +3,11 @@
  * backward. Dense operands of one dtype, f32 or f64 (the op makes them so);
  * the formulas are those of the composed forms (pointwise.c's derivative
  * kinds) so the two agree to rounding. */
-/* lm_expf's rintf becomes a vector round only when the compiler may assume
- * no floating point traps (loom enables none): 10x on exp-bound loops. */
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC optimize("no-trapping-math")
-#endif
+#include "simd.h" /* first: its pragma lets exp-bound loops vectorise */
 #include "fastmath.h"
 #include "kernels.h"
 #include <tgmath.h>
 
-typedef float f32;
-typedef double f64;
-static inline f32 fexp_f32(f32 x) { return lm_expf(x); }
-static inline f64 fexp_f64(f64 x) { return exp(x); }
 #define GELU_TANH_D(T)                                                         \
   static inline T gelu_tanh_d_##T(T x) {                                       \
     const T k = (T)0.79788456080286535588, c = (T)0.044715;                    \

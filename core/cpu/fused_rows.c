@@ -2,20 +2,12 @@
  * layer/rms norm) and the rotary embedding, each one pass over its rows.
  * Contiguous f32 or f64 operands (the ops make them so); row sums
  * accumulate in double, as nn.c's forwards do. */
-/* lm_expf's rintf becomes a vector round only when the compiler may assume
- * no floating point traps (loom enables none): 10x on exp-bound loops. */
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC optimize("no-trapping-math")
-#endif
+#include "simd.h" /* first: its pragma lets exp-bound loops vectorise */
 #include "fastmath.h"
 #include "kernels.h"
 #include <math.h>
 #include <stdlib.h>
 
-typedef float f32;
-typedef double f64;
-static inline f32 fexp_f32(f32 x) { return lm_expf(x); }
-static inline f64 fexp_f64(f64 x) { return exp(x); }
 
 /* softmax: gx = y * (g - sum(g * y)); log_softmax: gx = g - exp(y) * sum(g) */
 #define SOFTMAX_BWD(T, NAME)                                                   \

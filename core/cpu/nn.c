@@ -25,8 +25,6 @@
     for (int q = 0; q < 16; q++) acc += a[q];                                  \
     return acc;                                                                \
   }
-typedef float f32;
-typedef double f64;
 ROWSUM(f32)
 ROWSUM(f64)
 

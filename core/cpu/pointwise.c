@@ -73,9 +73,6 @@ typedef struct { int kind, dtype; const double *p; } pw;
     case LM_SILU_D: ROW1(T, T, (1 + x * (1 - 1 / (1 + fexp_##T(-x)))) / (1 + fexp_##T(-x))); break; \
     }                                                                          \
   }
-typedef double f64;
-typedef float f32;
-static inline double fexp_f64(double x) { return exp(x); }
 static inline double gelu_tanh_d(double x) {
   const double k = 0.79788456080286535588, c = 0.044715;
   double t = tanh(k * (x + c * x * x * x));
