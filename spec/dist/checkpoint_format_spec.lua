@@ -58,15 +58,8 @@ local function same(bad, what, got, want)
     bad[#bad + 1] = what .. ": values differ"
   end
 end
-local function err_of(fn, ...)
-  local ok, e = pcall(fn, ...)
-  return not ok and tostring(e) or nil
-end
-local function has(msg, ...)
-  if type(msg) ~= "string" then return false end
-  for _, s in ipairs { ... } do if not msg:find(s, 1, true) then return false end end
-  return true
-end
+local D = require "support.dist"
+local err_of, has = D.err_of, D.has
 
 local W, B = randn(11, 10, 6), randn(12, 5)
 local IDS = loom.arange(7):to("i64")

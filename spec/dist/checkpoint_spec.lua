@@ -34,15 +34,7 @@ local function on0(fn)
 end
 on0(function() os.execute("rm -rf " .. shq(ROOT) .. "; mkdir -p " .. shq(ROOT)) end)
 local function dir_of(name) return ROOT .. "/" .. name end
-local function err_of(fn, ...)
-  local ok, e = pcall(fn, ...)
-  return not ok and tostring(e) or nil
-end
-local function has(msg, ...)
-  if type(msg) ~= "string" then return false end
-  for _, s in ipairs { ... } do if not msg:find(s, 1, true) then return false end end
-  return true
-end
+local err_of, has = H.err_of, H.has
 local function full(x) return dist.is_dtensor(x) and x:full_tensor() or x end
 local function zeros_like_layout(shape, dtype, mesh, pl)
   local z = loom.zeros(shape, { dtype = dtype })

@@ -12,19 +12,9 @@ local H = require "support.tp"
 local nn, tr, clip = loom.nn, loom.models.transformer, loom.nn.utils.clip_grad_norm_
 
 local ws = H.ws
-local shapes = ws == 4 and { { 2, 2 } } or ws == 2 and { { 2, 1 }, { 1, 2 } } or { { ws, 1 } }
-local meshes = {}
-for i, s in ipairs(shapes) do
-  meshes[i] = { shape = s, mesh = dist.init_device_mesh("cpu", s, { mesh_dim_names = { "dp", "tp" } }) }
-end
-
-local cfg = { vocab_size = 8, dim = 16, n_layers = 2, n_heads = 4, max_seq_len = 16 }
-
-local function close_num(bad, what, a, b, rtol)
-  if not (math.abs(a - b) <= rtol * math.abs(b) + 1e-9) then
-    bad[#bad + 1] = string.format("%s: %.10g vs %.10g", what, a, b)
-  end
-end
+local meshes = H.dp_tp_meshes()
+local cfg = H.TINY_LLAMA
+local close_num = H.close_num
 
 describe("TP x DP", function()
   for _, mm in ipairs(meshes) do

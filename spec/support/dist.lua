@@ -167,6 +167,19 @@ function H.maxdiff(a, b)
   return (a:to("f64") - b:to("f64")):abs():max():item()
 end
 
+-- fn's error message, or nil when it ran without one
+function H.err_of(fn, ...)
+  local ok, e = pcall(fn, ...)
+  return not ok and tostring(e) or nil
+end
+
+-- whether msg is a string holding every one of the plain strings ...
+function H.has(msg, ...)
+  if type(msg) ~= "string" then return false end
+  for _, s in ipairs { ... } do if not msg:find(s, 1, true) then return false end end
+  return true
+end
+
 function H.sizes(t) return "{" .. table.concat(t:size(), ", ") .. "}" end
 
 -- plain tensor got against plain tensor want, within tol (absolute)

@@ -58,6 +58,29 @@ function H.close(bad, what, got, want, rtol, atol)
   return bad
 end
 
+-- scalar a close to b: |a - b| <= rtol |b| + 1e-9; appends a message to bad otherwise
+function H.close_num(bad, what, a, b, rtol)
+  if not (math.abs(a - b) <= rtol * math.abs(b) + 1e-9) then
+    bad[#bad + 1] = string.format("%s: %.10g vs %.10g", what, a, b)
+  end
+  return bad
+end
+
+-- the ("dp", "tp") meshes a world can make: 2x2 on 4 ranks, 2x1 and 1x2 on
+-- 2, ws x 1 otherwise; each {shape = {dp, tp}, mesh = DeviceMesh}
+function H.dp_tp_meshes()
+  local ws = H.ws
+  local shapes = ws == 4 and { { 2, 2 } } or ws == 2 and { { 2, 1 }, { 1, 2 } } or { { ws, 1 } }
+  local meshes = {}
+  for i, s in ipairs(shapes) do
+    meshes[i] = { shape = s, mesh = dist.init_device_mesh("cpu", s, { mesh_dim_names = { "dp", "tp" } }) }
+  end
+  return meshes
+end
+
+-- a Llama small enough for every layout above
+H.TINY_LLAMA = { vocab_size = 8, dim = 16, n_layers = 2, n_heads = 4, max_seq_len = 16 }
+
 -- the parameter at fqn ("a.b.weight") of module m
 function H.param(m, fqn)
   local path, leaf = fqn:match("^(.*)%.([^.]+)$")
