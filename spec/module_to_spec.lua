@@ -103,6 +103,19 @@ describe("the runtime's settings", function()
     io.write = real
     assert.truthy(s:find("OpenBLAS", 1, true))
     assert.truthy(s:find("threads: %d+"))
+    assert.truthy(s:find("OPENBLAS_THREAD_TIMEOUT", 1, true))
+  end)
+
+  it("let OpenBLAS's workers sleep between GEMMs unless the user says otherwise", function()
+    local function timeout_in_child(env)
+      local p = io.popen(env .. " luajit -e 'package.path = \"lua/?.lua;lua/?/init.lua;\" .. package.path "
+                         .. "require \"loom\" io.write(os.getenv(\"OPENBLAS_THREAD_TIMEOUT\") or \"unset\")' 2>&1")
+      local out = p:read("*a")
+      p:close()
+      return out
+    end
+    assert.are.equal("4", timeout_in_child("env -u OPENBLAS_THREAD_TIMEOUT"))
+    assert.are.equal("20", timeout_in_child("OPENBLAS_THREAD_TIMEOUT=20"))
   end)
 
   it("set the f32 matmul precision, as PyTorch's", function()

@@ -70,7 +70,9 @@ end
 function loom.show_config()
   local ffi = require "ffi"
   local s = ffi.string(lib.C.lm_build_info()) ..
-            string.format("threads: %d (LOOM_NUM_THREADS)\n", lib.C.lm_num_threads())
+            string.format("threads: %d (LOOM_NUM_THREADS)\n", lib.C.lm_num_threads()) ..
+            string.format("BLAS workers spin 2^%s cycles before they sleep (OPENBLAS_THREAD_TIMEOUT)\n",
+                          os.getenv("OPENBLAS_THREAD_TIMEOUT") or "28")
   io.write(s)
   return s
 end
