@@ -66,103 +66,139 @@ enum lm_reduce { LM_SUM, LM_MAX, LM_MIN, LM_ARGMAX, LM_ARGMIN, LM_NREDUCE };
  * kernel is missing fails with an error naming the slot and device. */
 #define LM_UNSUPPORTED (-2)
 
+/* The slots' types, each with what its kernel must do; a backend declares
+ * its kernels with them (lm_copy_fn lm_cpu_copy;), so a signature is
+ * written once. */
+/* makes device `index` of this kind current; NULL for one-device kinds */
+typedef int lm_select_fn(int index);
+typedef void *lm_alloc_fn(size_t nbytes);
+typedef void lm_free_fn(void *p);
+/* dst[i] = src[i] for same-shape tensors of any dtypes and strides */
+typedef int lm_copy_fn(lm_tensor *dst, const lm_tensor *src);
+typedef int lm_fill_fn(lm_tensor *t, double v);
+/* out = f(x); x and out have out's shape (x may broadcast via stride 0) */
+typedef int lm_unary_fn(int kind, lm_tensor *out, const lm_tensor *x, const double *p);
+/* out = a (op) b; a and b are broadcast views of out's shape */
+typedef int lm_binary_fn(int kind, lm_tensor *out, const lm_tensor *a, const lm_tensor *b);
+/* out = cond ? a : b, all broadcast views of out's shape */
+typedef int lm_where_fn(lm_tensor *out, const lm_tensor *cond, const lm_tensor *a,
+                        const lm_tensor *b);
+/* contiguous x viewed as (outer, n, inner): out is (outer, inner) */
+typedef int lm_reduce_fn(int kind, lm_tensor *out, const lm_tensor *x, int64_t outer, int64_t n,
+                         int64_t inner);
+/* c[b] = alpha * op(a[b]) @ op(b[b]) + beta * c[b] for 3-D strided tensors;
+ * a and b share a dtype (f32, f64, bf16 or f16), c has it too or is f32;
+ * bf16/f16 are operand formats: products accumulate in f32, rounded once
+ * into c. f32 GEMMs may use TF32 when lm_float32_matmul_precision() is
+ * LM_PRECISION_HIGH. */
+typedef int lm_gemm_fn(lm_tensor *c, const lm_tensor *a, const lm_tensor *b, double alpha,
+                       double beta);
+/* random fill by counter (tensor/rng.c keeps the state; backends draw
+ * with lm_philox_draw of philox.h) */
+typedef int lm_random_fn(lm_tensor *t, int kind, double a, double b, uint64_t seed, uint64_t offset,
+                         const int64_t *global_shape, const int64_t *local_start);
+/* Row kernels on contiguous (rows, n) tensors of f32 or f64. */
+typedef int lm_softmax_fn(lm_tensor *out, const lm_tensor *x, int log);
+/* layer_norm (rms=0) or rms_norm (rms=1) over the last n elements of each
+ * row; w and b may be NULL; mean/rstd (rows) are saved for backward. */
+typedef int lm_norm_fn(lm_tensor *out, lm_tensor *mean, lm_tensor *rstd, const lm_tensor *x,
+                       const lm_tensor *w, const lm_tensor *b, double eps, int rms);
+/* out[r] = w[idx[r]] (idx i64, 0-based, checked by the op) */
+typedef int lm_embedding_fn(lm_tensor *out, const lm_tensor *w, const lm_tensor *idx);
+/* out[idx[r]] += src[r] for contiguous out (V, n), idx (rows) i64 (checked
+ * by the op) and src (rows, n) of out's dtype, f32 or f64 */
+typedef int lm_index_add_fn(lm_tensor *out, const lm_tensor *idx, const lm_tensor *src);
+/* one AdamW step in place on contiguous same-dtype (f32 or f64) p, m, v
+ * with gradient g; h = {lr, beta1, beta2, eps, weight_decay, bc1, bc2} */
+typedef int lm_adamw_fn(lm_tensor *p, const lm_tensor *g, lm_tensor *m, lm_tensor *v,
+                        const double *h);
+/* the allocator's counters (enum lm_memory_stat); NULL: none kept */
+typedef int lm_memory_stats_fn(int index, int64_t *stats);
+/* what the backend is built with and sees (versions, devices), lines of
+ * text for lm_build_info; NULL: just its name */
+typedef const char *lm_info_fn(void);
+
+/* ---- fused kernels: one pass where composed ops take several. An op
+ * whose fused slot is NULL runs its composed form (ops/fused*.c); specs
+ * compare the two. A fused kernel given arguments it does not cover (a
+ * head dim, an alignment) returns LM_UNSUPPORTED with an error starting
+ * "unsupported:"; the op then runs the composed form. Float tensors are
+ * f32 or f64 unless said otherwise; "rows" are contiguous (rows, n)
+ * views. ---- */
+/* gx = g * f'(x) for a unary kind, y = f(x) given too (derivatives of
+ * exp, tanh, sigmoid, sqrt read it); all of gx's shape and dtype */
+typedef int lm_unary_grad_fn(int kind, lm_tensor *gx, const lm_tensor *g, const lm_tensor *x,
+                             const lm_tensor *y, const double *p);
+/* SwiGLU on same-shape contiguous tensors: out = silu(a) * b; backward
+ * da = g * b * silu'(a), db = g * silu(a) */
+typedef int lm_swiglu_fn(lm_tensor *out, const lm_tensor *a, const lm_tensor *b);
+typedef int lm_swiglu_bwd_fn(lm_tensor *da, lm_tensor *db, const lm_tensor *g, const lm_tensor *a,
+                             const lm_tensor *b);
+/* softmax backward over rows: gx = y * (g - sum(g * y)); log_softmax's
+ * (log = 1): gx = g - exp(y) * sum(g) */
+typedef int lm_softmax_bwd_fn(lm_tensor *gx, const lm_tensor *g, const lm_tensor *y, int log);
+/* layer/rms norm backward over rows (x, g, dx (rows, n); w (n) or NULL;
+ * mean, rstd (rows) as the forward computed them): dx, and dw, db (n)
+ * when not NULL */
+typedef int lm_norm_bwd_fn(lm_tensor *dx, lm_tensor *dw, lm_tensor *db, const lm_tensor *g,
+                           const lm_tensor *x, const lm_tensor *w, const lm_tensor *mean,
+                           const lm_tensor *rstd, int rms);
+/* rotary embedding of contiguous x (outer, T, H, D) by cos, sin (T, D/2):
+ * pairs (x[2i], x[2i+1]) rotate by sign * angle (sign 1 or -1) */
+typedef int lm_rope_fn(lm_tensor *out, const lm_tensor *x, const lm_tensor *cos,
+                       const lm_tensor *sin, int sign);
+/* attention without the (L, S) matrix in memory (flash style) on
+ * contiguous q (B, L, E), k (B, S, E), v (B, S, Ev), B = batch x heads,
+ * f32 or bf16/f16 (f32 accumulation): o (B, L, Ev) in q's dtype and lse
+ * (B, L) f32, the log-sum-exp of each row of scaled scores, for
+ * backward; causal keeps key j for query i when j <= i */
+typedef int lm_attention_fn(lm_tensor *o, lm_tensor *lse, const lm_tensor *q, const lm_tensor *k,
+                            const lm_tensor *v, double scale, int causal);
+typedef int lm_attention_bwd_fn(lm_tensor *dq, lm_tensor *dk, lm_tensor *dv, const lm_tensor *g,
+                                const lm_tensor *q, const lm_tensor *k, const lm_tensor *v,
+                                const lm_tensor *o, const lm_tensor *lse, double scale, int causal);
+/* cross entropy of contiguous logits x (N, C) against i64 targets (N)
+ * (0-based; `ignore` marks rows to skip), class weights w (C) or NULL,
+ * label smoothing eps: loss (N) per row (0 where ignored) and lse (N),
+ * both in x's compute dtype; backward: dx = gloss[n] * d loss[n] / dx */
+typedef int lm_cross_entropy_fn(lm_tensor *loss, lm_tensor *lse, const lm_tensor *x,
+                                const lm_tensor *target, const lm_tensor *w, int64_t ignore,
+                                double eps);
+typedef int lm_cross_entropy_bwd_fn(lm_tensor *dx, const lm_tensor *gloss, const lm_tensor *x,
+                                    const lm_tensor *target, const lm_tensor *w,
+                                    const lm_tensor *lse, int64_t ignore, double eps);
+
 typedef struct lm_backend {
   const char *name;
-  /* makes device `index` of this kind current; NULL for one-device kinds */
-  int (*select)(int index);
-  void *(*alloc)(size_t nbytes);
-  void (*free)(void *p);
-  /* dst[i] = src[i] for same-shape tensors of any dtypes and strides */
-  int (*copy)(lm_tensor *dst, const lm_tensor *src);
-  int (*fill)(lm_tensor *t, double v);
-  /* out = f(x); x and out have out's shape (x may broadcast via stride 0) */
-  int (*unary)(int kind, lm_tensor *out, const lm_tensor *x, const double *p);
-  /* out = a (op) b; a and b are broadcast views of out's shape */
-  int (*binary)(int kind, lm_tensor *out, const lm_tensor *a, const lm_tensor *b);
-  /* out = cond ? a : b, all broadcast views of out's shape */
-  int (*where)(lm_tensor *out, const lm_tensor *cond, const lm_tensor *a, const lm_tensor *b);
-  /* contiguous x viewed as (outer, n, inner): out is (outer, inner) */
-  int (*reduce)(int kind, lm_tensor *out, const lm_tensor *x, int64_t outer,
-                int64_t n, int64_t inner);
-  /* c[b] = alpha * op(a[b]) @ op(b[b]) + beta * c[b] for 3-D strided tensors;
-   * a and b share a dtype (f32, f64, bf16 or f16), c has it too or is f32;
-   * bf16/f16 are operand formats: products accumulate in f32, rounded once
-   * into c. f32 GEMMs may use TF32 when lm_float32_matmul_precision() is
-   * LM_PRECISION_HIGH. */
-  int (*gemm)(lm_tensor *c, const lm_tensor *a, const lm_tensor *b, double alpha,
-              double beta);
-  /* random fill by counter (tensor/rng.c keeps the state; backends draw
-   * with lm_philox_draw of philox.h) */
-  int (*random)(lm_tensor *t, int kind, double a, double b, uint64_t seed,
-                uint64_t offset, const int64_t *global_shape, const int64_t *local_start);
-  /* Row kernels on contiguous (rows, n) tensors of f32 or f64. */
-  int (*softmax)(lm_tensor *out, const lm_tensor *x, int log);
-  /* layer_norm (rms=0) or rms_norm (rms=1) over the last n elements of each
-   * row; w and b may be NULL; mean/rstd (rows) are saved for backward. */
-  int (*norm)(lm_tensor *out, lm_tensor *mean, lm_tensor *rstd, const lm_tensor *x,
-              const lm_tensor *w, const lm_tensor *b, double eps, int rms);
-  /* out[r] = w[idx[r]] (idx i64, 0-based, checked by the op) */
-  int (*embedding)(lm_tensor *out, const lm_tensor *w, const lm_tensor *idx);
-  /* out[idx[r]] += src[r] for contiguous out (V, n), idx (rows) i64 (checked
-   * by the op) and src (rows, n) of out's dtype, f32 or f64 */
-  int (*index_add)(lm_tensor *out, const lm_tensor *idx, const lm_tensor *src);
-  /* one AdamW step in place on contiguous same-dtype (f32 or f64) p, m, v
-   * with gradient g; h = {lr, beta1, beta2, eps, weight_decay, bc1, bc2} */
-  int (*adamw)(lm_tensor *p, const lm_tensor *g, lm_tensor *m, lm_tensor *v, const double *h);
-  /* the allocator's counters (enum lm_memory_stat); NULL: none kept */
-  int (*memory_stats)(int index, int64_t *stats);
-  /* what the backend is built with and sees (versions, devices), lines of
-   * text for lm_build_info; NULL: just its name */
-  const char *(*info)(void);
-
-  /* ---- fused kernels: one pass where composed ops take several. An op
-   * whose fused slot is NULL runs its composed form (ops/fused*.c); specs
-   * compare the two. A fused kernel given arguments it does not cover (a
-   * head dim, an alignment) returns LM_UNSUPPORTED with an error starting
-   * "unsupported:"; the op then runs the composed form. Float tensors are
-   * f32 or f64 unless said otherwise; "rows" are contiguous (rows, n)
-   * views. ---- */
-  /* gx = g * f'(x) for a unary kind, y = f(x) given too (derivatives of
-   * exp, tanh, sigmoid, sqrt read it); all of gx's shape and dtype */
-  int (*unary_grad)(int kind, lm_tensor *gx, const lm_tensor *g, const lm_tensor *x,
-                    const lm_tensor *y, const double *p);
-  /* SwiGLU on same-shape contiguous tensors: out = silu(a) * b; backward
-   * da = g * b * silu'(a), db = g * silu(a) */
-  int (*swiglu)(lm_tensor *out, const lm_tensor *a, const lm_tensor *b);
-  int (*swiglu_bwd)(lm_tensor *da, lm_tensor *db, const lm_tensor *g, const lm_tensor *a,
-                    const lm_tensor *b);
-  /* softmax backward over rows: gx = y * (g - sum(g * y)); log_softmax's
-   * (log = 1): gx = g - exp(y) * sum(g) */
-  int (*softmax_bwd)(lm_tensor *gx, const lm_tensor *g, const lm_tensor *y, int log);
-  /* layer/rms norm backward over rows (x, g, dx (rows, n); w (n) or NULL;
-   * mean, rstd (rows) as the forward computed them): dx, and dw, db (n)
-   * when not NULL */
-  int (*norm_bwd)(lm_tensor *dx, lm_tensor *dw, lm_tensor *db, const lm_tensor *g,
-                  const lm_tensor *x, const lm_tensor *w, const lm_tensor *mean,
-                  const lm_tensor *rstd, int rms);
-  /* rotary embedding of contiguous x (outer, T, H, D) by cos, sin (T, D/2):
-   * pairs (x[2i], x[2i+1]) rotate by sign * angle (sign 1 or -1) */
-  int (*rope)(lm_tensor *out, const lm_tensor *x, const lm_tensor *cos, const lm_tensor *sin,
-              int sign);
-  /* attention without the (L, S) matrix in memory (flash style) on
-   * contiguous q (B, L, E), k (B, S, E), v (B, S, Ev), B = batch x heads,
-   * f32 or bf16/f16 (f32 accumulation): o (B, L, Ev) in q's dtype and lse
-   * (B, L) f32, the log-sum-exp of each row of scaled scores, for
-   * backward; causal keeps key j for query i when j <= i */
-  int (*attention)(lm_tensor *o, lm_tensor *lse, const lm_tensor *q, const lm_tensor *k,
-                   const lm_tensor *v, double scale, int causal);
-  int (*attention_bwd)(lm_tensor *dq, lm_tensor *dk, lm_tensor *dv, const lm_tensor *g,
-                       const lm_tensor *q, const lm_tensor *k, const lm_tensor *v,
-                       const lm_tensor *o, const lm_tensor *lse, double scale, int causal);
-  /* cross entropy of contiguous logits x (N, C) against i64 targets (N)
-   * (0-based; `ignore` marks rows to skip), class weights w (C) or NULL,
-   * label smoothing eps: loss (N) per row (0 where ignored) and lse (N),
-   * both in x's compute dtype; backward: dx = gloss[n] * d loss[n] / dx */
-  int (*cross_entropy)(lm_tensor *loss, lm_tensor *lse, const lm_tensor *x,
-                       const lm_tensor *target, const lm_tensor *w, int64_t ignore, double eps);
-  int (*cross_entropy_bwd)(lm_tensor *dx, const lm_tensor *gloss, const lm_tensor *x,
-                           const lm_tensor *target, const lm_tensor *w, const lm_tensor *lse,
-                           int64_t ignore, double eps);
+  lm_select_fn *select;
+  lm_alloc_fn *alloc;
+  lm_free_fn *free;
+  lm_copy_fn *copy;
+  lm_fill_fn *fill;
+  lm_unary_fn *unary;
+  lm_binary_fn *binary;
+  lm_where_fn *where;
+  lm_reduce_fn *reduce;
+  lm_gemm_fn *gemm;
+  lm_random_fn *random;
+  lm_softmax_fn *softmax;
+  lm_norm_fn *norm;
+  lm_embedding_fn *embedding;
+  lm_index_add_fn *index_add;
+  lm_adamw_fn *adamw;
+  lm_memory_stats_fn *memory_stats;
+  lm_info_fn *info;
+  /* fused kernels */
+  lm_unary_grad_fn *unary_grad;
+  lm_swiglu_fn *swiglu;
+  lm_swiglu_bwd_fn *swiglu_bwd;
+  lm_softmax_bwd_fn *softmax_bwd;
+  lm_norm_bwd_fn *norm_bwd;
+  lm_rope_fn *rope;
+  lm_attention_fn *attention;
+  lm_attention_bwd_fn *attention_bwd;
+  lm_cross_entropy_fn *cross_entropy;
+  lm_cross_entropy_bwd_fn *cross_entropy_bwd;
 } lm_backend;
 
 /* Device kinds: a device number is its kind's first device plus an index
