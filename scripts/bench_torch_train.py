@@ -4,16 +4,36 @@ attention, SwiGLU, no biases) and AdamW, for the baseline column of that
 benchmark. It is a benchmark aid only: loom never imports PyTorch.
 Prints one JSON line: {"step_ms": median, "tokens_per_s": ..., "torch": version}.
 Usage: python3 scripts/bench_torch_train.py --layers 4 --dim 128 --heads 4 --seq 64 --batch 12 --steps 20 --dtype f32
+With --tp N (N > 1) it spawns N CPU processes (gloo) and runs the model under
+the tensor-parallel plan of loom's transformer.tp_plan (loss_parallel): the
+step time is the slowest rank's median, tokens/s counts the global batch, and
+the line gains "tp": N. --threads sets the threads of each rank.
 """
 import argparse
 import json
 import math
+import os
+import socket
 import statistics
 import time
 
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
+
+def parse_args():
+    ap = argparse.ArgumentParser(description="PyTorch baseline of scripts/bench_train.lua (one JSON line).")
+    for k, v in dict(layers=4, dim=128, heads=4, seq=64, batch=12, steps=20, vocab=65, threads=0).items():
+        ap.add_argument("--" + k, type=int, default=v)
+    ap.add_argument("--dtype", default="f32")
+    ap.add_argument("--tp", type=int, default=1,
+                    help="tensor-parallel degree: N > 1 spawns N CPU ranks (gloo) under loom's tp_plan")
+    return ap.parse_args()
+
+
+if __name__ == "__main__":
+    parse_args()   # --help and bad flags answer before torch is imported: it need not be installed
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 
 class RMSNorm(nn.Module):
@@ -49,10 +69,11 @@ class Block(nn.Module):
     def forward(self, x, cos, sin):
         b, t, d = x.shape
         h = self.an(x)
-        q, k, v = (w(h).view(b, t, self.heads, -1) for w in (self.wq, self.wk, self.wv))
+        hd = d // self.heads   # under TP a rank holds heads / tp of them: view by head size
+        q, k, v = (w(h).view(b, t, -1, hd) for w in (self.wq, self.wk, self.wv))
         q, k = rope(q, cos, sin), rope(k, cos, sin)
         o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
-        x = x + self.wo(o.transpose(1, 2).reshape(b, t, d))
+        x = x + self.wo(o.transpose(1, 2).reshape(b, t, -1))
         h = self.fn(x)
         return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
 
@@ -75,12 +96,24 @@ class Model(nn.Module):
         return self.out(self.norm(h))
 
 
+def timed_steps(o, step, sync=None):
+    """3 warm-up steps, then the median of o.steps timed ones (ms); sync() before each"""
+    for _ in range(3):
+        step()
+    times = []
+    for _ in range(o.steps):
+        if sync:
+            sync()
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
 def main():
-    ap = argparse.ArgumentParser()
-    for k, v in dict(layers=4, dim=128, heads=4, seq=64, batch=12, steps=20, vocab=65, threads=0).items():
-        ap.add_argument("--" + k, type=int, default=v)
-    ap.add_argument("--dtype", default="f32")
-    o = ap.parse_args()
+    o = parse_args()
+    if o.tp > 1:
+        return tp_main(o)
     if o.threads > 0:
         torch.set_num_threads(o.threads)
     torch.manual_seed(0)
@@ -97,16 +130,70 @@ def main():
         loss.backward()
         opt.step()
 
-    for _ in range(3):
-        step()
-    times = []
-    for _ in range(o.steps):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    ms = statistics.median(times) * 1e3
+    ms = timed_steps(o, step)
     print(json.dumps({"step_ms": ms, "tokens_per_s": o.batch * o.seq / (ms / 1e3), "torch": torch.__version__,
                       "threads": torch.get_num_threads()}))
+
+
+def tp_plan():
+    """loom's transformer.tp_plan with loss_parallel and no sequence parallelism,
+    in this model's names: the embedding Rowwise (vocabulary-parallel, output
+    replicated), wq/wk/wv and w1/w3 Colwise, wo and w2 Rowwise, the norms
+    replicated, the output Colwise kept sharded on the vocabulary (a DTensor)"""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    plan = {"emb": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
+            "out": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=False)}
+    for name in ("wq", "wk", "wv", "w1", "w3"):
+        plan["blocks.*." + name] = ColwiseParallel()
+    for name in ("wo", "w2"):
+        plan["blocks.*." + name] = RowwiseParallel()
+    return plan
+
+
+def tp_rank(rank, o, port):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import loss_parallel, parallelize_module
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=o.tp)
+    torch.set_num_threads(o.threads if o.threads > 0 else 1)
+    mesh = init_device_mesh("cpu", (o.tp,), mesh_dim_names=("tp",))
+    torch.manual_seed(0)   # the same model and batch on every rank, as in loom's TP run
+    model = Model(o.vocab, o.dim, o.layers, o.heads, o.seq)
+    parallelize_module(model, mesh, tp_plan(), src_data_rank=None)   # each rank shards its own copy
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randint(0, o.vocab, (o.batch, o.seq))
+    y = torch.randint(0, o.vocab, (o.batch, o.seq))
+    amp = o.dtype == "bf16"
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with loss_parallel():
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+                loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+            loss.backward()
+        opt.step()
+
+    ms = timed_steps(o, step, dist.barrier)
+    slowest = torch.tensor([ms], dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    ms = slowest.item()
+    if rank == 0:
+        print(json.dumps({"step_ms": ms, "tokens_per_s": o.batch * o.seq / (ms / 1e3), "torch": torch.__version__,
+                          "threads": torch.get_num_threads(), "tp": o.tp}), flush=True)
+    dist.destroy_process_group()
+
+
+def tp_main(o):
+    """spawns o.tp ranks on this machine over gloo; rank 0 prints the line"""
+    import torch.multiprocessing as mp
+    if o.heads % o.tp != 0:
+        raise SystemExit(f"bench_torch_train.py: --heads {o.heads} must divide by --tp {o.tp}")
+    with socket.socket() as s:   # a free port for the rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(tp_rank, args=(o, port), nprocs=o.tp, join=True)
 
 
 if __name__ == "__main__":

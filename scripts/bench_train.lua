@@ -6,6 +6,9 @@
 -- Distributed (TP x DP, replicate() or --fsdp): how much of the data-parallel
 -- communication backward hides (see overlap() below):
 --   scripts/loomrun -n 4 scripts/bench_train.lua --tp 2 --dp 2 [--fsdp] [--bucket-mb 25] [--json out.json]
+-- TP alone: loom's step time next to PyTorch DTensor's over gloo on the same
+-- plan (see tp_vs_torch() below):
+--   LOOM_BENCH_PYTHON=/opt/torchvenv/bin/python scripts/loomrun -n 2 scripts/bench_train.lua --tp 2
 local root = debug.getinfo(1, "S").source:match("^@(.*)scripts/bench_train%.lua$") or "./"
 package.path = root .. "lua/?.lua;" .. root .. "lua/?/init.lua;" .. package.path
 local loom = require "loom"
@@ -64,12 +67,10 @@ local function replay(orig, calls)
   end
 end
 
--- Step times of the TP x DP model with the data-parallel collectives
--- overlapped with backward (as they run) and waited for at once, steps of
--- the two kinds alternating; the communication measured alone; the
--- fraction of it hidden = (t_no_overlap - t_overlap) / t_comm. Each
--- figure is the slowest rank's median.
-local function overlap(o)
+-- The TP x DP model of o on this job's mesh: dist, tp, fsdp, the mesh, the
+-- model with its AdamW, this dp rank's batch and run() (forward with the
+-- loss and backward; under loss_parallel when tp > 1, as tp_plan asks).
+local function build(o)
   local dist, tp = require "loom.distributed", require "loom.parallel"
   local fsdp = require "loom.distributed.fsdp"
   local tr = loom.models.transformer
@@ -81,7 +82,6 @@ local function overlap(o)
   end
   if o.batch % ndp ~= 0 then error(string.format("bench_train.lua: --batch %d must divide by dp %d", o.batch, ndp), 0) end
   local mesh = dist.init_device_mesh("cpu", { ndp, ntp }, { mesh_dim_names = { "dp", "tp" } })
-  local me = dist.rank()
   loom.manual_seed(0)
   local model = tr.new { vocab_size = o.vocab, dim = o.dim, n_layers = o.layers, n_heads = o.heads, max_seq_len = o.seq }
   local lp = ntp > 1
@@ -104,6 +104,18 @@ local function overlap(o)
     local l = loom.F.cross_entropy(model(x), y)
     l:backward()
   end
+  return { dist = dist, tp = tp, fsdp = fsdp, mesh = mesh, model = model, opt = opt, ntp = ntp, ndp = ndp,
+           run = lp and function() tp.loss_parallel(run) end or run }
+end
+
+-- Step times of the TP x DP model with the data-parallel collectives
+-- overlapped with backward (as they run) and waited for at once, steps of
+-- the two kinds alternating; the communication measured alone; the
+-- fraction of it hidden = (t_no_overlap - t_overlap) / t_comm. Each
+-- figure is the slowest rank's median.
+local function overlap(o, b)
+  local dist, fsdp, model, opt, run = b.dist, b.fsdp, b.model, b.opt, b.run
+  local ntp, ndp, me = b.ntp, b.ndp, dist.rank()
   local state = { calls = {} }
   local orig = watch(dist, state)
   local function step(mode)
@@ -111,7 +123,7 @@ local function overlap(o)
     dist.barrier()
     local t0 = bench.now()
     opt:zero_grad()
-    if lp then tp.loss_parallel(run) else run() end
+    run()
     opt:step()
     local t = bench.now() - t0
     state.mode = nil
@@ -177,8 +189,107 @@ local function overlap(o)
   end
 end
 
+-- PyTorch as a baseline, when a Python with torch is at hand
+-- (LOOM_BENCH_PYTHON, else python3): never a dependency of loom
+local function torch_python()
+  local py = os.getenv("LOOM_BENCH_PYTHON") or "python3"
+  return py, os.execute(py .. " -c 'import torch' >/dev/null 2>&1") == 0
+end
+
+local function torch_cmd(py, extra)
+  return string.format("OMP_WAIT_POLICY=PASSIVE %s %sscripts/bench_torch_train.py --layers %d --dim %d --heads %d "
+                       .. "--seq %d --batch %d --steps %d --vocab %d --threads %d %s", py, root, o.layers, o.dim,
+                       o.heads, o.seq, o.batch, o.steps, o.vocab, loom.num_threads(), extra)
+end
+
+local function decode(out)
+  local ok, r = pcall(require("dkjson").decode, out:match("{.*}") or "")
+  return ok and type(r) == "table" and r or nil
+end
+
+local ffi = require "ffi"
+pcall(ffi.cdef, "int nanosleep(const loom_timespec *req, loom_timespec *rem);")   -- (loom.bench has the struct)
+local function sleep(s) ffi.C.nanosleep(ffi.new("loom_timespec", { 0, s * 1e9 }), nil) end   -- s < 1
+
+-- PyTorch DTensor over gloo on the same TP plan (bench_torch_train.py --tp),
+-- run by rank 0 while the other ranks wait; rank 0 gets its JSON (nil
+-- without torch or when it failed). The wait is an all_reduce of a "done"
+-- flag every 0.5 s, not one barrier: a run longer than
+-- LOOM_COLLECTIVE_TIMEOUT (300 s) would make the watchdog end a job that
+-- waits in one collective that long (20 steps of the default config take
+-- about 16 s on the 2-vCPU VM). Each wait naps (<= 1 ms polls).
+local function torch_tp(dist, ntp)
+  local me, py, has, out = dist.rank(), nil, false, nil
+  if me == 0 and not o["sequence-parallel"] then
+    py, has = torch_python()
+    if has then
+      out = os.tmpname()
+      os.execute(string.format("(%s > %s 2> %s.err; touch %s.done) &", torch_cmd(py, "--tp " .. ntp), out, out, out))
+    end
+  end
+  local done
+  repeat
+    local mine = 1
+    if out then
+      sleep(0.5)
+      local f = io.open(out .. ".done")
+      mine = f and 1 or 0
+      if f then f:close() end
+    end
+    done = dist.all_reduce(loom.tensor({ mine }, { dtype = "f64" }), "min"):item()   -- the others are ready: 1
+  until done == 1
+  if not out then return nil, py, has end
+  local f, e = io.open(out), io.open(out .. ".err")
+  local r, err = decode(f:read("*a")), e:read("*a")
+  f:close() e:close()
+  if not r then io.stderr:write("bench_train.lua: the PyTorch TP run printed no result:\n", err:sub(-2000), "\n") end
+  for _, suffix in ipairs { "", ".err", ".done" } do os.remove(out .. suffix) end
+  return r, py, has
+end
+
+-- TP alone (no dp, no fsdp): loom's step time (3 warm-up steps, then
+-- o.steps, a barrier before each; the slowest rank's median) next to
+-- PyTorch's on the same config, plan and threads per rank, one after the
+-- other. Tokens/s count the global batch (batch x seq) per step.
+local function tp_vs_torch(o, b)
+  local dist, opt, run = b.dist, b.opt, b.run
+  local function step()
+    dist.barrier()
+    local t0 = bench.now()
+    opt:zero_grad()
+    run()
+    opt:step()
+    return bench.now() - t0
+  end
+  for _ = 1, 3 do step() end
+  local times = {}
+  for i = 1, o.steps do times[i] = step() end
+  local ms = dist.all_reduce(loom.tensor({ bench.median(times) }, { dtype = "f64" }), "max"):item() * 1e3
+  local pt, py, has = torch_tp(dist, b.ntp)
+  if dist.rank() ~= 0 then return end
+  local tokens = o.batch * o.seq
+  print(string.format("training step, tensor parallel: %d layers, dim %d, %d heads, batch %dx%d, tp %d, "
+                      .. "%d threads per rank, %d steps timed (slowest rank's median)", o.layers, o.dim, o.heads,
+                      o.batch, o.seq, b.ntp, loom.num_threads(), o.steps))
+  local why = o["sequence-parallel"] and "n/a with --sequence-parallel (the PyTorch replica has no sequence parallelism)"
+              or not has and "not importable, set LOOM_BENCH_PYTHON to a Python with torch"
+              or not pt and "torch from " .. py .. " failed, see its stderr"
+              or string.format("torch %s from %s, %d ranks over gloo", pt.torch, py, b.ntp)
+  print(string.format("\nsame config, same run, one after the other (PyTorch DTensor, loss_parallel: %s):", why))
+  bench.table({ "tp", "loom step ms", "loom tokens/s", "PyTorch step ms", "PyTorch tokens/s", "loom speed-up" }, {
+    { b.ntp, ms, tokens / (ms / 1e3), pt and pt.step_ms or "n/a", pt and pt.tokens_per_s or "n/a",
+      pt and string.format("%.2fx", pt.step_ms / ms) or "n/a" } })
+  if o.json ~= "" then
+    bench.write_json(o.json, { tp = b.ntp, dp = 1, layers = o.layers, dim = o.dim, heads = o.heads, batch = o.batch,
+                               seq = o.seq, threads = loom.num_threads(), step_ms = ms, tokens_per_s = tokens / (ms / 1e3),
+                               torch_step_ms = pt and pt.step_ms, torch_tokens_per_s = pt and pt.tokens_per_s,
+                               torch = pt and pt.torch })
+  end
+end
+
 if os.getenv("OMPI_COMM_WORLD_SIZE") or o.tp > 0 or o.dp > 0 then
-  overlap(o)
+  local b = build(o)
+  if b.ntp > 1 and b.ndp == 1 and not o.fsdp then tp_vs_torch(o, b) else overlap(o, b) end
   return
 end
 
@@ -224,20 +335,14 @@ local function measure(dtype)
   return phases, ops
 end
 
--- PyTorch eager on the same config, when a Python with torch is at hand
--- (LOOM_BENCH_PYTHON, else python3): a baseline only, never a dependency
-local py = os.getenv("LOOM_BENCH_PYTHON") or "python3"
-local has_torch = os.execute(py .. " -c 'import torch' >/dev/null 2>&1") == 0
+-- PyTorch eager on the same config
+local py, has_torch = torch_python()
 local function torch_step(dtype)
   if not has_torch then return nil end
-  local cmd = string.format("OMP_WAIT_POLICY=PASSIVE %s %sscripts/bench_torch_train.py --layers %d --dim %d --heads %d "
-                            .. "--seq %d --batch %d --steps %d --vocab %d --threads %d --dtype %s", py, root, o.layers,
-                            o.dim, o.heads, o.seq, o.batch, o.steps, o.vocab, loom.num_threads(), dtype)
-  local f = io.popen(cmd)
+  local f = io.popen(torch_cmd(py, "--dtype " .. dtype))
   local out = f:read("*a")
   f:close()
-  local ok, r = pcall(require("dkjson").decode, out:match("{.*}") or "")
-  return ok and type(r) == "table" and r or nil
+  return decode(out)
 end
 
 print(string.format("training step: %d layers, dim %d, %d heads, batch %dx%d, %d threads, %d steps timed",
