@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 
 pkgs=(build-essential cmake pkg-config luajit libluajit-5.1-dev lua-busted luarocks
       lua-dkjson lua-argparse lua-filesystem
-      libopenblas-dev libopenmpi-dev openmpi-bin gnuplot-nox valgrind)
+      libopenblas-dev libopenmpi-dev openmpi-bin gnuplot-nox valgrind
+      python3)   # only for the benchmarks' PyTorch baseline script (cli_spec runs its --help)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
