@@ -403,12 +403,14 @@ describe("lifetime", function()
   it("autograd graphs are released with their tensors", function()
     collectgarbage() collectgarbage()
     local start = tonumber(loom.C.lm_storage_count())
-    do
+    -- in a function, so no dead stack slot of this frame still holds a tensor
+    local function train_once()
       local w = loom.rand({ 4, 4 }, { requires_grad = true })
       local y = (w:matmul(w) * 2):tanh():sum()
       y:backward()
       assert.truthy(w.grad)
     end
+    train_once()
     collectgarbage() collectgarbage()
     assert.equal(start, tonumber(loom.C.lm_storage_count()))
   end)
