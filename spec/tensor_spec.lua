@@ -415,6 +415,29 @@ describe("lifetime", function()
     assert.equal(start, tonumber(loom.C.lm_storage_count()))
   end)
 
+  it("dead tensors are collected before they pile up past LOOM_GC_CAP_MB over the live bytes", function()
+    -- a child with a 64 MiB allowance keeps 512 MiB live (never touched, so
+    -- never resident) and drops 32 MiB tensors; it prints the peak bytes held
+    local code = [[
+      package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
+      local loom = require "loom"
+      local keep, peak = loom.empty(2 ^ 27), 0
+      for _ = 1, 64 do
+        local _ = loom.empty(2 ^ 23)
+        peak = math.max(peak, tonumber(loom.C.lm_allocated_bytes()))
+      end
+      io.write(string.format("%d", peak / 2 ^ 20))
+      keep:free()
+    ]]
+    local p = io.popen("LOOM_GC_CAP_MB=64 luajit -e '" .. code .. "' 2>&1")
+    local out = p:read("*a")
+    p:close()
+    local peak = tonumber(out)
+    assert(peak, out)
+    -- live 512 + the allowance 64 + one new 32 (doubling alone would let 512 of garbage pile up)
+    assert.is_true(peak >= 512 + 32 and peak <= 512 + 64 + 32, "peak " .. out .. " MiB")
+  end)
+
   it("allocated bytes are tracked", function()
     collectgarbage() collectgarbage()
     local before = tonumber(loom.C.lm_allocated_bytes())

@@ -76,13 +76,28 @@ M.device_id = device_id
 ---------------------------------------------------------------------------
 -- lifetime: tensors from C carry one reference, released by the GC or free()
 
-local gc_threshold, gc_floor = 64 * 2^20, 64 * 2^20
--- LuaJIT cannot see C memory: collect when live tensor bytes double.
+-- the machine's memory in bytes (/proc/meminfo; 8 GiB where it cannot be read)
+local function ram_bytes()
+  local f = io.open("/proc/meminfo", "rb")
+  local kb = f and tonumber((f:read("*a") or ""):match("MemTotal:%s*(%d+) kB"))
+  if f then f:close() end
+  return kb and kb * 1024 or 8 * 2^30
+end
+
+-- LuaJIT cannot see C memory: collect when live tensor bytes double, but
+-- never let garbage grow past an eighth of the machine's memory over what
+-- was live (big dead tensors would otherwise pile up to the live size: 8 GB
+-- ones made in a loop ran a 24 GB machine out of memory). LOOM_GC_CAP_MB
+-- sets that allowance.
+local gc_floor = 64 * 2^20
+local cap_mb = tonumber(os.getenv("LOOM_GC_CAP_MB") or "")
+local gc_threshold, gc_cap = gc_floor, cap_mb and cap_mb * 2^20 or math.max(gc_floor, ram_bytes() / 8)
 local function gc_pressure()
   local live = tonumber(C.lm_allocated_bytes())
   if live > gc_threshold then
     collectgarbage()
-    gc_threshold = math.max(gc_floor, 2 * tonumber(C.lm_allocated_bytes()))
+    local after = tonumber(C.lm_allocated_bytes())
+    gc_threshold = after + math.max(gc_floor, math.min(after, gc_cap))
   end
 end
 
