@@ -93,8 +93,10 @@ template <typename T> __device__ __forceinline__ void lm_frag_b2(uint32_t (&b)[4
   lm_ldmatrix_x4<true>(b, B + (k0 + r + (m & 1) * 8) * ldb + 8 * j + (m >> 1) * 8);
 }
 
-template <typename T, int KD, int NJ>
-__device__ __forceinline__ void lm_mma_nt(float (&acc)[NJ][4], const T *A, int lda, const T *Bt, int ldb) {
+/* acc += A (16 x KD, row-major) @ B on tensor cores, NJ n-tiles of 8; B is
+ * Bt (n x k, row-major) when BT, else B (k x n, row-major) */
+template <bool BT, typename T, int KD, int NJ>
+__device__ __forceinline__ void lm_mma_16(float (&acc)[NJ][4], const T *A, int lda, const T *B, int ldb) {
   static_assert(NJ % 2 == 0 && KD % 16 == 0, "n-tiles in pairs, k in steps of 16");
 #pragma unroll
   for (int k0 = 0; k0 < KD; k0 += 16) {
@@ -103,25 +105,8 @@ __device__ __forceinline__ void lm_mma_nt(float (&acc)[NJ][4], const T *A, int l
 #pragma unroll
     for (int j = 0; j < NJ; j += 2) {
       uint32_t b[4];
-      lm_frag_bt2(b, Bt, ldb, j, k0);
-      uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-      lm_mma(acc[j], a, b0, T());
-      lm_mma(acc[j + 1], a, b1, T());
-    }
-  }
-}
-
-template <typename T, int KD, int NJ>
-__device__ __forceinline__ void lm_mma_nn(float (&acc)[NJ][4], const T *A, int lda, const T *B, int ldb) {
-  static_assert(NJ % 2 == 0 && KD % 16 == 0, "n-tiles in pairs, k in steps of 16");
-#pragma unroll
-  for (int k0 = 0; k0 < KD; k0 += 16) {
-    uint32_t a[4];
-    lm_frag_a(a, A, lda, k0);
-#pragma unroll
-    for (int j = 0; j < NJ; j += 2) {
-      uint32_t b[4];
-      lm_frag_b2(b, B, ldb, j, k0);
+      if (BT) lm_frag_bt2(b, B, ldb, j, k0);
+      else lm_frag_b2(b, B, ldb, j, k0);
       uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
       lm_mma(acc[j], a, b0, T());
       lm_mma(acc[j + 1], a, b1, T());
@@ -171,10 +156,10 @@ __device__ __forceinline__ void lm_mma_nn_f32(float (&acc)[NJ][4], const float *
 /* the one name the kernels call: tensor cores for 16-bit T, FMAs for f32 */
 template <typename T, int KD, int NJ> struct lm_tile {
   static __device__ __forceinline__ void nt(float (&acc)[NJ][4], const T *A, int lda, const T *Bt, int ldb) {
-    lm_mma_nt<T, KD, NJ>(acc, A, lda, Bt, ldb);
+    lm_mma_16<true, T, KD, NJ>(acc, A, lda, Bt, ldb);
   }
   static __device__ __forceinline__ void nn(float (&acc)[NJ][4], const T *A, int lda, const T *B, int ldb) {
-    lm_mma_nn<T, KD, NJ>(acc, A, lda, B, ldb);
+    lm_mma_16<false, T, KD, NJ>(acc, A, lda, B, ldb);
   }
 };
 template <int KD, int NJ> struct lm_tile<float, KD, NJ> {
