@@ -85,11 +85,16 @@ static inline float lm_erf_small(float x) {
   return x + x * p;
 }
 
-/* a^2 = hi + lo exactly (lo = the rounding error of hi): a's top 12 bits
- * square exactly, and so do the products with the low 12. */
+/* a^2 = hi + lo exactly (lo = the rounding error of hi). With FMA that is
+ * one fma (a * a - hi rounds once, and is exact); without, a's top 12 bits
+ * square exactly, and so do the products with the low 12. Same bits. */
 static inline float lm_sq_lo(float a, float hi) {
+#if defined(__FMA__)
+  return fmaf(a, a, -hi);
+#else
   float ah = lm_f32_bits(lm_bits_f32(a) & 0xfffff000u), al = a - ah;
   return ((ah * ah - hi) + 2.0f * ah * al) + al * al;
+#endif
 }
 
 /* exp(-k a^2) for k = 1 or 1/2, with a^2 = hi + lo exactly, so the large
