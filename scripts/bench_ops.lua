@@ -187,6 +187,11 @@ local function kernels_table(n)
   local xt = x:view(2048, n / 2048):t()
   local w, bias = loom.randn(W), loom.randn(W)
   local xb, xh = x:to("bf16"), x:to("f16")
+  local xg = x:clone():requires_grad_(true)
+  -- forward, then backward (the fused g * f'(x)): 8 + 12 bytes per element
+  local function fwd_bwd(f)
+    return function() local out = f(xg) out:backward(y) out:free() xg.grad:free() xg.grad = nil end
+  end
   return {
     { "add", 12, function() x:add(y):free() end },
     { "mul", 12, function() x:mul(y):free() end },
@@ -199,6 +204,9 @@ local function kernels_table(n)
     { "gelu", 8, function() x:gelu():free() end },
     { "gelu'", 8, function() T.op1(loom.C.LM_OP_GELU_D, x):free() end },
     { "gelu_tanh", 8, function() x:gelu({ approximate = "tanh" }):free() end },
+    { "silu fwd+bwd", 20, fwd_bwd(function(t) return t:silu() end) },
+    { "gelu fwd+bwd", 20, fwd_bwd(function(t) return t:gelu() end) },
+    { "gelu_tanh fwd+bwd", 20, fwd_bwd(function(t) return t:gelu { approximate = "tanh" } end) },
     { "sum last", 4, function() x2:sum(2):free() end },
     { "sum inner", 4, function() x2:sum(1):free() end },
     { "softmax", 8, function() x2:softmax(2):free() end },
@@ -211,7 +219,7 @@ local function kernels_table(n)
     { "f16->f32", 6, function() xh:to("f32"):free() end },
     { "transpose", 8, function() xt:contiguous():free() end },
     { "copy", 8, function() x:clone():free() end },
-  }, function() for _, t in ipairs { x, y, x2, xt, w, bias, xb, xh } do t:free() end end
+  }, function() for _, t in ipairs { x, y, x2, xt, w, bias, xb, xh, xg } do t:free() end end
 end
 
 local function kernels()

@@ -72,7 +72,7 @@ describe("loom.cli", function()
   it("bench_ops runs every kernel row (a smoke run at 64k elements)", function()
     local rc, out = sh("luajit scripts/bench_ops.lua --sections kernels --knumel 65536")
     assert.equal(0, rc, out)
-    for _, k in ipairs { "add", "silu'", "gelu'", "softmax", "rms_norm", "f16->f32", "copy" } do
+    for _, k in ipairs { "add", "silu'", "gelu'", "gelu fwd+bwd", "softmax", "rms_norm", "f16->f32", "copy" } do
       assert.truthy(out:find("\n" .. k .. " ", 1, true), k .. " missing from:\n" .. out)
     end
   end)

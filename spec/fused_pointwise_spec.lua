@@ -80,6 +80,20 @@ describe("unary backward (unary_grad)", function()
     end
   end)
 
+  -- both paths call fastmath.h's derivative, so g * f'(x) has one rounding
+  it("f32 gelu, gelu_tanh and silu gradients equal g * _<kind>_d(x) bit for bit", function()
+    local x = X.rand(11, { 70001 }, "f32", 4) -- threaded, not a multiple of 64
+    local g = X.rand(12, { 70001 }, "f32")
+    for _, c in ipairs { { "_gelu_d", function(t) return t:gelu() end },
+                         { "_gelu_tanh_d", function(t) return t:gelu { approximate = "tanh" } end },
+                         { "_silu_d", function(t) return t:silu() end } } do
+      local xl = x:clone():requires_grad_(true)
+      c[2](xl):backward(g)
+      local want = g * loom.op(c[1], { x })
+      assert.are.equal(0, (xl.grad - want):abs():max():item(), c[1] .. ": fused and composed gradients differ")
+    end
+  end)
+
   it("bf16 inputs compute the gradient in f32 and round once", function()
     local x = input(1, {}, { 5, 9 }, "f32")
     local xb = x:to("bf16"):requires_grad_(true)

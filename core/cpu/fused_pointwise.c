@@ -1,21 +1,12 @@
 /* fused_pointwise.c: elementwise backward passes in one pass each: a unary
  * op's gradient g * f'(x) (unary_grad) and SwiGLU, silu(a) * b, with its
  * backward. Dense operands of one dtype, f32 or f64 (the op makes them so);
- * the formulas are those of the composed forms (pointwise.c's derivative
- * kinds) so the two agree to rounding. */
+ * the derivatives are fastmath.h's, which pointwise.c's derivative kinds
+ * call too, so the fused and the composed gradients agree. */
 #include "simd.h" /* first: its pragma lets exp-bound loops vectorise */
 #include "fastmath.h"
 #include "kernels.h"
 #include <tgmath.h>
-
-#define GELU_TANH_D(T)                                                         \
-  static inline T gelu_tanh_d_##T(T x) {                                       \
-    const T k = (T)0.79788456080286535588, c = (T)0.044715;                    \
-    T t = tanh(k * (x + c * x * x * x));                                       \
-    return (T)0.5 * (1 + t) + (T)0.5 * x * (1 - t * t) * k * (1 + 3 * c * x * x); \
-  }
-GELU_TANH_D(f32)
-GELU_TANH_D(f64)
 
 /* one loop per kind, so each vectorizes on its own */
 #define GRAD_LOOP(EXPR)                                                        \
@@ -26,7 +17,6 @@ GELU_TANH_D(f64)
   static int NAME(int kind, T *o, const T *G, const T *X, const T *Y, int64_t n, const double *p) { \
     typedef T elem;                                                            \
     const T k0 = (T)p[0], k1 = (T)p[1];                                        \
-    const T r2 = (T)0.70710678118654752440, rpi = (T)0.56418958354775628695;   \
     switch (kind) {                                                            \
     case LM_NEG: GRAD_LOOP(-gi) break;                                         \
     case LM_ABS: GRAD_LOOP(gi * (T)((x > 0) - (x < 0))) break;                 \
@@ -37,10 +27,9 @@ GELU_TANH_D(f64)
     case LM_TANH: GRAD_LOOP(gi * (1 - y * y)) break;                           \
     case LM_SIGMOID: GRAD_LOOP(gi * (y * (1 - y))) break;                      \
     case LM_RELU: GRAD_LOOP(x > 0 ? gi : 0) break;                             \
-    case LM_GELU:                                                              \
-      GRAD_LOOP(gi * ((T)0.5 * (1 + erf(x * r2)) + x * exp(-x * x / 2) * r2 * rpi)) break; \
-    case LM_GELU_TANH: GRAD_LOOP(gi * gelu_tanh_d_##T(x)) break;               \
-    case LM_SILU: GRAD_LOOP(gi * ((1 + x * (1 - 1 / (1 + fexp_##T(-x)))) / (1 + fexp_##T(-x)))) break; \
+    case LM_GELU: GRAD_LOOP(gi * fgelu_d_##T(x)) break;                        \
+    case LM_GELU_TANH: GRAD_LOOP(gi * fgelu_tanh_d_##T(x)) break;              \
+    case LM_SILU: GRAD_LOOP(gi * fsilu_d_##T(x)) break;                        \
     case LM_SIN: GRAD_LOOP(gi * cos(x)) break;                                 \
     case LM_COS: GRAD_LOOP(gi * -sin(x)) break;                                \
     case LM_POW_SCALAR: GRAD_LOOP(gi * (pow(x, k0 - 1) * k0)) break;           \

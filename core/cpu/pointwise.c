@@ -66,18 +66,11 @@ typedef struct { int kind, dtype; const double *p; } pw;
     case LM_POW_SCALAR: ROW1(T, T, k0 == 2 ? x * x : pow(x, k0)); break;       \
     case LM_CLAMP: ROW1(T, T, x < k0 ? k0 : x > k1 ? k1 : x); break;           \
     case LM_SIGN: ROW1(T, T, (x > 0) - (x < 0)); break;                        \
-    case LM_GELU_D:                                                            \
-      ROW1(T, T, (T)0.5 * erfc(-x * r2) + x * exp(-x * x / 2) * r2 * (T)0.56418958354775628695); \
-      break;                                                                   \
-    case LM_GELU_TANH_D: ROW1(T, T, gelu_tanh_d(x)); break;                    \
-    case LM_SILU_D: ROW1(T, T, (1 + x * (1 - 1 / (1 + fexp_##T(-x)))) / (1 + fexp_##T(-x))); break; \
+    case LM_GELU_D: ROW1(T, T, fgelu_d_##T(x)); break;                         \
+    case LM_GELU_TANH_D: ROW1(T, T, fgelu_tanh_d_##T(x)); break;               \
+    case LM_SILU_D: ROW1(T, T, fsilu_d_##T(x)); break;                         \
     }                                                                          \
   }
-static inline double gelu_tanh_d(double x) {
-  const double k = 0.79788456080286535588, c = 0.044715;
-  double t = tanh(k * (x + c * x * x * x));
-  return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * c * x * x);
-}
 FLOAT_UNARY(f64)
 
 /* f32: the math of fastmath.h (libm for log, sin, cos and pow). n is a
