@@ -28,15 +28,8 @@ run fsdp2xtp2 4 --tp 2 --dp 2 --fsdp
 
 printf "%-22s %8s %22s %14s\n" layout steps "max rel. loss diff" "final loss"
 for name in tp1 tp2 tp4 dp2xtp2 tp2_sp fsdp2xtp2; do
-  luajit - "$dir/tp1.json" "$dir/$name.json" "$name" <<'LUA'
-local function losses(path)
-  local t = {}
-  for line in io.lines(path) do
-    local s, l = line:match('"step": (%d+), "loss": ([^,}]+)')
-    if s then t[tonumber(s)] = tonumber(l) end
-  end
-  return t
-end
+  LUA_PATH="spec/?.lua;;" luajit - "$dir/tp1.json" "$dir/$name.json" "$name" <<'LUA'
+local losses = require("support.sys").losses
 local ref, got = losses(arg[1]), losses(arg[2])
 local worst, n, last = 0, 0, nil
 for s, l in pairs(ref) do

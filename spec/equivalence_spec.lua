@@ -3,14 +3,7 @@
 -- same loss at every step up to float rounding (relative 1e-5 in f32).
 local sys = require "support.sys"
 
-local function losses(path)
-  local t = {}
-  for line in io.lines(path) do
-    local s, l = line:match('"step": (%d+), "loss": ([^,}]+)')
-    if s then t[tonumber(s)] = tonumber(l) end
-  end
-  return t
-end
+local losses = sys.losses
 
 local flags = "--steps 20 --dim 32 --layers 2 --heads 4 --seq 16 --batch 4 --eval-every 1000 --sample 0 --quiet"
 

@@ -414,14 +414,6 @@ describe("examples/train.lua --init-from", function()
     p:close()
     return tonumber(out:match("@@rc=(%d+)%s*$")), out:gsub("@@rc=%d+%s*$", "")
   end
-  local function losses(path)
-    local out = {}
-    for line in io.lines(path) do
-      local step, loss = line:match('"step": (%d+), "loss": ([^,}]+)')
-      if step then out[tonumber(step)] = tonumber(loss) end
-    end
-    return out
-  end
 
   it("fine-tunes the checkpoint on 1 and 2 ranks: the first loss is the loaded model's", function()
     local d = tmpdir()
@@ -441,7 +433,7 @@ describe("examples/train.lua --init-from", function()
       local rc, out = sh(run[1] .. args .. log)
       assert.equal(0, rc, out)
       assert.is_truthy(out:find("initialised from", 1, true), out)
-      local l = losses(log)
+      local l = sys.losses(log)
       assert.is_not_nil(l[3], out)
       assert.is_true(math.abs(l[1] - want) < 1e-5, string.format("%d rank(s): first loss %.7g, loaded model's %.7g",
                                                                    run[2], l[1], want))

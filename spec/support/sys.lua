@@ -1,6 +1,7 @@
 -- sys.lua: the specs' access to files and the shell (`local sys = require
--- "support.sys"`): scratch directories, whole-file reads and writes, and
--- commands run with their exit code, output and wall time.
+-- "support.sys"`): scratch directories, whole-file reads and writes, the
+-- losses of a training log, and commands run with their exit code, output
+-- and wall time.
 local sys = {}
 
 -- s quoted for the shell
@@ -35,6 +36,16 @@ function sys.read(p)
   local s = f:read("*a")
   f:close()
   return s
+end
+
+-- step -> loss of a JSON-lines training log (examples/train.lua --log)
+function sys.losses(path)
+  local t = {}
+  for line in io.lines(path) do
+    local s, l = line:match('"step": (%d+), "loss": ([^,}]+)')
+    if s then t[tonumber(s)] = tonumber(l) end
+  end
+  return t
 end
 
 function sys.write(p, s)
