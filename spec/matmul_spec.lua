@@ -158,6 +158,23 @@ describe("matmul", function()
     R.assert_close(z:totable(), ref_matmul(a, b), 1e-13, 1e-14)
   end)
 
+  -- PyTorch's layout contract: a weight used through :t() (as Linear does)
+  -- gets a dense gradient, so the optimizer and clipping copy nothing
+  it("the gradient of a transposed weight is dense, and is G^T A", function()
+    for _, sa in ipairs { { 5, 3 }, { 2, 5, 3 } } do -- plain, and rows folded
+      local a = loom.tensor(R.rand(sa, -1, 1), { dtype = "f64" }):requires_grad_(true)
+      local w = loom.tensor(R.rand({ 4, 3 }, -1, 1), { dtype = "f64" }):requires_grad_(true)
+      local sg = { unpack(sa) }
+      sg[#sg] = 4 -- the output's shape
+      local g = loom.tensor(R.rand(sg, -1, 1), { dtype = "f64" })
+      a:matmul(w:t()):backward(g)
+      assert.is_true(w.grad:is_contiguous(), "weight gradient strides " .. table.concat(w.grad:stride(), ","))
+      local a2, g2 = a:detach():reshape(-1, 3), g:reshape(-1, 4)
+      R.assert_close(w.grad:totable(), ref_matmul(g2:t():totable(), a2:totable()), 1e-13, 1e-14)
+      R.assert_close(a.grad:totable(), ref_matmul(g:totable(), w:detach():totable()), 1e-13, 1e-14)
+    end
+  end)
+
   it("shape errors name the sizes", function()
     local ok, err = pcall(function() return loom.zeros(2, 3):matmul(loom.zeros(4, 5)) end)
     assert.is_false(ok)

@@ -135,6 +135,18 @@ int lm_fw_matmul(const lm_call *c, lm_tensor **out) {
   return (*out = r) ? 0 : -1;
 }
 
+/* A^T @ G, in the layout of b when b is a transposed dense matrix (a
+ * weight seen through .t(), as Linear does): then as (G^T @ A)^T, so the
+ * weight's own gradient comes out dense and the optimizer, clipping and
+ * casts need no transposing copy (PyTorch's mm_mat2_backward does the same). */
+static lm_tensor *at_g(lm_scope *s, lm_tensor *a, lm_tensor *g, const lm_tensor *b, lm_attrs *tr) {
+  if (b->ndim == 2 && b->shape_[0] > 1 && b->stride_[0] == 1 && b->stride_[1] == b->shape_[0]) {
+    lm_tensor *gt_a = lm_s2(s, LM_OP_MATMUL, lm_sop(s, LM_OP_TRANSPOSE, 1, &g, tr), a);
+    return gt_a ? lm_sop(s, LM_OP_TRANSPOSE, 1, &gt_a, tr) : NULL;
+  }
+  return lm_s2(s, LM_OP_MATMUL, lm_sop(s, LM_OP_TRANSPOSE, 1, &a, tr), g);
+}
+
 /* dA = g @ B^T, dB = A^T @ g, with 1-D operands lifted to matrices so the
  * same two products serve every case. */
 int lm_bw_matmul(const lm_saved *n, lm_tensor *const *gout, lm_tensor **gin) {
@@ -154,9 +166,9 @@ int lm_bw_matmul(const lm_saved *n, lm_tensor *const *gout, lm_tensor **gin) {
   }
   if (b->needs_grad && a->ndim > 2 && b->ndim == 2) { /* rows folded: one GEMM, no batch sum */
     lm_tensor *af = lm_s(&s, fold_rows(a)), *gf = lm_s(&s, fold_rows(g));
-    if (!(gin[1] = lm_grad_like(lm_s2(&s, LM_OP_MATMUL, lm_sop(&s, LM_OP_TRANSPOSE, 1, &af, &tr), gf), b))) rc = -1;
+    if (!(gin[1] = lm_grad_like(at_g(&s, af, gf, b, &tr), b))) rc = -1;
   } else if (b->needs_grad) {
-    lm_tensor *db = lm_s2(&s, LM_OP_MATMUL, lm_sop(&s, LM_OP_TRANSPOSE, 1, &a2, &tr), g2);
+    lm_tensor *db = at_g(&s, a2, g2, b2, &tr);
     if (b->ndim == 1 && db) db = lm_sop(&s, LM_OP_SQUEEZE, 1, &db, &last);
     if (!(gin[1] = lm_grad_like(db, b))) rc = -1;
   }

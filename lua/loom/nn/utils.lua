@@ -4,6 +4,17 @@ local T = require "loom.tensor"
 
 local M = {}
 
+-- sum of g's squares in f64 (where squares of f32 are exact), the
+-- temporaries freed at once rather than left to the GC
+local function sum_sq(g)
+  local d = g.dtype == "f64" and g or g:to("f64")
+  local sq = d * d
+  local v = sq:sum():item()
+  sq:free()
+  if d ~= g then d:free() end
+  return v
+end
+
 -- The squared L2 norm of all the gradients, summed in f64, global over
 -- sharded ones: a DTensor gradient adds the squares of its local shard,
 -- all-reduced over the mesh dims where it is sharded (a replicated dim
@@ -27,7 +38,7 @@ function M.grad_norm_squared(params)
         for k, q in ipairs(pl) do to[k] = q:is_partial() and require("loom.distributed").Replicate() or q end
         g = g:redistribute(mesh, to)
       end
-      local sq = (g:to_local():to("f64") ^ 2):sum():item()
+      local sq = sum_sq(g:to_local())
       local key = table.concat(dims, ",")
       groups[mesh] = groups[mesh] or {}
       local grp = groups[mesh][key]
@@ -38,7 +49,7 @@ function M.grad_norm_squared(params)
       end
       grp.sum = grp.sum + sq
     elseif g ~= nil then
-      total = total + (g:to("f64") ^ 2):sum():item()
+      total = total + sum_sq(g)
     end
   end
   if #order > 0 then
