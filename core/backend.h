@@ -41,6 +41,43 @@ static inline char *lm_ptr(const lm_tensor *t) {
 static inline bool lm_is_float(int dtype) { return dtype <= LM_F16; }
 void lm_contiguous_strides(int ndim, const int64_t *shape, int64_t *stride);
 
+/* ---- the strided walk both backends use (core/cpu/iter.c, kernels/) ---- */
+#define LM_WALK_ARGS 4
+/* Up to LM_WALK_ARGS operands over t[0]'s shape (broadcast views carry
+ * stride 0): size-1 dims dropped, dims contiguous in every operand merged,
+ * strides in bytes; a scalar walks as one dim of size 1, strides 0. Plain
+ * data, so CUDA kernels take it by value. */
+typedef struct lm_walk {
+  int nd, narg;
+  int64_t shape[LM_MAX_DIMS];
+  int64_t stride_[LM_WALK_ARGS][LM_MAX_DIMS];
+  char *base[LM_WALK_ARGS];
+} lm_walk;
+static inline void lm_walk_init(lm_walk *w, int narg, const lm_tensor *const *t) {
+  const lm_tensor *r = t[0];
+  w->narg = narg, w->nd = 0;
+  for (int k = 0; k < narg; k++) w->base[k] = lm_ptr(t[k]);
+  for (int d = 0; d < r->ndim; d++) {
+    if (r->shape_[d] == 1) continue;
+    int m = w->nd;
+    bool merge = m > 0;
+    for (int k = 0; k < narg && merge; k++)
+      merge = w->stride_[k][m - 1] == t[k]->stride_[d] * r->shape_[d] * lm_dtype_size(t[k]->dtype_);
+    if (merge) {
+      w->shape[m - 1] *= r->shape_[d];
+      for (int k = 0; k < narg; k++) w->stride_[k][m - 1] = t[k]->stride_[d] * lm_dtype_size(t[k]->dtype_);
+    } else {
+      w->shape[m] = r->shape_[d];
+      for (int k = 0; k < narg; k++) w->stride_[k][m] = t[k]->stride_[d] * lm_dtype_size(t[k]->dtype_);
+      w->nd++;
+    }
+  }
+  if (w->nd == 0) { /* a scalar */
+    w->nd = 1, w->shape[0] = 1;
+    for (int k = 0; k < narg; k++) w->stride_[k][0] = 0;
+  }
+}
+
 /* ---- dtype conversions every backend shares (tensor/dtype.c) ---- */
 float lm_bf16_to_f32(uint16_t h);
 uint16_t lm_f32_to_bf16(float f);

@@ -162,42 +162,7 @@ template <typename F> int lm_by_float_dtype(int dtype, const char *what, F f) {
 }
 
 /* ---- strided walk ---- */
-#define LM_MAXARG 4
-/* Dims coalesced as in core/cpu/iter.c; strides in bytes. Passed by value. */
-struct lm_walk {
-  int nd;
-  int64_t shape[LM_MAX_DIMS];
-  int64_t stride_[LM_MAXARG][LM_MAX_DIMS];
-  char *base[LM_MAXARG];
-};
-/* coalesces like core/cpu/iter.c */
-static inline void lm_walk_init(lm_walk *w, int narg, const lm_tensor *const *t) {
-  const lm_tensor *r = t[0];
-  w->nd = 0;
-  for (int k = 0; k < LM_MAXARG; k++) {
-    w->base[k] = k < narg ? lm_ptr(t[k]) : NULL;
-    for (int d = 0; d < LM_MAX_DIMS; d++) w->stride_[k][d] = 0;
-  }
-  for (int d = 0; d < LM_MAX_DIMS; d++) w->shape[d] = 1;
-  for (int d = 0; d < r->ndim; d++) {
-    if (r->shape_[d] == 1) continue;
-    int m = w->nd;
-    bool merge = m > 0;
-    for (int k = 0; k < narg && merge; k++)
-      merge = w->stride_[k][m - 1] == t[k]->stride_[d] * r->shape_[d] * lm_dtype_size(t[k]->dtype_);
-    if (merge) {
-      w->shape[m - 1] *= r->shape_[d];
-      for (int k = 0; k < narg; k++)
-        w->stride_[k][m - 1] = t[k]->stride_[d] * lm_dtype_size(t[k]->dtype_);
-    } else {
-      w->shape[m] = r->shape_[d];
-      for (int k = 0; k < narg; k++) w->stride_[k][m] = t[k]->stride_[d] * lm_dtype_size(t[k]->dtype_);
-      w->nd++;
-    }
-  }
-  if (w->nd == 0) w->nd = 1; /* a scalar: shape 1, strides 0 */
-}
-
+/* lm_walk and lm_walk_init: core/backend.h */
 #ifdef __CUDA_ARCH__
 #define LM_UNROLL _Pragma("unroll")
 #else
