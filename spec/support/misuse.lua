@@ -54,4 +54,17 @@ function X.run(it, cases)
   return #cases
 end
 
+-- after a run of errors, tensors and autograd still work (a small matmul,
+-- its gradient by hand) and grad mode was not left off
+function X.still_works()
+  local loom = require "loom"
+  local x = loom.tensor({ { 1, 2 }, { 3, 4 } }, { requires_grad = true })
+  local y = (x:matmul(x) + 1):sum()
+  assert(y:item() == 4 * 1 + 7 + 10 + 15 + 22, "sum of x @ x + 1: " .. y:item())
+  y:backward()
+  local g = x.grad:totable()
+  assert(g[1][1] == 7 and g[1][2] == 11 and g[2][1] == 9 and g[2][2] == 13, "gradient of x @ x")
+  assert(loom.is_grad_enabled(), "grad mode left off")
+end
+
 return X
