@@ -137,6 +137,30 @@ describe("matmul", function()
     end
   end)
 
+  -- the widened panels (gemm_half.c): several panels of K (256 each),
+  -- operands transposed or not, a batch; one rounding of an f32 sum
+  it("bf16 and f16: transposed operands and K over one panel", function()
+    local t = function(x) return x:transpose(-1, -2) end
+    for _, dt in ipairs { "bf16", "f16" } do
+      local round = dt == "bf16" and R.bf16 or R.f16
+      local ulp = dt == "bf16" and 2 ^ -8 or 2 ^ -11
+      for _, c in ipairs { { { 7, 600 }, { 600, 5 } }, { { 600, 7 }, { 600, 5 }, t },
+                           { { 7, 600 }, { 5, 600 }, nil, t }, { { 2, 600, 7 }, { 2, 5, 600 }, t, t } } do
+        local x = loom.tensor(R.rand(c[1], -1, 1), { dtype = dt })
+        local y = loom.tensor(R.rand(c[2], -1, 1), { dtype = dt })
+        if c[3] then x = c[3](x) end
+        if c[4] then y = c[4](y) end
+        local z = R.flat(x:matmul(y):totable())
+        local want = R.flat(ref_matmul(x:totable(), y:totable()))
+        local mag = R.flat(ref_matmul(x:abs():totable(), y:abs():totable()))
+        for i = 1, #want do
+          assert.is_true(math.abs(z[i] - round(want[i])) <= ulp * math.abs(want[i]) + 1e-6 * mag[i],
+                         string.format("%s case %s, element %d: %g vs %g", dt, table.concat(c[1], "x"), i, z[i], want[i]))
+        end
+      end
+    end
+  end)
+
   it("mixed float dtypes promote", function()
     local a = loom.tensor({ { 1, 2 } }, { dtype = "f32" })
     local b = loom.tensor({ { 3 }, { 4 } }, { dtype = "f64" })

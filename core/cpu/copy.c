@@ -91,6 +91,10 @@ static cvt_fn converter(int sd, int dd) {
   return NULL;
 }
 
+void lm_cpu_convert(int64_t n, void *dst, int dd, const void *src, int sd) {
+  converter(sd, dd)(n, dst, src);
+}
+
 /* n elements of es bytes between strides (bytes) */
 static void copy_strided(int64_t n, char *dst, int64_t sd, const char *src, int64_t ss, int es) {
   switch (es) {

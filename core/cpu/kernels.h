@@ -7,6 +7,9 @@
 int lm_threads_for(int64_t work); /* threads worth using for `work` elements (threads.c) */
 
 lm_copy_fn lm_cpu_copy;                  /* copy.c */
+/* n dense elements of dtype sd to dd by copy.c's vectorised converters:
+ * f32 <-> bf16, f16 or f64 only */
+void lm_cpu_convert(int64_t n, void *dst, int dd, const void *src, int sd);
 lm_fill_fn lm_cpu_fill;                  /* copy.c */
 lm_unary_fn lm_cpu_unary;                /* pointwise.c */
 lm_binary_fn lm_cpu_binary;
