@@ -314,11 +314,11 @@ describe("transpose + contiguous (the tiled copy)", function()
     end
   end)
 
-  it("writes into a transposed destination", function()
-    local x = loom.arange(300 * 200):view(300, 200)
-    local y = loom.zeros(200, 300)
+  it("writes into a transposed destination (sizes not multiples of 4)", function()
+    local x = loom.arange(301 * 203):view(301, 203)
+    local y = loom.zeros(203, 301)
     y:t():copy_(x)
-    assert.same(values(x:t():contiguous()), values(y))
+    assert.are.equal(0, (x:t():contiguous() - y):abs():max():item()) -- (a failing table diff would print 61k values)
   end)
 end)
 

@@ -7,6 +7,9 @@
 #include "fastmath.h"
 #include "iter.h"
 #include <string.h>
+#if defined(__SSE2__)
+#include <xmmintrin.h>
+#endif
 
 typedef struct { int sd, dd; } conv;
 typedef void (*cvt_fn)(int64_t n, void *o, const void *x);
@@ -155,10 +158,47 @@ static void copy_row(int64_t n, char **p, const int64_t *s, void *ctx) {
     for (int64_t i = 0; i < len; i++)                                          \
       *(T *)(p[0] + r * rs[0] + i * s[0]) = *(const T *)(p[1] + r * rs[1] + i * s[1]);
 
+#if defined(__SSE2__)
+/* 4 rows of 4 floats at src (sstride bytes apart) into 4 rows at dst
+ * (dstride apart) holding the columns: a 4x4 transpose in registers */
+static inline void transpose4(char *dst, int64_t dstride, const char *src, int64_t sstride) {
+  __m128 r0 = _mm_loadu_ps((const float *)src), r1 = _mm_loadu_ps((const float *)(src + sstride)),
+         r2 = _mm_loadu_ps((const float *)(src + 2 * sstride)), r3 = _mm_loadu_ps((const float *)(src + 3 * sstride));
+  _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+  _mm_storeu_ps((float *)dst, r0), _mm_storeu_ps((float *)(dst + dstride), r1);
+  _mm_storeu_ps((float *)(dst + 2 * dstride), r2), _mm_storeu_ps((float *)(dst + 3 * dstride), r3);
+}
+
+/* A 4-byte tile whose one side is dense along the rows and the other along
+ * the elements (a transpose): 4x4 blocks in registers, the edges by element. */
+static bool tile4_transposed(int64_t rows, int64_t len, char **p, const int64_t *rs, const int64_t *s) {
+  bool src_rows = rs[1] == 4 && s[0] == 4, src_elems = s[1] == 4 && rs[0] == 4;
+  if (!src_rows && !src_elems) return false;
+  int64_t r4 = rows & ~(int64_t)3, l4 = len & ~(int64_t)3;
+  for (int64_t r = 0; r < r4; r += 4)
+    for (int64_t i = 0; i < l4; i += 4) {
+      char *d = p[0] + r * rs[0] + i * s[0];
+      const char *q = p[1] + r * rs[1] + i * s[1];
+      if (src_rows) transpose4(d, rs[0], q, s[1]);
+      else transpose4(d, s[0], q, rs[1]);
+    }
+  for (int64_t r = 0; r < rows; r++) /* the edges */
+    for (int64_t i = r < r4 ? l4 : 0; i < len; i++)
+      *(uint32_t *)(p[0] + r * rs[0] + i * s[0]) = *(const uint32_t *)(p[1] + r * rs[1] + i * s[1]);
+  return true;
+}
+#else
+static bool tile4_transposed(int64_t rows, int64_t len, char **p, const int64_t *rs, const int64_t *s) {
+  (void)rows, (void)len, (void)p, (void)rs, (void)s;
+  return false;
+}
+#endif
+
 static void copy_tile(int64_t rows, int64_t len, char **p, const int64_t *rs, const int64_t *s,
                       void *ctx) {
   const conv *c = ctx;
   int es = c->sd == c->dd ? lm_dtype_size(c->dd) : 0;
+  if (es == 4 && tile4_transposed(rows, len, p, rs, s)) return;
   if (es == 4) { TILE_COPY(uint32_t) return; }
   if (es == 2) { TILE_COPY(uint16_t) return; }
   if (es == 8) { TILE_COPY(uint64_t) return; }
