@@ -106,16 +106,40 @@ describe("the runtime's settings", function()
     assert.truthy(s:find("OPENBLAS_THREAD_TIMEOUT", 1, true))
   end)
 
+  -- the environment variable `name` as a child sees it after require "loom"
+  local function env_in_child(name, env)
+    local p = io.popen(env .. " luajit -e 'package.path = \"lua/?.lua;lua/?/init.lua;\" .. package.path "
+                       .. "require \"loom\" io.write(os.getenv(\"" .. name .. "\") or \"unset\")' 2>&1")
+    local out = p:read("*a")
+    p:close()
+    return out
+  end
+
   it("let OpenBLAS's workers sleep between GEMMs unless the user says otherwise", function()
-    local function timeout_in_child(env)
-      local p = io.popen(env .. " luajit -e 'package.path = \"lua/?.lua;lua/?/init.lua;\" .. package.path "
-                         .. "require \"loom\" io.write(os.getenv(\"OPENBLAS_THREAD_TIMEOUT\") or \"unset\")' 2>&1")
-      local out = p:read("*a")
-      p:close()
-      return out
+    assert.are.equal("4", env_in_child("OPENBLAS_THREAD_TIMEOUT", "env -u OPENBLAS_THREAD_TIMEOUT"))
+    assert.are.equal("20", env_in_child("OPENBLAS_THREAD_TIMEOUT", "OPENBLAS_THREAD_TIMEOUT=20"))
+  end)
+
+  -- the flags of real CPUs (shortened to what decides): Sapphire Rapids,
+  -- Skylake-SP, Haswell, Zen 3, and a Core 2 that OpenBLAS names itself
+  it("name OpenBLAS's core from the CPU's flags", function()
+    local core = require("loom.lib").blas_coretype
+    local function info(vendor, flags)
+      return "processor\t: 0\nvendor_id\t: " .. vendor .. "\nflags\t\t: fpu sse2 " .. flags .. "\n\nprocessor\t: 1\n"
     end
-    assert.are.equal("4", timeout_in_child("env -u OPENBLAS_THREAD_TIMEOUT"))
-    assert.are.equal("20", timeout_in_child("OPENBLAS_THREAD_TIMEOUT=20"))
+    local avx512 = "avx2 fma avx512f avx512dq avx512cd avx512bw avx512vl"
+    assert.are.equal("Cooperlake", core(info("GenuineIntel", avx512 .. " avx512_bf16 amx_bf16")))
+    assert.are.equal("SkylakeX", core(info("GenuineIntel", avx512)))
+    assert.are.equal("Haswell", core(info("GenuineIntel", "avx avx2 fma")))
+    assert.are.equal("Zen", core(info("AuthenticAMD", "avx avx2 fma")))
+    assert.is_nil(core(info("GenuineIntel", "ssse3")))
+    assert.is_nil(core(""))
+    local f = io.open("/proc/cpuinfo", "rb")
+    local here = core(f:read("*a")) or "unset"
+    f:close()
+    -- what loom sets before OpenBLAS loads on this machine; the user's wins
+    assert.are.equal(here, env_in_child("OPENBLAS_CORETYPE", "env -u OPENBLAS_CORETYPE"))
+    assert.are.equal("Haswell", env_in_child("OPENBLAS_CORETYPE", "OPENBLAS_CORETYPE=Haswell"))
   end)
 
   it("set the f32 matmul precision, as PyTorch's", function()

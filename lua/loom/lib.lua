@@ -84,17 +84,11 @@ ffi.C.setenv("OPENBLAS_THREAD_TIMEOUT", "4", 0)
 -- features instead, in the order OpenBLAS's own fallback uses (where it knows
 -- the CPU it picks the same); a user's OPENBLAS_CORETYPE wins. 0.3.21 cannot
 -- force "Cooperlake" by name: it then falls back to those features, which
--- give Cooperlake on a CPU with AVX512-BF16.
-local function blas_coretype()
-  local f = io.open("/proc/cpuinfo", "rb")
-  if not f then return nil end
-  local vendor, flags
-  for line in f:lines() do
-    vendor = vendor or line:match("^vendor_id%s*:%s*(%S+)")
-    flags = flags or line:match("^flags%s*:(.*)$")
-    if vendor and flags then break end
-  end
-  f:close()
+-- give Cooperlake on a CPU with AVX512-BF16. blas_coretype takes the text of
+-- /proc/cpuinfo and answers the core type, or nil.
+local function blas_coretype(cpuinfo)
+  local vendor = cpuinfo:match("\nvendor_id%s*:%s*(%S+)") or cpuinfo:match("^vendor_id%s*:%s*(%S+)")
+  local flags = cpuinfo:match("\nflags%s*:([^\n]*)") or cpuinfo:match("^flags%s*:([^\n]*)")
   if not flags then return nil end
   local has = {}
   for w in flags:gmatch("%S+") do has[w] = true end
@@ -107,11 +101,13 @@ local function blas_coretype()
   return nil   -- an older CPU: OpenBLAS's own choice
 end
 if not os.getenv("OPENBLAS_CORETYPE") then
-  local core = blas_coretype()
+  local f = io.open("/proc/cpuinfo", "rb")
+  local core = f and blas_coretype(f:read(65536) or "")
+  if f then f:close() end
   if core then ffi.C.setenv("OPENBLAS_CORETYPE", core, 0) end
 end
 
 ffi.cdef(cdef_of(header_dir()))
 local C = ffi.load(library_path(), true)
 
-return { C = C, root = root }
+return { C = C, root = root, blas_coretype = blas_coretype }
