@@ -1,10 +1,11 @@
 /* backend.h: what a device backend sees of the core, and the one call that
- * registers it. A backend (core/cpu/, kernels/ for CUDA) includes this
+ * registers it. A backend (kernels/cpu/, kernels/cuda/) includes this
  * header, loom.h and philox.h, nothing else of the core; it fills an
  * lm_backend table by slot name and registers it for its device kind. */
 #ifndef LOOM_BACKEND_H
 #define LOOM_BACKEND_H
 #include "loom.h"
+#include "unary.h"
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -41,7 +42,7 @@ static inline char *lm_ptr(const lm_tensor *t) {
 static inline bool lm_is_float(int dtype) { return dtype <= LM_F16; }
 void lm_contiguous_strides(int ndim, const int64_t *shape, int64_t *stride);
 
-/* ---- the strided walk both backends use (core/cpu/iter.c, kernels/) ---- */
+/* ---- the strided walk both backends use (kernels/cpu/iter.c, kernels/cuda/) ---- */
 #define LM_WALK_ARGS 4
 /* Up to LM_WALK_ARGS operands over t[0]'s shape (broadcast views carry
  * stride 0): size-1 dims dropped, dims contiguous in every operand merged,
@@ -87,12 +88,8 @@ double lm_load(const void *p, int dtype);       /* one element as double */
 void lm_store(void *p, int dtype, double v);    /* one element from double */
 
 /* ---- kernel kinds ---- */
-/* Pointwise kinds; unary kinds take p[0], p[1] as parameters. */
-enum lm_unary { LM_NEG, LM_ABS, LM_SQRT, LM_RSQRT, LM_EXP, LM_LOG, LM_TANH,
-                LM_SIGMOID, LM_RELU, LM_GELU, LM_GELU_TANH, LM_SILU, LM_SIN,
-                LM_COS, LM_POW_SCALAR, LM_CLAMP, LM_NOT, LM_SIGN,
-                /* derivatives, for backward passes */
-                LM_GELU_D, LM_GELU_TANH_D, LM_SILU_D, LM_NUNARY };
+/* Pointwise kinds; unary kinds (enum lm_unary, with their math: unary.h)
+ * take p[0], p[1] as parameters k0, k1. */
 enum lm_binary { LM_ADD, LM_SUB, LM_MUL, LM_DIV, LM_POW, LM_MAXIMUM, LM_MINIMUM,
                  LM_EQ, LM_NE, LM_LT, LM_LE, LM_GT, LM_GE, LM_AND, LM_OR,
                  LM_NBINARY };
@@ -156,7 +153,7 @@ typedef int lm_memory_stats_fn(int index, int64_t *stats);
 typedef const char *lm_info_fn(void);
 
 /* ---- fused kernels: one pass where composed ops take several. An op
- * whose fused slot is NULL runs its composed form (ops/fused*.c); specs
+ * whose fused slot is NULL runs its composed form (the op in core/ops/); specs
  * compare the two. A fused kernel given arguments it does not cover (a
  * head dim, an alignment) returns LM_UNSUPPORTED with an error starting
  * "unsupported:"; the op then runs the composed form. Float tensors are

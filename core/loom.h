@@ -288,7 +288,7 @@ int lm_set_implicit_replication(int on);
 void lm_dtensor_rule_stats(int64_t *hits, int64_t *misses);
 void lm_dtensor_rule_cache_clear(void);
 
-/* ---- CPU backend (core/cpu/gemm.c) ---- */
+/* ---- CPU backend (kernels/cpu/gemm.c) ---- */
 /* the BLAS loom calls, its build and the kernel core it runs, and its
  * threads, e.g. "OpenBLAS 0.3.21 ... DYNAMIC_ARCH ...; core Zen, 2 threads" */
 const char *lm_blas_info(void);

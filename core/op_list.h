@@ -1,5 +1,5 @@
 /* op_list.h: every op of loom, one line each. This list is the single
- * definition the op table (ops/registry.c), the op ids (enum lm_op_id in
+ * definition the op table (ops/op_table.c), the op ids (enum lm_op_id in
  * loom.h) and Lua's constants (C.LM_OP_<ID>) are made from.
  *
  * Columns: ID, name; tensor inputs (-1: any number) and outputs; the
@@ -89,7 +89,7 @@ LM_OP(ROPE,                rope,                         3,  1, 0,              
 /* optimizer updates in place (ops/optim.c) */
 LM_OP(ADAMW,               _adamw_,                      4,  0, 0,              LM_OPF_INPLACE,               adamw,         adamw,               none,                local,         adamw)
 LM_OP(ADAMW_MULTI,         _adamw_multi_,                -1, 0, 0,              LM_OPF_INPLACE,               adamw_multi,   adamw_multi,         none,                none,          adamw)
-/* collectives as differentiable ops on shards (dist/dist_ops.c) */
+/* collectives as differentiable ops on shards (ops/collective.c) */
 LM_OP(DIST_ALL_GATHER,     _dist_all_gather,             1,  1, 0,              LM_OPF_NATIVE|LM_OPF_NOSAVE,  none,          dist_all_gather,     dist_all_gather,     none,          none)
 LM_OP(DIST_SLICE,          _dist_slice,                  1,  1, 0,              LM_OPF_NATIVE|LM_OPF_NOSAVE,  none,          dist_slice,          dist_slice,          none,          none)
 LM_OP(DIST_ALL_REDUCE,     _dist_all_reduce,             1,  1, 0,              LM_OPF_NATIVE|LM_OPF_NOSAVE,  none,          dist_all_reduce,     dist_all_reduce,     none,          none)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""fit_erfcx.py: the coefficients of lm_erfcx in core/cpu/fastmath.h.
+"""fit_erfcx.py: the coefficients of lm_erfcx in kernels/cpu/fastmath.h.
 
 erfcx(t) = erfc(t) e^(t^2) on [0, 9.5] as P(t) / Q(t), degrees 4 and 5,
 Q(0) = 1, fitted for relative error: linearised least squares reweighted by

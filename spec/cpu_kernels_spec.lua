@@ -1,4 +1,4 @@
--- cpu_kernels_spec.lua: the CPU backend's vectorised kernels (core/cpu) on
+-- cpu_kernels_spec.lua: the CPU backend's vectorised kernels (kernels/cpu) on
 -- the inputs their fast paths see: large dense tensors (split over threads),
 -- lengths that are not a multiple of the vector width, strided and
 -- transposed views, NaN and inf; f32 within a few ulp of plain-Lua f64

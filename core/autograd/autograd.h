@@ -20,6 +20,9 @@ struct lm_node {
 /* Records op on the tape when grad mode is on, the op is differentiable
  * and an input requires grad: the outputs get the node as their grad_fn. */
 int lm_record(int op, int nin, lm_tensor *const *in, const lm_attrs *a, int nout, lm_tensor **out);
+/* Runs op (lm_op_run) and records it: what the op entry and the DTensor
+ * layer call for every op; the number of outputs or -1. */
+int lm_run_recorded(int op, int nin, lm_tensor *const *in, const lm_attrs *a, lm_tensor **out);
 /* 0 when nothing the node saved was changed in place since, else -1 with
  * PyTorch's kind of message (which tensor, which op saved it, versions) */
 int lm_check_saved(const lm_node *n);

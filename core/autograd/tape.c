@@ -126,3 +126,16 @@ int lm_check_saved(const lm_node *n) {
   }
   return 0;
 }
+
+/* the op on (local) tensors, bumping the versions of what it updates in
+ * place, recorded on the tape */
+int lm_run_recorded(int op, int nin, lm_tensor *const *in, const lm_attrs *a, lm_tensor **out) {
+  int nout = lm_op_run(op, nin, in, a, out);
+  if (nout >= 0 && (lm_op_def_of(op)->flags & LM_OPF_INPLACE))
+    for (int i = 0; i < nin; i++) lm_bump_version(in[i]);
+  if (nout >= 0 && lm_record(op, nin, in, a, nout, out) < 0) {
+    for (int k = 0; k < nout; k++) lm_release(out[k]), out[k] = NULL;
+    return -1;
+  }
+  return nout;
+}

@@ -1,7 +1,7 @@
 /* op.h: the ops layer: the op table (one entry per line of op_list.h),
  * shape inference, and what op implementations share: running other ops
  * by id, scopes of intermediates, gradients summed over broadcast dims.
- * Ops run here without autograd or DTensor dispatch: lm_op_call (dist/)
+ * Ops run here without autograd or DTensor dispatch: lm_op_call (entry/)
  * adds those around lm_op_run. */
 #ifndef LOOM_OP_H
 #define LOOM_OP_H
@@ -36,7 +36,6 @@ typedef struct lm_saved {
   lm_tensor **in, **out;
 } lm_saved;
 
-struct lm_rule;
 /* Shape inference: checks the arguments (errors name the op and the
  * argument) and fills out[0..nout-1]. The forward and the sharding rule
  * (on global shapes) call the same function. */
@@ -45,7 +44,6 @@ typedef int (*lm_shape_fn)(int op, int nin, const lm_meta *in, const lm_attrs *a
 typedef int (*lm_forward_fn)(const lm_call *c, lm_tensor **out);
 /* gin[i] (NULL for inputs that need none) from the outputs' gradients. */
 typedef int (*lm_backward_fn)(const lm_saved *s, lm_tensor *const *gout, lm_tensor **gin);
-typedef int (*lm_rule_fn)(struct lm_rule *r);
 
 enum lm_op_flags {
   LM_OPF_NATIVE = 1,  /* takes DTensors as they are (the collectives) */
@@ -65,18 +63,16 @@ typedef struct lm_op_def {
   lm_shape_fn shape;
   lm_forward_fn forward;
   lm_backward_fn backward; /* NULL: not differentiable */
-  lm_rule_fn rule;         /* NULL: not on DTensors */
 } lm_op_def;
 
-extern const lm_op_def lm_op_table[LM_NOPS];
+extern const lm_op_def lm_op_table[LM_NOPS]; /* op_table.c; sharding rules: dtensor/ */
 static inline const lm_op_def *lm_op_def_of(int op) { return &lm_op_table[op]; }
 
 /* Every function the list names, declared once from it. */
 #define LM_OP(ID, NAME, NIN, NOUT, KIND, FLAGS, SHAPE, FW, BW, RULE, SLOT)                   \
   int lm_shape_##SHAPE(int op, int nin, const lm_meta *in, const lm_attrs *a, lm_meta *out); \
   int lm_fw_##FW(const lm_call *c, lm_tensor **out);                                         \
-  int lm_bw_##BW(const lm_saved *s, lm_tensor *const *gout, lm_tensor **gin);                \
-  int lm_rule_##RULE(struct lm_rule *r);
+  int lm_bw_##BW(const lm_saved *s, lm_tensor *const *gout, lm_tensor **gin);
 #include "../op_list.h"
 #undef LM_OP
 
@@ -93,6 +89,12 @@ const lm_backend *lm_kernel_of(int op, const lm_tensor *t, size_t slot, const ch
  * without an error: the op then runs its composed form. */
 const lm_backend *lm_fused_of(const lm_tensor *t, size_t slot);
 #define LM_FUSED(t, slot) lm_fused_of((t), offsetof(lm_backend, slot))
+
+/* ---- attrs holding a communicator (collective.c) ---- */
+/* The communicator handle k of attrs, checked to be a live one (else NULL
+ * with an error naming op). */
+lm_comm *lm_attr_comm(const lm_attrs *a, int k, const char *op);
+lm_attrs lm_comm_attrs(lm_comm *c); /* attrs holding one communicator handle */
 
 /* ---- scopes (scope.c) ----
  * A scope owns the intermediate tensors of a formula and releases them at

@@ -1,37 +1,11 @@
-/* registry.c: the op table, made from op_list.h, and lm_op_run: shape
- * inference then the forward, timed per op when profiling. */
+/* registry.c: lm_op_run (shape inference, then the forward, timed per op
+ * when profiling) over the op table (op_table.c), and what users and tools
+ * ask of the table. */
 #include "op.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-/* A list entry names its functions by suffix; "none" is no function. */
-#define lm_shape_none NULL
-#define lm_bw_none NULL
-#define lm_rule_none NULL
-/* ... and its kernel by the lm_backend slot's name. */
-#define SLOT(x) offsetof(lm_backend, x)
-#define LM_SLOT_none 0
-#define LM_SLOT_copy SLOT(copy)
-#define LM_SLOT_unary SLOT(unary)
-#define LM_SLOT_binary SLOT(binary)
-#define LM_SLOT_where SLOT(where)
-#define LM_SLOT_reduce SLOT(reduce)
-#define LM_SLOT_gemm SLOT(gemm)
-#define LM_SLOT_softmax SLOT(softmax)
-#define LM_SLOT_norm SLOT(norm)
-#define LM_SLOT_embedding SLOT(embedding)
-#define LM_SLOT_index_add SLOT(index_add)
-#define LM_SLOT_adamw SLOT(adamw)
-
-const lm_op_def lm_op_table[LM_NOPS] = {
-#define LM_OP(ID, NAME, NIN, NOUT, KIND, FLAGS, SHAPE, FW, BW, RULE, SLOT_)                   \
-  [LM_OP_##ID] = {#NAME, NIN, NOUT, KIND, FLAGS, LM_SLOT_##SLOT_, lm_shape_##SHAPE, lm_fw_##FW, \
-                  lm_bw_##BW, lm_rule_##RULE},
-#include "../op_list.h"
-#undef LM_OP
-};
 
 /* ---- LOOM_PROFILE=1: time per op, exclusive of the ops it calls ---- */
 static struct { double self; int64_t calls; } prof[LM_NOPS];
@@ -84,15 +58,6 @@ int lm_op_find(const char *name) {
 }
 
 const char *lm_op_name(int op) { return op >= 0 && op < LM_NOPS ? lm_op_table[op].name : NULL; }
-
-int lm_op_info_of(int op, lm_op_info *info) {
-  if (op < 0 || op >= LM_NOPS || !info) return lm_error("op_info: no op with id %d", op);
-  const lm_op_def *d = &lm_op_table[op];
-  *info = (lm_op_info){.name = d->name, .nin = d->nin, .nout = d->nout,
-                       .differentiable = d->backward != NULL, .sharded = d->rule != NULL,
-                       .inplace = (d->flags & LM_OPF_INPLACE) != 0};
-  return 0;
-}
 
 static bool has_slot(const lm_backend *b, size_t slot) {
   return slot == 0 || *(void *const *)((const char *)b + slot) != NULL;

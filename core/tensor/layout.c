@@ -1,4 +1,5 @@
-/* layout.c: shapes, strides, dims and broadcasting, without data. */
+/* layout.c: arithmetic of shapes, strides, dims and chunks, without data
+ * (views that broadcast are made in tensor.c). */
 #include "tensor.h"
 
 int64_t lm_shape_numel(int ndim, const int64_t *shape) {
@@ -47,24 +48,15 @@ int lm_wrap_dim(const char *op, const char *arg, int64_t dim, int ndim) {
   return (int)(dim < 0 ? dim + n : dim);
 }
 
-lm_tensor *lm_broadcast_to(const char *op, const char *arg, const lm_tensor *t, int ndim,
-                           const int64_t *shape) {
-  int64_t stride[LM_MAX_DIMS];
-  int lead = ndim - t->ndim;
-  if (lead < 0) {
-    lm_error("%s: %s has %d dims, cannot broadcast to %d", op, arg, t->ndim, ndim);
-    return NULL;
-  }
-  for (int d = 0; d < ndim; d++) {
-    int s = d - lead;
-    if (s < 0) { stride[d] = 0; continue; }
-    if (t->shape_[s] == shape[d]) stride[d] = shape[d] == 1 ? 0 : t->stride_[s];
-    else if (t->shape_[s] == 1) stride[d] = 0;
-    else {
-      lm_error("%s: %s has size %lld in dim %d, cannot broadcast to %lld", op, arg,
-               (long long)t->shape_[s], s + 1, (long long)shape[d]);
-      return NULL;
-    }
-  }
-  return lm_view_of(t, ndim, shape, stride, t->offset);
+/* torch.chunk's arithmetic: n split into k chunks of ceil(n / k), the
+ * trailing ones shorter or empty; chunk i's size and offset */
+int64_t lm_chunk_size(int64_t n, int k, int i) {
+  if (k <= 0 || n <= 0) return 0;
+  int64_t c = (n + k - 1) / k, s = n - (int64_t)i * c;
+  return s < 0 ? 0 : s < c ? s : c;
+}
+int64_t lm_chunk_offset(int64_t n, int k, int i) {
+  if (k <= 0 || n <= 0) return 0;
+  int64_t c = (n + k - 1) / k, o = (int64_t)i * c;
+  return o < n ? o : n;
 }

@@ -1,4 +1,4 @@
-/* tensor.c: storages, tensor lifetime, copies and casts. */
+/* tensor.c: storages, tensor lifetime, views, copies and casts. */
 #include "tensor.h"
 #include <stdatomic.h>
 #include <stdio.h>
@@ -242,4 +242,27 @@ int lm_restore_data(lm_tensor *t, const lm_tensor *src) {
   int rc = src ? lm_copy_(t, src) : 0;
   if (s) s->version = v; /* the same values again: not a change autograd must see */
   return rc;
+}
+
+/* a view of t broadcast to shape (stride 0 along the dims it repeats) */
+lm_tensor *lm_broadcast_to(const char *op, const char *arg, const lm_tensor *t, int ndim,
+                           const int64_t *shape) {
+  int64_t stride[LM_MAX_DIMS];
+  int lead = ndim - t->ndim;
+  if (lead < 0) {
+    lm_error("%s: %s has %d dims, cannot broadcast to %d", op, arg, t->ndim, ndim);
+    return NULL;
+  }
+  for (int d = 0; d < ndim; d++) {
+    int s = d - lead;
+    if (s < 0) { stride[d] = 0; continue; }
+    if (t->shape_[s] == shape[d]) stride[d] = shape[d] == 1 ? 0 : t->stride_[s];
+    else if (t->shape_[s] == 1) stride[d] = 0;
+    else {
+      lm_error("%s: %s has size %lld in dim %d, cannot broadcast to %lld", op, arg,
+               (long long)t->shape_[s], s + 1, (long long)shape[d]);
+      return NULL;
+    }
+  }
+  return lm_view_of(t, ndim, shape, stride, t->offset);
 }

@@ -1,7 +1,7 @@
 /* test_comm.c: the collectives of core/comm/ on every dtype, even and
  * uneven, on dims 0 and 1, against references computed from rank-determined
  * inputs. Runs as a world of one, or under mpirun -n 2 / -n 4. */
-#include "dist/dist.h"
+#include "dtensor/dtensor.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,7 +1,7 @@
 /* test_core.c: C tests of the core: Philox known answers, layout math,
  * refcounting and errors. Prints "N passed, N failed" and exits non-zero
  * on any failure. */
-#include "dist/dist.h"
+#include "dtensor/dtensor.h"
 #include <stdio.h>
 #include <string.h>
 

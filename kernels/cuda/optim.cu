@@ -1,4 +1,4 @@
-// optim.cu: the fused AdamW update, as core/cpu/optim.c.
+// optim.cu: the fused AdamW update, as kernels/cpu/optim.c.
 #include "common.cuh"
 #include "kernels.cuh"
 

@@ -5,52 +5,12 @@
  * follows the composed form of core/ops/ formula for formula. */
 #include "common.cuh"
 #include "kernels.cuh"
+#include "../unary_math.h"
 
 /* ---- unary_grad: gx = g * f'(x), y = f(x) ---- */
-template <typename C> __device__ inline C unary_d(int kind, C x, C y, C k0, C k1) {
-  const C r2 = (C)0.70710678118654752440, rpi = (C)0.56418958354775628695;
-  switch (kind) {
-  case LM_NEG: return -1;
-  case LM_ABS: return (C)((x > 0) - (x < 0));
-  case LM_SQRT: return 1 / (y * 2);
-  case LM_RSQRT: return y * y * y * (C)-0.5;
-  case LM_EXP: return y;
-  case LM_LOG: return 1 / x;
-  case LM_TANH: return 1 - y * y;
-  case LM_SIGMOID: return y * (1 - y);
-  case LM_RELU: return x > 0 ? 1 : 0;
-  case LM_GELU: return (C)0.5 * (1 + erf(x * r2)) + x * exp(-x * x / 2) * r2 * rpi;
-  case LM_GELU_TANH: {
-    const C k = (C)0.79788456080286535588, c = (C)0.044715;
-    C t = tanh(k * (x + c * x * x * x));
-    return (C)0.5 * (1 + t) + (C)0.5 * x * (1 - t * t) * k * (1 + 3 * c * x * x);
-  }
-  case LM_SILU: {
-    C e = exp(-x);
-    return (1 + x * (1 - 1 / (1 + e))) / (1 + e);
-  }
-  case LM_SIN: return cos(x);
-  case LM_COS: return -sin(x);
-  case LM_POW_SCALAR: return k0 * (k0 - 1 == 2 ? x * x : pow(x, k0 - 1));
-  case LM_CLAMP: return x > k0 && x < k1 ? 1 : 0; /* 0 at a bound (PyTorch's); NaN: 0 */
-  default: return 0;
-  }
-}
-
-static bool differentiable(int kind) {
-  switch (kind) {
-  case LM_NEG: case LM_ABS: case LM_SQRT: case LM_RSQRT: case LM_EXP: case LM_LOG: case LM_TANH:
-  case LM_SIGMOID: case LM_RELU: case LM_GELU: case LM_GELU_TANH: case LM_SILU: case LM_SIN:
-  case LM_COS: case LM_POW_SCALAR: case LM_CLAMP: return true;
-  default: return false;
-  }
-}
-
-/* the kinds whose derivative reads y */
-static bool reads_y(int kind) {
-  return kind == LM_SQRT || kind == LM_RSQRT || kind == LM_EXP || kind == LM_TANH ||
-         kind == LM_SIGMOID;
-}
+/* what the derivative of kind reads (core/unary.h) */
+static bool differentiable(int kind) { return lm_unary_grad_reads(kind) != LM_D_NONE; }
+static bool reads_y(int kind) { return lm_unary_grad_reads(kind) == LM_D_Y; }
 
 template <typename C> struct UnaryGrad { /* p: gx, g, x, y */
   int kind, dgx, dg, dx, dy;
@@ -59,12 +19,8 @@ template <typename C> struct UnaryGrad { /* p: gx, g, x, y */
   __device__ void operator()(char **p) const {
     C x = lm_ld<C>(p[2], dx), y = 0;
     if (have_y) y = lm_ld<C>(p[3], dy);
-    else if (kind == LM_SQRT) y = sqrt(x);
-    else if (kind == LM_RSQRT) y = 1 / sqrt(x);
-    else if (kind == LM_EXP) y = exp(x);
-    else if (kind == LM_TANH) y = tanh(x);
-    else if (kind == LM_SIGMOID) y = 1 / (1 + exp(-x));
-    lm_st<C>(p[0], dgx, lm_ld<C>(p[1], dg) * unary_d<C>(kind, x, y, k0, k1));
+    else if (lm_unary_grad_reads(kind) == LM_D_Y) y = lm_unary(kind, x, k0, k1);
+    lm_st<C>(p[0], dgx, lm_ld<C>(p[1], dg) * lm_unary_d(kind, x, y, k0, k1));
   }
 };
 

@@ -1,11 +1,13 @@
 /* fused_pointwise.c: elementwise backward passes in one pass each: a unary
  * op's gradient g * f'(x) (unary_grad) and SwiGLU, silu(a) * b, with its
  * backward. Dense operands of one dtype, f32 or f64 (the op makes them so);
- * the derivatives are fastmath.h's, which pointwise.c's derivative kinds
- * call too, so the fused and the composed gradients agree. */
+ * the derivatives are core/unary.h's, or fastmath.h's vectorised ones where
+ * pointwise.c's derivative kinds call them too, so the fused and the
+ * composed gradients agree. */
 #include "simd.h" /* first: its pragma lets exp-bound loops vectorise */
 #include "fastmath.h"
 #include "kernels.h"
+#include "../unary_math.h"
 #include <tgmath.h>
 
 /* one loop per kind, so each vectorizes on its own */
@@ -13,33 +15,28 @@
   _Pragma("omp parallel for simd num_threads(lm_threads_for(n)) schedule(static)") \
   for (int64_t i = 0; i < n; i++) { elem x = X[i], y = Y[i], gi = G[i]; (void)x, (void)y; o[i] = (EXPR); }
 
-#define UNARY_GRAD(T, NAME)                                                    \
+/* each kind's loop made from its f'(x) in core/unary.h; in f32 gelu,
+ * gelu_tanh and silu take fastmath.h's vectorised derivatives, which
+ * pointwise.c's derivative kinds call too */
+#define D_CASE(K, F, D, R) case LM_##K: if (R == LM_D_NONE) goto none; GRAD_LOOP(gi * (D)) break;
+#define UNARY_GRAD(T, NAME, FAST)                                              \
   static int NAME(int kind, T *o, const T *G, const T *X, const T *Y, int64_t n, const double *p) { \
-    typedef T elem;                                                            \
+    typedef T elem, lm_real;                                                   \
     const T k0 = (T)p[0], k1 = (T)p[1];                                        \
+    (void)k0, (void)k1;                                                        \
+    switch (FAST ? kind : -1) {                                                \
+    case LM_GELU: GRAD_LOOP(gi * lm_gelu_df(x)) return 0;                      \
+    case LM_GELU_TANH: GRAD_LOOP(gi * lm_gelu_tanh_df(x)) return 0;            \
+    case LM_SILU: GRAD_LOOP(gi * lm_silu_df(x)) return 0;                      \
+    }                                                                          \
     switch (kind) {                                                            \
-    case LM_NEG: GRAD_LOOP(-gi) break;                                         \
-    case LM_ABS: GRAD_LOOP(gi * (T)((x > 0) - (x < 0))) break;                 \
-    case LM_SQRT: GRAD_LOOP(gi / (y * 2)) break;                               \
-    case LM_RSQRT: GRAD_LOOP(gi * (y * y * y * (T)-0.5)) break;                \
-    case LM_EXP: GRAD_LOOP(gi * y) break;                                      \
-    case LM_LOG: GRAD_LOOP(gi / x) break;                                      \
-    case LM_TANH: GRAD_LOOP(gi * (1 - y * y)) break;                           \
-    case LM_SIGMOID: GRAD_LOOP(gi * (y * (1 - y))) break;                      \
-    case LM_RELU: GRAD_LOOP(x > 0 ? gi : 0) break;                             \
-    case LM_GELU: GRAD_LOOP(gi * fgelu_d_##T(x)) break;                        \
-    case LM_GELU_TANH: GRAD_LOOP(gi * fgelu_tanh_d_##T(x)) break;              \
-    case LM_SILU: GRAD_LOOP(gi * fsilu_d_##T(x)) break;                        \
-    case LM_SIN: GRAD_LOOP(gi * cos(x)) break;                                 \
-    case LM_COS: GRAD_LOOP(gi * -sin(x)) break;                                \
-    case LM_POW_SCALAR: GRAD_LOOP(gi * (pow(x, k0 - 1) * k0)) break;           \
-    case LM_CLAMP: GRAD_LOOP(x > k0 && x < k1 ? gi : 0) break;                 \
-    default: return lm_error("unary_grad kernel: no derivative for unary kind %d", kind); \
+      LM_UNARY_KINDS(D_CASE)                                                   \
+    default: none: return lm_error("unary_grad kernel: no derivative for unary kind %d", kind); \
     }                                                                          \
     return 0;                                                                  \
   }
-UNARY_GRAD(f32, unary_grad_f32)
-UNARY_GRAD(f64, unary_grad_f64)
+UNARY_GRAD(f32, unary_grad_f32, 1)
+UNARY_GRAD(f64, unary_grad_f64, 0)
 
 int lm_cpu_unary_grad(int kind, lm_tensor *gx, const lm_tensor *g, const lm_tensor *x,
                       const lm_tensor *y, const double *p) {

@@ -1,48 +1,16 @@
 /* pointwise.cu: unary, binary and where on strided operands, with the
- * kinds and compute dtypes of core/cpu/pointwise.c: f32, f64 and i64
- * (bool for the logical kinds; comparisons write bool as uint8). */
+ * kinds and compute dtypes of kernels/cpu/pointwise.c: f32, f64 and i64
+ * (bool for the logical kinds; comparisons write bool as uint8); the unary
+ * math is core/unary.h's. */
 #include "common.cuh"
 #include "kernels.cuh"
-
-__host__ __device__ inline double gelu_tanh_d(double x) {
-  const double k = 0.79788456080286535588, c = 0.044715;
-  double t = tanh(k * (x + c * x * x * x));
-  return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * c * x * x);
-}
-
-template <typename T> __host__ __device__ inline T apply_unary(int kind, T x, T k0, T k1) {
-  const T r2 = (T)0.70710678118654752440, kt = (T)0.79788456080286535588;
-  switch (kind) {
-  case LM_NEG: return -x;
-  case LM_ABS: return fabs(x);
-  case LM_SQRT: return sqrt(x);
-  case LM_RSQRT: return 1 / sqrt(x);
-  case LM_EXP: return exp(x);
-  case LM_LOG: return log(x);
-  case LM_TANH: return tanh(x);
-  case LM_SIGMOID: return 1 / (1 + exp(-x));
-  case LM_RELU: return x > 0 ? x : 0;
-  case LM_GELU: return x * (T)0.5 * (1 + erf(x * r2));
-  case LM_GELU_TANH: return (T)0.5 * x * (1 + tanh(kt * (x + (T)0.044715 * x * x * x)));
-  case LM_SILU: return x / (1 + exp(-x));
-  case LM_SIN: return sin(x);
-  case LM_COS: return cos(x);
-  case LM_POW_SCALAR: return k0 == 2 ? x * x : pow(x, k0);
-  case LM_CLAMP: return x < k0 ? k0 : x > k1 ? k1 : x;
-  case LM_SIGN: return (T)((x > 0) - (x < 0));
-  case LM_GELU_D:
-    return (T)0.5 * (1 + erf(x * r2)) + x * exp(-x * x / 2) * r2 * (T)0.56418958354775628695;
-  case LM_GELU_TANH_D: return (T)gelu_tanh_d((double)x);
-  case LM_SILU_D: return (1 + x * (1 - 1 / (1 + exp(-x)))) / (1 + exp(-x));
-  default: return x;
-  }
-}
+#include "../unary_math.h"
 
 template <typename T> struct UnaryF {
   int kind;
   T k0, k1;
   __host__ __device__ void operator()(char **p) const {
-    *(T *)p[0] = apply_unary<T>(kind, *(const T *)p[1], k0, k1);
+    *(T *)p[0] = lm_unary(kind, *(const T *)p[1], k0, k1);
   }
 };
 

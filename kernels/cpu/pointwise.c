@@ -6,6 +6,7 @@
 #include "simd.h"
 #include "fastmath.h"
 #include "iter.h"
+#include "../unary_math.h"
 #include <string.h>
 #include <tgmath.h>
 
@@ -42,71 +43,42 @@ typedef struct { int kind, dtype; const double *p; } pw;
       }                                                                        \
   } while (0)
 
-#define FLOAT_UNARY(T)                                                         \
-  static void unary_##T(int64_t n, char **p, const int64_t *s, void *ctx) {    \
-    const pw *c = ctx;                                                         \
-    const T k0 = c->p ? (T)c->p[0] : 0, k1 = c->p ? (T)c->p[1] : 0;            \
-    const T r2 = (T)0.70710678118654752440, kt = (T)0.79788456080286535588;    \
-    switch (c->kind) {                                                         \
-    case LM_NEG: ROW1(T, T, -x); break;                                        \
-    case LM_ABS: ROW1(T, T, fabs(x)); break;                                   \
-    case LM_SQRT: ROW1(T, T, sqrt(x)); break;                                  \
-    case LM_RSQRT: ROW1(T, T, 1 / sqrt(x)); break;                             \
-    case LM_EXP: ROW1(T, T, fexp_##T(x)); break;                               \
-    case LM_LOG: ROW1(T, T, log(x)); break;                                    \
-    case LM_TANH: ROW1(T, T, tanh(x)); break;                                  \
-    case LM_SIGMOID: ROW1(T, T, 1 / (1 + fexp_##T(-x))); break;                \
-    case LM_RELU: ROW1(T, T, x > 0 ? x : 0); break;                            \
-    case LM_GELU: ROW1(T, T, x * (T)0.5 * erfc(-x * r2)); break;               \
-    case LM_GELU_TANH: /* 0.5 x (1 + tanh z) = x sigmoid(2z), without cancelling */ \
-      ROW1(T, T, x / (1 + exp(-2 * kt * (x + (T)0.044715 * x * x * x)))); break; \
-    case LM_SILU: ROW1(T, T, x / (1 + fexp_##T(-x))); break;                   \
-    case LM_SIN: ROW1(T, T, sin(x)); break;                                    \
-    case LM_COS: ROW1(T, T, cos(x)); break;                                    \
-    case LM_POW_SCALAR: ROW1(T, T, k0 == 2 ? x * x : pow(x, k0)); break;       \
-    case LM_CLAMP: ROW1(T, T, x < k0 ? k0 : x > k1 ? k1 : x); break;           \
-    case LM_SIGN: ROW1(T, T, (x > 0) - (x < 0)); break;                        \
-    case LM_GELU_D: ROW1(T, T, fgelu_d_##T(x)); break;                         \
-    case LM_GELU_TANH_D: ROW1(T, T, fgelu_tanh_d_##T(x)); break;               \
-    case LM_SILU_D: ROW1(T, T, fsilu_d_##T(x)); break;                         \
-    }                                                                          \
-  }
-FLOAT_UNARY(f64)
+/* f64: each kind's loop made from its f(x) in core/unary.h */
+static void unary_f64(int64_t n, char **p, const int64_t *s, void *ctx) {
+  typedef f64 lm_real;
+  const pw *c = ctx;
+  const f64 k0 = c->p ? c->p[0] : 0, k1 = c->p ? c->p[1] : 0;
+  (void)k0, (void)k1;
+#define CASE(K, F, D, R) case LM_##K: ROW1(f64, f64, F); break;
+  switch (c->kind) { LM_UNARY_KINDS(CASE) }
+#undef CASE
+}
 
 /* f32: the math of fastmath.h (libm for log, sin, cos and pow). n is a
  * multiple of VEC, so every element goes through the vector loop body: a
  * scalar remainder loop may contract a*b+c into FMA differently, and an
  * element's bits would depend on where it sits. */
 enum { VEC = 64 };
-LM_CLONES static void unary_f32_dense(int kind, int64_t n, float *o, const float *x, float k0,
+LM_CLONES static void unary_f32_dense(int kind, int64_t n, float *o, const float *xs, float k0,
                                       float k1) {
   if (n % VEC) __builtin_unreachable();
-#define L(E) for (int64_t i = 0; i < n; i++) { float v = x[i]; o[i] = (E); } break
-  switch (kind) {
-  case LM_NEG: L(-v);
-  case LM_ABS: L(fabsf(v));
-  case LM_SQRT: L(sqrtf(v));
-  case LM_RSQRT: L(1.0f / sqrtf(v));
+#define L(E) for (int64_t i = 0; i < n; i++) { float v = xs[i]; o[i] = (E); } break
+  switch (kind) { /* fastmath.h's vectorised math where libm's would not vectorise */
   case LM_EXP: L(lm_expf(v));
-  case LM_LOG: L(logf(v));
   case LM_TANH: L(lm_tanhf(v));
   case LM_SIGMOID: L(lm_sigmoidf(v));
-  case LM_RELU: L(v > 0 ? v : 0.0f);
   case LM_GELU: L(lm_geluf(v));
   case LM_GELU_TANH: L(lm_gelu_tanhf(v));
   case LM_SILU: L(lm_siluf(v));
-  case LM_SIN: L(sinf(v));
-  case LM_COS: L(cosf(v));
-  case LM_POW_SCALAR:
-    if (k0 == 2) {
-      L(v * v);
-    }
-    L(powf(v, k0));
-  case LM_CLAMP: L(v < k0 ? k0 : v > k1 ? k1 : v);
-  case LM_SIGN: L((float)((v > 0) - (v < 0)));
   case LM_GELU_D: L(lm_gelu_df(v));
   case LM_GELU_TANH_D: L(lm_gelu_tanh_df(v));
   case LM_SILU_D: L(lm_silu_df(v));
+  default: { /* the others as core/unary.h writes them */
+    typedef float lm_real;
+#define CASE(K, F, D, R) case LM_##K: for (int64_t i = 0; i < n; i++) { float x = xs[i]; o[i] = (F); } break;
+    switch (kind) { LM_UNARY_KINDS(CASE) }
+#undef CASE
+  }
   }
 #undef L
 }

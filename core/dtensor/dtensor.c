@@ -1,8 +1,8 @@
 /* dtensor.c: meshes, DTensor specs and shard layout, from_local and
  * to_local, and differentiable redistribution (each move a collective op
- * whose backward is the conjugate collective, see dist_ops.c). */
-#include "comm.h"
-#include "dist.h"
+ * whose backward is the conjugate collective, see ops/collective.c). */
+#include "../comm/comm.h"
+#include "dtensor.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,7 +99,7 @@ int lm_dtensor_spec(const lm_tensor *d, lm_placement *pl, int64_t *gshape, lm_me
 static lm_tensor *call1(int op, lm_tensor *x, const lm_attrs *a) {
   static const lm_attrs none;
   lm_tensor *out[LM_MAX_OUT];
-  return lm_op_call(op, 1, &x, a ? a : &none, LM_MAX_OUT, out) < 0 ? NULL : out[0];
+  return lm_run_recorded(op, 1, &x, a ? a : &none, out) < 0 ? NULL : out[0];
 }
 
 lm_tensor *lm_dtensor_from_local(lm_tensor *local, lm_mesh *m, const lm_placement *pl,

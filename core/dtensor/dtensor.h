@@ -1,9 +1,9 @@
-/* dist.h: the dist layer, the top of the core: device meshes, DTensor specs
- * and redistribution (dtensor.c), collectives as differentiable ops
- * (dist_ops.c), sharding rules (shard_rules.c), and lm_op_call, the one
- * path every op call from outside takes (dispatch.c). */
-#ifndef LOOM_DIST_H
-#define LOOM_DIST_H
+/* dtensor.h: the DTensor layer, above autograd: device meshes, DTensor
+ * specs and redistribution (dtensor.c), sharding rules (rules.c), and ops
+ * on DTensors: rule, redistribution, the op on the shards (dispatch.c).
+ * The op entry (entry/) sends calls with DTensor arguments here. */
+#ifndef LOOM_DTENSOR_H
+#define LOOM_DTENSOR_H
 #include "../autograd/autograd.h"
 
 #define LM_MAX_MESH 4
@@ -43,14 +43,17 @@ typedef struct lm_rule {
   lm_dspec out[LM_MAX_OUT];
 } lm_rule;
 
+/* Each op's sharding rule, the rule column of op_list.h (rules.c); NULL:
+ * the op does not take DTensors. */
+typedef int (*lm_rule_fn)(lm_rule *r);
+extern const lm_rule_fn lm_rule_table[LM_NOPS];
+#define LM_OP(ID, NAME, NIN, NOUT, KIND, FLAGS, SHAPE, FW, BW, RULE, SLOT) int lm_rule_##RULE(lm_rule *r);
+#include "../op_list.h"
+#undef LM_OP
+
 /* Runs op on DTensor inputs (dispatch.c): rule, redistribution, the op on
  * the shards (recorded by autograd), specs on the outputs. */
 int lm_dtensor_call(int op, int nin, lm_tensor *const *in, const lm_attrs *a, lm_tensor **out);
-/* The communicator handle k of attrs, checked to be one (else NULL with an
- * error naming op). */
-lm_comm *lm_attr_comm(const lm_attrs *a, int k, const char *op);
-/* attrs holding one communicator handle */
-lm_attrs lm_comm_attrs(lm_comm *c);
 int lm_implicit_replication(void);
 
 #endif

@@ -1,9 +1,9 @@
-/* shard_rules.c: how each family of ops runs on DTensors. A rule reads the
+/* rules.c: how each family of ops runs on DTensors. A rule reads the
  * inputs' global shapes and placements and the outputs' global shapes (from
  * the op's shape inference) and, one mesh dim at a time, picks the
  * placements the inputs must have, the outputs' placements, and the attrs
  * of the shard-local op. */
-#include "dist.h"
+#include "dtensor.h"
 #include <string.h>
 
 #define R_ ((lm_placement){LM_REPLICATE, 0, 0})
@@ -402,3 +402,11 @@ int lm_rule_last2(lm_rule *r) {
   }
   return 0;
 }
+
+/* the rule column of op_list.h ("none": the op does not take DTensors) */
+#define lm_rule_none NULL
+const lm_rule_fn lm_rule_table[LM_NOPS] = {
+#define LM_OP(ID, NAME, NIN, NOUT, KIND, FLAGS, SHAPE, FW, BW, RULE, SLOT) [LM_OP_##ID] = lm_rule_##RULE,
+#include "../op_list.h"
+#undef LM_OP
+};

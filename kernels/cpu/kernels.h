@@ -2,7 +2,7 @@
  * CPU backend sees only backend.h of the core. */
 #ifndef LOOM_CPU_KERNELS_H
 #define LOOM_CPU_KERNELS_H
-#include "../backend.h"
+#include "../../core/backend.h"
 
 int lm_threads_for(int64_t work); /* threads worth using for `work` elements (threads.c) */
 

@@ -1,6 +1,6 @@
 /* common.cuh: what the CUDA kernels share: error helpers, dtype loads and
  * stores matching core/dtype.c bit for bit, and a strided walk over up to
- * four operands (the device twin of core/cpu/iter.c). */
+ * four operands (the device twin of kernels/cpu/iter.c). */
 #ifndef LOOM_CUDA_COMMON_CUH
 #define LOOM_CUDA_COMMON_CUH
 #include <cuda_runtime.h>

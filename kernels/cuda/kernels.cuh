@@ -1,10 +1,10 @@
 /* kernels.cuh: the CUDA kernels that fill the backend table (backend.cu),
- * with the CPU ones' semantics (core/cpu/kernels.h), and the device and
+ * with the CPU ones' semantics (kernels/cpu/kernels.h), and the device and
  * memory helpers the kernel files share. The CUDA backend sees only
  * core/backend.h of the core. */
 #ifndef LOOM_CUDA_KERNELS_CUH
 #define LOOM_CUDA_KERNELS_CUH
-#include "../core/backend.h"
+#include "../../core/backend.h"
 
 /* Device memory on the current device, stream-ordered like tensors, from
  * the caching allocator (alloc.cu). */

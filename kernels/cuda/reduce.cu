@@ -1,5 +1,5 @@
 /* reduce.cu: reductions of a contiguous (outer, n, inner) tensor over its
- * middle dim into a contiguous (outer, inner), as core/cpu/reduce.c: sums
+ * middle dim into a contiguous (outer, inner), as kernels/cpu/reduce.c: sums
  * accumulate in double; max/min/argmax/argmin keep the first NaN, else the
  * first extreme (ties go to the lower index); arg* write i64 indices. */
 #include "common.cuh"

@@ -1,5 +1,7 @@
-/* comm.h: what core/comm/ files share: the communicator and work structs,
- * and the transport table (MPI for CPU tensors, NCCL for CUDA tensors). */
+/* comm.h: the transport layer (core/comm/): communicators, the work of a
+ * collective in flight, and the transports that move its bytes (MPI for
+ * CPU tensors, NCCL for CUDA tensors). It sees only the tensor layer; the
+ * ops above it (ops/collective.c) make collectives differentiable. */
 #ifndef LOOM_COMM_H
 #define LOOM_COMM_H
 #include "../tensor/tensor.h"
@@ -15,6 +17,7 @@ struct lm_comm {
   uint64_t key;         /* the same on every member (watchdog.c) */
   int owned;            /* freed with MPI_Comm_free by lm_comm_free */
   void *nccl;           /* ncclComm_t, made on the first CUDA collective */
+  void (*nccl_free)(lm_comm *c); /* destroys nccl (set by the transport that made it) */
 };
 
 /* One collective in flight. collectives.c fills the buffers and counts;
@@ -54,10 +57,10 @@ typedef struct lm_transport {
 extern const lm_transport lm_mpi_transport;
 #ifdef LOOM_HAVE_NCCL
 extern const lm_transport lm_nccl_transport;
-void lm_nccl_comm_free(lm_comm *c); /* destroys c->nccl */
 #endif
 
-/* mpi.c helpers for the rest of core/comm/ */
+/* communicator.c helpers for the rest of core/comm/ */
+int lm_mpi_fail(const char *what, int code); /* -1 with MPI's message for code */
 int lm_dist_ensure(const char *who);  /* lm_dist_init, error naming who */
 int lm_comm_allgather_i64(lm_comm *c, const int64_t *mine, int n, int64_t *all, const char *what);
 int lm_comm_bcast_bytes(lm_comm *c, void *buf, int n, int root);
@@ -76,7 +79,7 @@ void lm_progress_hold(int delta);
  * with growing naps, where the watchdog can see it */
 int lm_watch_wait(const lm_comm *c, const char *what, int (*test)(void *), void *arg);
 
-/* debug.c: fingerprints exchanged before each collective (on by default) */
+/* fingerprint.c: fingerprints exchanged before each collective (on by default) */
 int lm_check_fingerprint(lm_comm *c, int kind, int op, const lm_tensor *t,
                          int64_t a1, int64_t a2, int64_t wild_dim, int64_t wild_size);
 #endif

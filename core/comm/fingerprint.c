@@ -1,4 +1,4 @@
-/* debug.c: before each collective the ranks of the communicator swap a
+/* fingerprint.c: before each collective the ranks of the communicator swap a
  * fingerprint (call number, kind, op, dtype, shape) and fail with a message
  * naming both calls when they disagree, instead of hanging or returning
  * garbage. On by default; LOOM_CHECK_COLLECTIVES=0 turns it off. */

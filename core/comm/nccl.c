@@ -32,6 +32,8 @@ static ncclRedOp_t nccl_op(int op) {
   return op == LM_RED_AVG ? ncclAvg : op == LM_RED_MAX ? ncclMax : op == LM_RED_MIN ? ncclMin : ncclSum;
 }
 
+static void comm_free(lm_comm *c);
+
 /* The comm's NCCL communicator, made collectively on first use. */
 static ncclComm_t nccl_of(lm_comm *c, int device) {
   if (c->nccl) return (ncclComm_t)c->nccl;
@@ -47,7 +49,7 @@ static ncclComm_t nccl_of(lm_comm *c, int device) {
     nccl_fail("nccl init", r);
     return NULL;
   }
-  c->nccl = nc;
+  c->nccl = nc, c->nccl_free = comm_free;
   return nc;
 }
 
@@ -128,7 +130,7 @@ static void nccl_release(lm_work *w) {
   w->event = NULL;
 }
 
-void lm_nccl_comm_free(lm_comm *c) {
+static void comm_free(lm_comm *c) {
   if (c->nccl) ncclCommDestroy((ncclComm_t)c->nccl);
   c->nccl = NULL;
 }

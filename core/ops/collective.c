@@ -1,8 +1,9 @@
-/* dist_ops.c: collectives as differentiable ops on shards. Their attrs hold
- * the communicator as handle 0 and their ints from i[0]; backward runs the
- * conjugate collective. */
-#include "comm.h"
-#include "dist.h"
+/* collective.c: collectives (core/comm/) as differentiable ops on shards.
+ * Their attrs hold the communicator as handle 0 and their ints from i[0];
+ * backward runs the conjugate collective. DTensor's redistribution is
+ * made of these ops. */
+#include "../comm/comm.h"
+#include "op.h"
 #include <stdint.h>
 #include <string.h>
 

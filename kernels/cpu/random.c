@@ -1,7 +1,7 @@
 /* random.c: fills a tensor from Philox counters by global linear index
  * (philox.h draws; built with -ffp-contract=off so it matches CUDA). */
 #include "kernels.h"
-#include "../philox.h"
+#include "../../core/philox.h"
 
 int lm_cpu_random(lm_tensor *t, int kind, double a, double b, uint64_t seed, uint64_t offset,
                   const int64_t *gshape, const int64_t *start) {

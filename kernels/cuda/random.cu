@@ -1,10 +1,10 @@
 /* random.cu: fills a tensor from Philox4x32-10 counters by global linear
- * index, the same function and formulas as core/rng.c and core/cpu/random.c,
+ * index, the same function and formulas as core/tensor/rng.c and kernels/cpu/random.c,
  * so a CUDA tensor draws the numbers its CPU twin draws. Products and sums
  * use round-to-nearest intrinsics (no FMA contraction) to match the CPU. */
 #include "common.cuh"
 #include "kernels.cuh"
-#include "../core/philox.h"
+#include "../../core/philox.h"
 
 struct Rnd {
   int nd, dtype, kind;

@@ -1,5 +1,5 @@
 /* gemm.cu: batched matrix multiply on row-major 3-D strided tensors, as in
- * core/cpu/gemm.c: an operand whose strides are a transpose goes in
+ * kernels/cpu/gemm.c: an operand whose strides are a transpose goes in
  * transposed, without a copy, and batches go in as strided batches. cuBLAS
  * is column-major, so row-major c = a @ b runs as column-major
  * c^T = b^T @ a^T.

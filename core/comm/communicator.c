@@ -1,5 +1,6 @@
-/* mpi.c: MPI runtime (init, ranks, abort, finalize), communicators made by
- * splitting the world, and the MPI transport that moves CPU tensors. */
+/* communicator.c: the MPI runtime (init, ranks, abort, finalize) and
+ * communicators made by splitting the world; the transports that move
+ * bytes over them are mpi.c (CPU tensors) and nccl.c (CUDA tensors). */
 #include "comm.h"
 #include <limits.h>
 #include <stdio.h>
@@ -10,7 +11,7 @@
 static int inited, own_mpi, debug = -1;
 static lm_comm world;
 
-static int mpi_fail(const char *what, int code) {
+int lm_mpi_fail(const char *what, int code) {
   char s[MPI_MAX_ERROR_STRING];
   int n = 0;
   if (MPI_Error_string(code, s, &n) != MPI_SUCCESS) snprintf(s, sizeof s, "code %d", code);
@@ -39,7 +40,7 @@ int lm_dist_init(void) {
   if (!flag) {
     /* MULTIPLE: the watchdog's thread calls MPI beside the main thread. */
     rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
-    if (rc != MPI_SUCCESS) return mpi_fail("dist.init", rc);
+    if (rc != MPI_SUCCESS) return lm_mpi_fail("dist.init", rc);
     own_mpi = 1;
     atexit(at_exit);
   }
@@ -92,7 +93,7 @@ int lm_dist_finalize(void) {
   if (!inited || !own_mpi || mpi_finalized()) return 0;
   lm_watch_finish();
   int rc = MPI_Finalize();
-  return rc == MPI_SUCCESS ? 0 : mpi_fail("dist.finalize", rc);
+  return rc == MPI_SUCCESS ? 0 : lm_mpi_fail("dist.finalize", rc);
 }
 
 void lm_abort(int code) {
@@ -116,17 +117,6 @@ int lm_dist_debug(void) {
   return debug;
 }
 int lm_debug_collectives(void) { return lm_dist_debug(); }
-
-int64_t lm_chunk_size(int64_t n, int k, int i) {
-  if (k <= 0 || n <= 0) return 0;
-  int64_t c = (n + k - 1) / k, s = n - (int64_t)i * c;
-  return s < 0 ? 0 : s < c ? s : c;
-}
-int64_t lm_chunk_offset(int64_t n, int k, int i) {
-  if (k <= 0 || n <= 0) return 0;
-  int64_t c = (n + k - 1) / k, o = (int64_t)i * c;
-  return o < n ? o : n;
-}
 
 /* ---- communicators ---- */
 
@@ -165,7 +155,7 @@ lm_comm *lm_comm_split(lm_comm *parent, int color, int key) {
   }
   MPI_Comm m;
   int rc = MPI_Comm_split(parent->mpi, color, key, &m);
-  if (rc != MPI_SUCCESS) { mpi_fail("comm_split", rc); return NULL; }
+  if (rc != MPI_SUCCESS) { lm_mpi_fail("comm_split", rc); return NULL; }
   return wrap_comm(m);
 }
 
@@ -204,16 +194,14 @@ lm_comm *lm_comm_from_ranks(int n, const int32_t *ranks) {
   MPI_Group_free(&g);
   MPI_Group_free(&wg);
   free(r);
-  if (rc != MPI_SUCCESS) { mpi_fail("comm_from_ranks", rc); return NULL; }
+  if (rc != MPI_SUCCESS) { lm_mpi_fail("comm_from_ranks", rc); return NULL; }
   return wrap_comm(m);
 }
 
 void lm_comm_free(lm_comm *c) {
   if (!c || c == &world) return;
   lm_watch_comm(c, 0);
-#ifdef LOOM_HAVE_NCCL
-  lm_nccl_comm_free(c);
-#endif
+  if (c->nccl_free) c->nccl_free(c); /* left by the transport that made c->nccl */
   if (c->owned && !mpi_finalized()) MPI_Comm_free(&c->mpi);
   free(c->world_ranks);
   c->magic = 0;
@@ -231,7 +219,7 @@ int lm_comm_world_rank(const lm_comm *c, int rank) {
 
 static int test_request(void *req) {
   int flag = 0, rc = MPI_Test(req, &flag, MPI_STATUS_IGNORE);
-  return rc == MPI_SUCCESS ? flag : mpi_fail("allgather", rc);
+  return rc == MPI_SUCCESS ? flag : lm_mpi_fail("allgather", rc);
 }
 
 /* (a small allgather of the core's own: shapes, fingerprints; it waits
@@ -239,97 +227,11 @@ static int test_request(void *req) {
 int lm_comm_allgather_i64(lm_comm *c, const int64_t *mine, int n, int64_t *all, const char *what) {
   MPI_Request req;
   int rc = MPI_Iallgather(mine, n, MPI_INT64_T, all, n, MPI_INT64_T, c->mpi, &req);
-  if (rc != MPI_SUCCESS) return mpi_fail("allgather", rc);
+  if (rc != MPI_SUCCESS) return lm_mpi_fail("allgather", rc);
   return lm_watch_wait(c, what, test_request, &req);
 }
 
 int lm_comm_bcast_bytes(lm_comm *c, void *buf, int n, int root) {
   int rc = MPI_Bcast(buf, n, MPI_BYTE, root, c->mpi);
-  return rc == MPI_SUCCESS ? 0 : mpi_fail("broadcast", rc);
+  return rc == MPI_SUCCESS ? 0 : lm_mpi_fail("broadcast", rc);
 }
-
-/* ---- the MPI transport ---- */
-
-static MPI_Datatype mpi_dtype(int dtype) {
-  switch (dtype) {
-  case LM_F32: return MPI_FLOAT;
-  case LM_F64: return MPI_DOUBLE;
-  case LM_BF16: case LM_F16: return MPI_UINT16_T; /* moved, never reduced */
-  case LM_I32: return MPI_INT32_T;
-  case LM_I64: return MPI_INT64_T;
-  default: return MPI_UINT8_T;
-  }
-}
-
-static MPI_Op mpi_op(int op) {
-  return op == LM_RED_MAX ? MPI_MAX : op == LM_RED_MIN ? MPI_MIN : MPI_SUM;
-}
-
-static const char *kind_name[LM_NCOLL] = {"all_reduce", "all_gather", "reduce_scatter",
-                                          "all_to_all", "broadcast", "barrier"};
-
-/* Blocking calls for synchronous collectives (OpenMPI's tuned algorithms
- * beat its nonblocking ones), MPI_I* for async handles. */
-static int mpi_start(lm_work *w) {
-  MPI_Comm m = w->comm->mpi;
-  MPI_Datatype dt = mpi_dtype(w->dtype);
-  MPI_Op op = mpi_op(w->op);
-  void *s = w->send ? lm_data(w->send) : NULL, *r = w->recv ? lm_data(w->recv) : NULL;
-  const void *sb = w->in_place ? MPI_IN_PLACE : s;
-  int n = w->recv ? (int)w->recv->numel_ : 0, rc = MPI_SUCCESS, b = 0; /* nonblocking: waits sleep */
-  MPI_Request *q = &w->req;
-  *q = MPI_REQUEST_NULL;
-  int me = w->comm->rank;
-  switch (w->kind) {
-  case LM_COLL_ALL_REDUCE:
-    rc = b ? MPI_Allreduce(sb, r, n, dt, op, m) : MPI_Iallreduce(sb, r, n, dt, op, m, q);
-    break;
-  case LM_COLL_ALL_GATHER:
-    if (w->uneven)
-      rc = b ? MPI_Allgatherv(s, w->rcounts[me], dt, r, w->rcounts, w->rdispls, dt, m)
-             : MPI_Iallgatherv(s, w->rcounts[me], dt, r, w->rcounts, w->rdispls, dt, m, q);
-    else
-      rc = b ? MPI_Allgather(s, w->rcounts[0], dt, r, w->rcounts[0], dt, m)
-             : MPI_Iallgather(s, w->rcounts[0], dt, r, w->rcounts[0], dt, m, q);
-    break;
-  case LM_COLL_REDUCE_SCATTER:
-    if (w->uneven)
-      rc = b ? MPI_Reduce_scatter(s, r, w->rcounts, dt, op, m)
-             : MPI_Ireduce_scatter(s, r, w->rcounts, dt, op, m, q);
-    else
-      rc = b ? MPI_Reduce_scatter_block(s, r, w->rcounts[0], dt, op, m)
-             : MPI_Ireduce_scatter_block(s, r, w->rcounts[0], dt, op, m, q);
-    break;
-  case LM_COLL_ALL_TO_ALL:
-    if (w->uneven)
-      rc = b ? MPI_Alltoallv(s, w->scounts, w->sdispls, dt, r, w->rcounts, w->rdispls, dt, m)
-             : MPI_Ialltoallv(s, w->scounts, w->sdispls, dt, r, w->rcounts, w->rdispls, dt,
-                              m, q);
-    else
-      rc = b ? MPI_Alltoall(s, w->scounts[0], dt, r, w->rcounts[0], dt, m)
-             : MPI_Ialltoall(s, w->scounts[0], dt, r, w->rcounts[0], dt, m, q);
-    break;
-  case LM_COLL_BROADCAST:
-    rc = b ? MPI_Bcast(r, n, dt, w->root, m) : MPI_Ibcast(r, n, dt, w->root, m, q);
-    break;
-  case LM_COLL_BARRIER:
-    rc = b ? MPI_Barrier(m) : MPI_Ibarrier(m, q);
-    break;
-  }
-  return rc == MPI_SUCCESS ? 0 : mpi_fail(kind_name[w->kind], rc);
-}
-
-static int mpi_test(lm_work *w) {
-  int flag = 0, rc = MPI_Test(&w->req, &flag, MPI_STATUS_IGNORE);
-  return rc == MPI_SUCCESS ? flag : mpi_fail(kind_name[w->kind], rc);
-}
-
-static int test_work(void *w) { return mpi_test(w); }
-static int mpi_wait(lm_work *w) { return lm_watch_wait(w->comm, kind_name[w->kind], test_work, w); }
-
-static void mpi_release(lm_work *w) { (void)w; }
-
-const lm_transport lm_mpi_transport = {
-    .name = "mpi", .halves_native = 0,
-    .start = mpi_start, .wait = mpi_wait, .test = mpi_test, .release = mpi_release,
-};
