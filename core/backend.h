@@ -13,8 +13,6 @@
 extern "C" {
 #endif
 
-#define LM_MAX_DIMS 8
-
 /* ---- errors (tensor/error.c) ---- */
 /* Formats the message into the thread-local buffer; returns -1 so callers
  * can write `return lm_error(...)`. */

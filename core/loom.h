@@ -13,6 +13,12 @@ extern "C" {
 enum lm_dtype { LM_F32 = 0, LM_F64 = 1, LM_BF16 = 2, LM_F16 = 3,
                 LM_I32 = 4, LM_I64 = 5, LM_BOOL = 6, LM_NDTYPES = 7 };
 
+/* Limits, as enum constants so that Lua reads them too (C.LM_MAX_DIMS):
+ * dims of a tensor, dims of a device mesh, tensors one op call takes, and
+ * the sizes of lm_attrs. */
+enum lm_limit { LM_MAX_DIMS = 8, LM_MAX_MESH = 4, LM_MAX_INPUTS = 256, LM_MAX_ATTR_INTS = 24,
+                LM_MAX_ATTR_REALS = 8, LM_MAX_ATTR_HANDLES = 2 };
+
 /* Devices are small integers: 0 is the CPU, 1 + k is cuda:k; meta tensors
  * have shapes and dtypes but no data (ops on them only infer shapes). */
 enum lm_device { LM_CPU = 0, LM_CUDA0 = 1, LM_META = 127 };
@@ -31,8 +37,8 @@ typedef struct lm_tensor {
   uint8_t output_nr;     /* which output of grad_fn this tensor is */
   uint8_t retains_grad;  /* a non-leaf that keeps .grad (retain_grad) */
   uint8_t freed;         /* released early by lm_tensor_free: any use is an error */
-  int64_t shape_[8];     /* at most 8 dims */
-  int64_t stride_[8];
+  int64_t shape_[LM_MAX_DIMS];
+  int64_t stride_[LM_MAX_DIMS];
   int64_t offset;        /* first element, in elements of the storage */
   int64_t numel_;
   lm_storage *storage;
@@ -46,10 +52,10 @@ typedef struct lm_tensor {
  * can check it got what it expects. ni, nf, nh count the used entries. */
 enum lm_handle_kind { LM_HANDLE_NONE = 0, LM_HANDLE_COMM = 1 };
 typedef struct lm_attrs {
-  int64_t i[24];
-  double f[8];
-  void *h[2];
-  int32_t hk[2];   /* enum lm_handle_kind of h[k] */
+  int64_t i[LM_MAX_ATTR_INTS];
+  double f[LM_MAX_ATTR_REALS];
+  void *h[LM_MAX_ATTR_HANDLES];
+  int32_t hk[LM_MAX_ATTR_HANDLES];   /* enum lm_handle_kind of h[k] */
   int32_t ni, nf, nh;
 } lm_attrs;
 

@@ -75,7 +75,7 @@ LM_OP(ARGMAX,              argmax,                       1,  1, LM_ARGMAX,      
 LM_OP(ARGMIN,              argmin,                       1,  1, LM_ARGMIN,      0,                            reduce,        arg,                 none,                reduce,        reduce)
 /* linear algebra (ops/linalg.c) */
 LM_OP(MATMUL,              matmul,                       2,  1, 0,              LM_OPF_AMP_LOW,               matmul,        matmul,              matmul,              matmul,        gemm)
-/* neural-network ops (ops/nn_*.c) */
+/* neural-network ops: ops/softmax.c, norm.c, embedding.c, cross_entropy.c, triangular.c, attention.c */
 LM_OP(SOFTMAX,             softmax,                      1,  1, 0,              LM_OPF_AMP_F32,               softmax,       softmax,             softmax,             rows,          softmax)
 LM_OP(LOG_SOFTMAX,         log_softmax,                  1,  1, 0,              LM_OPF_AMP_F32,               softmax,       softmax,             softmax,             rows,          softmax)
 LM_OP(LAYER_NORM,          layer_norm,                   -1, 2, 0,              LM_OPF_AMP_F32,               norm,          norm,                norm,                rows,          norm)

@@ -72,12 +72,15 @@ static int by_seq_desc(const void *a, const void *b) {
 /* Counts, for each leaf, the edges into it, so its hook fires when the
  * last one has been walked. Leaves are kept in a small list. */
 typedef struct { lm_tensor **t; int *left; int n, cap; } leaves;
-static int leaf_slot(leaves *l, lm_tensor *t) {
+static int leaf_slot(leaves *l, lm_tensor *t) { /* -1 when out of memory */
   for (int i = 0; i < l->n; i++) if (l->t[i] == t) return i;
   if (l->n == l->cap) {
-    l->cap = l->cap ? 2 * l->cap : 64;
-    l->t = realloc(l->t, l->cap * sizeof *l->t);
-    l->left = realloc(l->left, l->cap * sizeof *l->left);
+    int cap = l->cap ? 2 * l->cap : 64;
+    lm_tensor **tv = realloc(l->t, cap * sizeof *tv);
+    if (tv) l->t = tv;
+    int *left = tv ? realloc(l->left, cap * sizeof *left) : NULL;
+    if (!left) return lm_error("backward: out of memory");
+    l->left = left, l->cap = cap;
   }
   l->t[l->n] = t, l->left[l->n] = 0;
   return l->n++;
@@ -97,6 +100,7 @@ static int run(lm_node *root_node, nodes *order, leaves *lv) {
       if (!t->needs_grad) continue;
       if (!t->grad_fn_) { /* leaf_slot may move lv->left: index after */
         int k = leaf_slot(lv, t);
+        if ((rc = k < 0 ? -1 : 0) < 0) break;
         lv->left[k]++;
         continue;
       }
@@ -137,9 +141,9 @@ static int run(lm_node *root_node, nodes *order, leaves *lv) {
         if (g && accumulate(&t->grad_fn_->gsum[t->output_nr], g) < 0) rc = -1;
         continue;
       }
-      int s = leaf_slot(lv, t);
+      int s = leaf_slot(lv, t); /* found: counted above */
       if (g && accumulate_leaf(t, g) < 0) rc = -1;
-      if (--lv->left[s] == 0 && grad_ready && rc == 0) grad_ready(t);
+      if (s >= 0 && --lv->left[s] == 0 && grad_ready && rc == 0) grad_ready(t);
     }
     free(gin);
   }

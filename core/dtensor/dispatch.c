@@ -10,7 +10,7 @@ static bool is_replicated_on(const lm_dspec *s, int k) { return s->pl[k].kind ==
 
 /* Sharding decisions are cached by (op, input specs, attrs): a key of
  * plain integers (no struct padding), direct-mapped by its hash. */
-#define KEY_MAX (3 + LM_RULE_MAX_IN * (2 + LM_MAX_DIMS + 3 * LM_MAX_MESH) + 2 + 24 + 8)
+#define KEY_MAX (3 + LM_RULE_MAX_IN * (2 + LM_MAX_DIMS + 3 * LM_MAX_MESH) + 2 + LM_MAX_ATTR_INTS + LM_MAX_ATTR_REALS)
 typedef struct {
   int n;
   uint64_t key[KEY_MAX];

@@ -6,7 +6,6 @@
 #define LOOM_DTENSOR_H
 #include "../autograd/autograd.h"
 
-#define LM_MAX_MESH 4
 
 struct lm_mesh {
   int32_t refcount;

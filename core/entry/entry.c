@@ -10,11 +10,13 @@
 static int check_call(const lm_op_def *d, int nin, lm_tensor *const *in, const lm_attrs *a, int maxout) {
   if (d->nin >= 0 && nin != d->nin)
     return lm_error("%s: expected %d tensor arguments, got %d", d->name, d->nin, nin);
-  if (nin < 0 || nin > 256) return lm_error("%s: expected 0 to 256 tensor arguments, got %d", d->name, nin);
+  if (nin < 0 || nin > LM_MAX_INPUTS)
+    return lm_error("%s: expected 0 to %d tensor arguments, got %d", d->name, LM_MAX_INPUTS, nin);
   if (maxout < d->nout) return lm_error("%s: room for %d outputs, it makes %d", d->name, maxout, d->nout);
-  if (a->ni < 0 || a->ni > 24 || a->nf < 0 || a->nf > 8 || a->nh < 0 || a->nh > 2)
-    return lm_error("%s: attrs hold %d integers, %d reals and %d handles; at most 24, 8 and 2",
-                    d->name, a->ni, a->nf, a->nh);
+  if (a->ni < 0 || a->ni > LM_MAX_ATTR_INTS || a->nf < 0 || a->nf > LM_MAX_ATTR_REALS || a->nh < 0 ||
+      a->nh > LM_MAX_ATTR_HANDLES)
+    return lm_error("%s: attrs hold %d integers, %d reals and %d handles; at most %d, %d and %d",
+                    d->name, a->ni, a->nf, a->nh, LM_MAX_ATTR_INTS, LM_MAX_ATTR_REALS, LM_MAX_ATTR_HANDLES);
   for (int i = 0; i < nin; i++) {
     if (!in[i]) return lm_error("%s: argument #%d expected a tensor, got nil", d->name, i + 1);
     if (in[i]->freed) return lm_error("%s: argument #%d was freed (t:free())", d->name, i + 1);

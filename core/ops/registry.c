@@ -94,7 +94,6 @@ lm_tensor *lm_empty_meta(const lm_meta *m, const lm_tensor *like) {
   return lm_empty(m->ndim, m->shape, m->dtype, like->device_);
 }
 
-enum { MAX_IN = 256 }; /* the most tensors an op takes (lm_op_call checks) */
 
 /* An op on meta tensors makes meta outputs of the shapes inference gives. */
 static int run_meta(const lm_op_def *d, const lm_call *c, lm_tensor **out) {
@@ -118,8 +117,8 @@ int lm_op_run(int op, int nin, lm_tensor *const *in, const lm_attrs *a, lm_tenso
                       "parameters after forward) and not restored", d->name, i + 1);
   }
   if (d->shape) {
-    lm_meta m[MAX_IN];
-    if (nin > MAX_IN) return lm_error("%s: at most %d tensor arguments, got %d", d->name, MAX_IN, nin);
+    lm_meta m[LM_MAX_INPUTS];
+    if (nin > LM_MAX_INPUTS) return lm_error("%s: at most %d tensor arguments, got %d", d->name, LM_MAX_INPUTS, nin);
     for (int i = 0; i < nin; i++) m[i] = lm_meta_of(in[i]);
     LM_TRY(d->shape(op, nin, m, a, c.out));
   }

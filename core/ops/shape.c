@@ -28,3 +28,27 @@ int lm_need_float(const char *op, int k, const char *arg, const lm_meta *m) {
   return lm_error("%s: argument #%d (%s) expected a floating point tensor, got %s", op, k, arg,
                   lm_dtype_name(m->dtype));
 }
+
+/* The ids of idx (any integer dtype) must lie in [0, n) or equal `skip`
+ * when skip_ok. Read on the host. */
+int lm_check_ids(const char *op, int k, const char *arg, lm_tensor *idx, int64_t n,
+                     int skip_ok, int64_t skip, const char *what) {
+  lm_scope s = {0};
+  lm_tensor *c = idx;
+  if (idx->device_ != LM_CPU) {
+    c = lm_s(&s, lm_empty(idx->ndim, idx->shape_, LM_I64, LM_CPU));
+    if (!c || lm_copy_(c, idx) < 0) { lm_scope_end(&s); return -1; }
+  }
+  c = lm_s_contig(&s, lm_s_cast(&s, c, LM_I64));
+  if (!c) { lm_scope_end(&s); return -1; }
+  const int64_t *p = (const int64_t *)lm_ptr(c);
+  int rc = 0;
+  for (int64_t j = 0; j < c->numel_; j++) {
+    if ((p[j] >= 0 && p[j] < n) || (skip_ok && p[j] == skip)) continue;
+    rc = lm_error("%s: argument #%d (%s) holds %s %lld, outside [1, %lld]", op, k, arg, what,
+                  (long long)p[j] + 1, (long long)n);
+    break;
+  }
+  lm_scope_end(&s);
+  return rc;
+}

@@ -3,6 +3,7 @@
 -- counts as in error(): 2, the default, is the caller of the function that
 -- calls the check). loom.tensor re-exports them (T.argerror, T.check_opts).
 local ffi = require "ffi"
+local C = require("loom.lib").C
 
 local M = {}
 
@@ -78,7 +79,7 @@ end
 function M.check_size(fname, size, level)
   level = (level or 2) + 1
   if type(size) ~= "table" or is_tensor(size) then argerror(fname, "size", "a table of sizes", describe(size), level) end
-  if #size > 8 then argerror(fname, "size", "at most 8 dims", #size .. " dims", level) end
+  if #size > C.LM_MAX_DIMS then argerror(fname, "size", "at most " .. C.LM_MAX_DIMS .. " dims", #size .. " dims", level) end
   for k, v in pairs(size) do
     if type(k) ~= "number" or k < 1 or k > #size or k ~= math.floor(k) then
       argerror(fname, "size", "a list of sizes", "a table with the key " .. describe(k), level)

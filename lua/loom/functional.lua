@@ -4,7 +4,7 @@
 local loom = require "loom"
 local T = require "loom.tensor"
 local C = require("loom.lib").C
-local rope = require "loom.nn_functional_ops"
+local rope = require "loom.rope"
 
 local F = {}
 local op, check = T.op, T.check_tensor

@@ -125,13 +125,13 @@ local function op_name(id)
 end
 M.op_name = op_name
 
-local inbuf = ffi.new("lm_tensor*[256]")
+local inbuf = ffi.new("lm_tensor*[?]", C.LM_MAX_INPUTS)
 local outbuf = ffi.new("lm_tensor*[4]")
 local attrs = ffi.new("lm_attrs")
 
 -- attrs from Lua lists of integers and reals, and handles (e.g. a
 -- communicator, {comm}); the lists must fit the fixed arrays of lm_attrs
-local MAXI, MAXF, MAXH = 24, 8, 2
+local MAXI, MAXF, MAXH = C.LM_MAX_ATTR_INTS, C.LM_MAX_ATTR_REALS, C.LM_MAX_ATTR_HANDLES
 local comm_ptr = ffi.typeof("lm_comm *")
 local function set_attrs(id, ints, floats, handles)
   attrs.ni, attrs.nf, attrs.nh = 0, 0, 0
@@ -170,7 +170,7 @@ end })
 local function op(id, inputs, ints, floats, handles)
   if type(id) == "string" then id = ids_by_name[id] end
   local n = #inputs
-  if n > 256 then error(op_name(id) .. ": at most 256 tensors, got " .. n, 2) end
+  if n > C.LM_MAX_INPUTS then error(op_name(id) .. ": at most " .. C.LM_MAX_INPUTS .. " tensors, got " .. n, 2) end
   for k = 1, n do
     local t = inputs[k]
     if not is_tensor(t) then argerror(op_name(id), "argument #" .. k, "a tensor", describe(t)) end
@@ -461,7 +461,7 @@ function Tensor.item(x)
   end
   local p, keep = values(x)
   local v = p[0]
-  if x.dtype_ == 6 then v = v ~= 0 end
+  if x.dtype_ == C.LM_BOOL then v = v ~= 0 end
   local _ = keep
   return v
 end
@@ -469,7 +469,7 @@ end
 function Tensor.totable(x)
   local p, keep = values(x)
   local size, i = x:size(), 0
-  local isbool = x.dtype_ == 6
+  local isbool = x.dtype_ == C.LM_BOOL
   local function build(d)
     if d > #size then
       local v = p[i]

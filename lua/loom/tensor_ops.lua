@@ -12,9 +12,9 @@ local is_tensor, op2n, fits = T.is_tensor, T.op2n, T.fits
 
 -- A whole number mixed with an integer tensor computes in its dtype (bool
 -- in i64): it must fit it, as in PyTorch. Fractional numbers compute in f64.
-local function scalar_dtype(x) return x.dtype_ == 6 and 5 or x.dtype_ end
+local function scalar_dtype(x) return x.dtype_ == C.LM_BOOL and C.LM_I64 or x.dtype_ end
 local function check_scalar(v, x, name, argname)
-  if type(v) == "number" and x.dtype_ >= 4 and (v ~= v or v == math.floor(v)) and not fits(v, scalar_dtype(x)) then
+  if type(v) == "number" and x.dtype_ >= C.LM_I32 and (v ~= v or v == math.floor(v)) and not fits(v, scalar_dtype(x)) then
     T.check_fits(v, scalar_dtype(x), name, argname, 3)
   end
 end
@@ -84,11 +84,11 @@ function Tensor.clamp(x, lo, hi)
     if v ~= nil and (type(v) ~= "number" or v ~= v) then
       T.argerror("clamp", kv[1], "a number or nil", T.describe(v))
     end
-    if v ~= nil and x.dtype_ >= 4 then check_scalar(math.floor(v), x, "clamp", kv[1]) end
+    if v ~= nil and x.dtype_ >= C.LM_I32 then check_scalar(math.floor(v), x, "clamp", kv[1]) end
   end
   if lo == nil and hi == nil then T.argerror("clamp", "min", "at least one of min and max", "neither") end
   -- an integer kernel cannot take the open side's NaN: one side is a maximum/minimum
-  if x.dtype_ >= 4 and (lo == nil or hi == nil) then
+  if x.dtype_ >= C.LM_I32 and (lo == nil or hi == nil) then
     if lo == nil then return x:minimum(math.floor(hi)) end
     return x:maximum(math.ceil(lo))
   end

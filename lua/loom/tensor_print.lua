@@ -2,12 +2,13 @@
 -- and last rows and columns of a big one), then a footer with dtype,
 -- device and size. tostring(x) and print(x) call format(x).
 local T = require "loom.tensor"
+local C = require("loom.lib").C
 
 local M = {}
 local props, values = T.props, T.values
 
 local function fmt_for(x, flat)
-  if x.dtype_ >= 4 then return "%d", 0 end
+  if x.dtype_ >= C.LM_I32 then return "%d", 0 end
   local maxabs, allint = 0, true
   for _, v in ipairs(flat) do
     if v == v and math.abs(v) ~= math.huge then
@@ -32,7 +33,7 @@ function M.format(x)
   local _ = keep
   local f = fmt_for(x, flat)
   local function s(v)
-    if x.dtype_ == 6 then return v ~= 0 and "true" or "false" end
+    if x.dtype_ == C.LM_BOOL then return v ~= 0 and "true" or "false" end
     return string.format(f, v)
   end
   local strs, width = {}, 0

@@ -18,9 +18,11 @@ local Tensor = T.Tensor
 local Placement = debug.getregistry()["loom.Placement"] or {}
 debug.getregistry()["loom.Placement"] = Placement
 Placement.__index = Placement
-local KIND = { Replicate = 0, Shard = 1, Partial = 2 }
-local REDUCE = { sum = 0, avg = 1, max = 2, min = 3 }
-local REDUCE_NAME = { [0] = "sum", "avg", "max", "min" }
+-- kinds and reduce ops by name, as core/loom.h numbers them
+local KIND = { Replicate = C.LM_REPLICATE, Shard = C.LM_SHARD, Partial = C.LM_PARTIAL }
+local REDUCE = { sum = C.LM_RED_SUM, avg = C.LM_RED_AVG, max = C.LM_RED_MAX, min = C.LM_RED_MIN }
+local REDUCE_NAME = {}
+for name, id in pairs(REDUCE) do REDUCE_NAME[id] = name end
 
 local function placement(kind, dim, op) return setmetatable({ kind = kind, dim = dim, reduce_op = op }, Placement) end
 
@@ -117,8 +119,8 @@ local function spec(x)
   local placements, size = {}, {}
   for k = 1, nm do
     local p = spec_pl[k - 1]
-    if p.kind == 0 then placements[k] = M.Replicate()
-    elseif p.kind == 1 then placements[k] = M.Shard(p.dim + 1)
+    if p.kind == C.LM_REPLICATE then placements[k] = M.Replicate()
+    elseif p.kind == C.LM_SHARD then placements[k] = M.Shard(p.dim + 1)
     else placements[k] = M.Partial(REDUCE_NAME[p.op]) end
   end
   for d = 1, x.ndim do size[d] = tonumber(spec_shape[d - 1]) end
@@ -176,7 +178,7 @@ function M.distribute_tensor(t, mesh, placements, opts)
   end
   local pl = c_placements("distribute_tensor", mesh, placements, t:dim())
   for k = 0, mesh.ndim - 1 do
-    if pl[k].kind == 2 then error("distribute_tensor: Partial placements cannot be distributed (use from_local)", 2) end
+    if pl[k].kind == C.LM_PARTIAL then error("distribute_tensor: Partial placements cannot be distributed (use from_local)", 2) end
   end
   local requires_grad = t.requires_grad
   local d = loom.no_grad(function()

@@ -2,7 +2,7 @@
 -- torch.distributed.tensor.parallel: parallelize_module resolves a plan and
 -- calls each style's apply; the styles do the rest.
 local T = require "loom.tensor"
-local S = require "loom.parallel.style"
+local S = require "loom.parallel.parallel_style"
 local styles = require "loom.parallel.styles"
 local prepare = require "loom.parallel.prepare"
 

@@ -2,7 +2,7 @@
 -- PrepareModuleInputOutput: lay out a module's inputs or outputs without
 -- sharding its parameters. Named inputs arrive in a trailing table argument.
 local T = require "loom.tensor"
-local S = require "loom.parallel.style"
+local S = require "loom.parallel.parallel_style"
 
 local M = {}
 

@@ -2,7 +2,7 @@
 -- PairwiseParallel, with PyTorch's defaults and semantics (dims are Lua's:
 -- PyTorch Shard(0) is Shard(1) here, sequence_dim 1 is 2).
 local dt = require "loom.distributed.dtensor"
-local S = require "loom.parallel.style"
+local S = require "loom.parallel.parallel_style"
 
 local Shard, Replicate = dt.Shard, dt.Replicate
 local M = {}

@@ -1,6 +1,6 @@
--- nn_functional_ops.lua: helpers around the nn ops (core/ops/nn_*.c)
--- that take and return loom tensors: rotary-embedding tables and their use.
--- loom.functional builds the user-facing API on these.
+-- rope.lua: rotary embeddings around the rope op (core/ops/attention.c):
+-- the cos/sin tables and their use, on loom tensors. loom.F builds the
+-- user-facing API on these.
 local T = require "loom.tensor"
 local TC = require "loom.tensor_create"
 local C = require("loom.lib").C

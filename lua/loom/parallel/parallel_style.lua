@@ -1,4 +1,4 @@
--- style.lua: ParallelStyle, the base of the tensor-parallel styles, and the
+-- parallel_style.lua: ParallelStyle, the base of the tensor-parallel styles, and the
 -- input/output preparation they share (PyTorch's tensor/parallel/style.py).
 -- A style's apply(module, mesh) shards the module's parameters and installs
 -- forward hooks that lay out its inputs and outputs.
