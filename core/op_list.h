@@ -58,6 +58,7 @@ LM_OP(SIN,                 sin,                          1,  1, LM_SIN,         
 LM_OP(COS,                 cos,                          1,  1, LM_COS,         0,                            unary,         unary,               unary,               pointwise,     unary)
 LM_OP(POW_SCALAR,          pow_scalar,                   1,  1, LM_POW_SCALAR,  0,                            unary,         unary,               unary,               pointwise,     unary)
 LM_OP(CLAMP,               clamp,                        1,  1, LM_CLAMP,       0,                            unary,         unary,               unary,               pointwise,     unary)
+LM_OP(SOFTPLUS,            softplus,                     1,  1, LM_SOFTPLUS,    0,                            unary,         unary,               unary,               pointwise,     unary)
 LM_OP(HARDTANH,            hardtanh,                     1,  1, LM_CLAMP,       0,                            unary,         unary,               unary,               pointwise,     unary)
 LM_OP(LOGICAL_NOT,         logical_not,                  1,  1, LM_NOT,         0,                            unary,         unary,               none,                pointwise,     unary)
 LM_OP(SIGN,                sign,                         1,  1, LM_SIGN,        0,                            unary,         unary,               none,                pointwise,     unary)

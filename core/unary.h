@@ -47,6 +47,8 @@ enum lm_unary_grad { LM_D_NONE, LM_D_X, LM_D_Y };
   X(POW_SCALAR,   k0 == 2 ? x * x : pow(x, k0),         k0 * pow(x, k0 - 1),           LM_D_X)  \
   /* clamp's gradient is 1 strictly inside (k0, k1), 0 at a bound (PyTorch's) */                \
   X(CLAMP,        x < k0 ? k0 : x > k1 ? k1 : x,        x > k0 && x < k1,              LM_D_X)  \
+  /* softplus(x) = log(1 + e^(k1 x)) / k1, linear where k1 x > k0 (PyTorch's beta k1, threshold k0) */ \
+  X(SOFTPLUS,     k1 * x > k0 ? x : log1p(exp(k1 * x)) / k1, k1 * x > k0 ? 1 : 1 / (1 + exp(-k1 * x)), LM_D_X) \
   X(NOT,          x == 0,                               0,                             LM_D_NONE) \
   X(SIGN,         (x > 0) - (x < 0),                    0,                             LM_D_NONE) \
   /* derivatives as kinds of their own, for composed backward passes */                        \

@@ -52,7 +52,7 @@ local cases = {
   neg = unary(), abs = unary(), sqrt = unary(0.1), rsqrt = unary(0.1), exp = unary(), log = unary(0.1),
   tanh = unary(), sigmoid = unary(), relu = unary(), gelu = unary(), gelu_tanh = unary(), silu = unary(),
   sin = unary(), cos = unary(), pow_scalar = unary(0.1, { 2.5 }), clamp = unary(nil, { -0.5, 0.7 }),
-  hardtanh = unary(nil, { -0.5, 0.7 }),
+  hardtanh = unary(nil, { -0.5, 0.7 }), softplus = unary(nil, { 20, 1 }),
   logical_not = { dtypes = { "bool" }, inputs = function() return { bools({ 4, 5 }) } end },
   sign = unary(), _gelu_d = unary(), _gelu_tanh_d = unary(), _silu_d = unary(),
   where = { inputs = function(dt) return { bools({ 4, 5 }), rnd({ 4, 5 }, dt), rnd({ 1, 5 }, dt) } end },

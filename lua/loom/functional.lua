@@ -21,6 +21,20 @@ function F.relu(x) return check(x, "relu", "input"):relu() end
 function F.hardtanh(x, min_val, max_val) return check(x, "hardtanh", "input"):hardtanh(min_val, max_val) end
 function F.relu6(x) return check(x, "relu6", "input"):hardtanh(0, 6) end
 function F.silu(x) return check(x, "silu", "input"):silu() end
+-- softplus(x, beta, threshold) = log(1 + exp(beta x)) / beta, and x where
+-- beta x > threshold (PyTorch's defaults 1 and 20); an options table works too
+function F.softplus(x, beta, threshold)
+  check(x, "softplus", "input")
+  if type(beta) == "table" then beta, threshold = beta.beta, beta.threshold end
+  beta, threshold = beta or 1, threshold or 20
+  if type(beta) ~= "number" or not (beta > 0 and beta < math.huge) then
+    T.argerror("softplus", "beta", "a positive number", T.describe(beta))
+  end
+  if type(threshold) ~= "number" or threshold ~= threshold then
+    T.argerror("softplus", "threshold", "a number", T.describe(threshold))
+  end
+  return T.op1(C.LM_OP_SOFTPLUS, x, nil, { threshold, beta })
+end
 -- swiglu(gate, up) = silu(gate) * up (SwiGLU's product, one pass where
 -- the backend has the fused kernel); gate and up broadcast
 function F.swiglu(a, b)

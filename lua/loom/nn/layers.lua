@@ -166,6 +166,10 @@ M.Hardtanh = Module:extend("Hardtanh")
 function M.Hardtanh:__init(min_val, max_val) self.min_val, self.max_val = min_val or -1, max_val or 1 end
 function M.Hardtanh:forward(x) return F.hardtanh(x, self.min_val, self.max_val) end
 function M.Hardtanh:extra_repr() return ("min_val=%g, max_val=%g"):format(self.min_val, self.max_val) end
+M.Softplus = Module:extend("Softplus")
+function M.Softplus:__init(beta, threshold) self.beta, self.threshold = beta or 1, threshold or 20 end
+function M.Softplus:forward(x) return F.softplus(x, self.beta, self.threshold) end
+function M.Softplus:extra_repr() return ("beta=%g, threshold=%g"):format(self.beta, self.threshold) end
 M.ReLU6 = Module:extend("ReLU6")
 function M.ReLU6:forward(x) return F.relu6(x) end
 M.GELU = Module:extend("GELU")

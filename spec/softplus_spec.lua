@@ -1,0 +1,94 @@
+-- softplus_spec.lua: softplus (F.softplus, nn.Softplus), the op added to
+-- show what an op with new math costs: one line of core/unary.h (its f and
+-- f'), one of core/op_list.h, its Lua faces and this spec. The reference is
+-- PyTorch's definition, log(1 + exp(beta x)) / beta and x where beta x >
+-- threshold, computed here in Lua's f64.
+local loom = require "loom"
+local R = require "support.ref"
+local F, nn = loom.F, loom.nn
+local dist = require "loom.distributed"
+
+local function softplus(x, beta, threshold)
+  beta, threshold = beta or 1, threshold or 20
+  if beta * x > threshold then return x end
+  return math.log(1 + math.exp(beta * x)) / beta
+end
+local function sigmoid(x) return 1 / (1 + math.exp(-x)) end
+
+local X = { -30, -3, -0.5, 0, 0.25, 2, 19.5, 20.5, 40 }
+
+describe("softplus", function()
+  for _, dt in ipairs { "f64", "f32" } do
+    it("has PyTorch's values and gradient in " .. dt .. " (f64: 1e-15, f32: 1e-6)", function()
+      local x = loom.tensor(X, { dtype = dt, requires_grad = true })
+      local y = F.softplus(x)
+      y:sum():backward()
+      local want, dwant = {}, {}
+      for i, v in ipairs(X) do want[i], dwant[i] = softplus(v), v > 20 and 1 or sigmoid(v) end
+      local tol = dt == "f64" and 1e-15 or 1e-6
+      R.assert_close(y:to("f64"):totable(), want, tol, tol)
+      R.assert_close(x.grad:to("f64"):totable(), dwant, tol, tol)
+    end)
+  end
+
+  it("takes beta and threshold, positionally or as options", function()
+    local x = loom.tensor({ -1, 0.5, 3, 6 }, { dtype = "f64" })
+    local want = {}
+    for i, v in ipairs { -1, 0.5, 3, 6 } do want[i] = softplus(v, 2, 5) end
+    R.assert_close(F.softplus(x, 2, 5):totable(), want, 1e-15, 1e-15)
+    R.assert_close(F.softplus(x, { beta = 2, threshold = 5 }):totable(), want, 1e-15, 1e-15)
+  end)
+
+  it("has the finite-difference gradient (f64, < 1e-6)", function()
+    local x = loom.tensor(R.rand_away({ 3, 4 }, -4, 4, 0.05), { dtype = "f64", requires_grad = true })
+    assert.is_true(R.gradcheck(function(a) return F.softplus(a, 1.5, 4) * a end, { x }) < 1e-6)
+  end)
+
+  it("names a bad argument", function()
+    local x = loom.tensor({ 1, 2 })
+    assert.matches("softplus: beta expected a positive number, got 0", R.errmsg(F.softplus, x, 0))
+    assert.matches("softplus: threshold expected a number", R.errmsg(F.softplus, x, 1, "a"))
+    assert.matches("softplus: input expected a tensor", R.errmsg(F.softplus, 3))
+  end)
+
+  it("runs on a DTensor shard by shard (the pointwise rule) and makes a Partial whole first", function()
+    local mesh = dist.init_device_mesh("cpu", { 1 })
+    local t = loom.tensor({ { -2, 0.5 }, { 1, 30 } }, { dtype = "f64" })
+    local d = dist.distribute_tensor(t, mesh, { dist.Shard(1) })
+    local y = F.softplus(d)
+    assert.is_true(dist.is_dtensor(y))
+    assert.same("Shard(dim=1)", tostring(y.placements[1]))
+    R.assert_close(y:full_tensor():totable(), F.softplus(t):totable(), 0, 0)
+    local p = dist.DTensor.from_local(t, mesh, { dist.Partial() })
+    assert.same("Replicate()", tostring(F.softplus(p).placements[1]))
+  end)
+
+  it("is one entry of the op table, differentiable and sharded, with the CPU's unary kernel", function()
+    local found
+    for _, o in ipairs(loom.ops()) do if o.name == "softplus" then found = o end end
+    assert.truthy(found, "loom.ops() lists softplus")
+    assert.is_true(found.differentiable and found.sharded and found.kernels.cpu)
+  end)
+end)
+
+describe("nn.Softplus", function()
+  it("trains like the composed form: forward, gradient and an SGD step (f64, 1e-12)", function()
+    loom.manual_seed(3)
+    local lin, ref = nn.Linear(4, 3):double(), nn.Linear(4, 3):double()
+    ref:load_state_dict(lin:state_dict())
+    local x = loom.randn({ 5, 4 }, { dtype = "f64" }) * 3
+    local act = nn.Softplus(2, 3)
+    local y = act(lin(x))
+    local z = ref(x) * 2 -- composed: log(1 + exp(2z)) / 2, z itself where 2z > 3
+    local big = z:gt(3):to("f64")
+    local yr = ((z:exp() + 1):log() / 2) * (1 - big) + (z / 2) * big
+    R.assert_close(y:totable(), yr:detach():totable(), 1e-12, 1e-12)
+    y:sum():backward()
+    yr:sum():backward()
+    R.assert_close(lin.weight.grad:totable(), ref.weight.grad:totable(), 1e-12, 1e-12)
+    loom.optim.SGD(lin:parameters(), { lr = 0.1 }):step()
+    loom.optim.SGD(ref:parameters(), { lr = 0.1 }):step()
+    R.assert_close(lin.weight:totable(), ref.weight:totable(), 1e-12, 1e-12)
+    assert.matches("Softplus%(beta=2, threshold=3%)", tostring(act))
+  end)
+end)
