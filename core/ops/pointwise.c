@@ -193,7 +193,13 @@ int lm_bw_unary(const lm_saved *n, lm_tensor *const *gout, lm_tensor **gin) {
               lm_s2(&s, LM_OP_LT, x, lm_scalar(&s, b[1], x)));
     break;
   }
-  default: lm_scope_end(&s); return lm_error("%s: not differentiable", lm_op_table[n->op].name);
+  default: { /* kinds added since: their gradient is the unary_grad kernel's */
+    char dev[32];
+    lm_device_name(x->device_, dev, sizeof dev);
+    lm_scope_end(&s);
+    return lm_error("%s: its gradient needs the backend's unary_grad kernel, which device %s lacks "
+                    "(LOOM_CPU_FUSED=0 turns the CPU's off)", lm_op_table[n->op].name, dev);
+  }
   }
   int rc = lm_give(n, gin, 0, lm_s2(&s, LM_OP_MUL, g, d));
   lm_scope_end(&s);
