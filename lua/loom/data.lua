@@ -7,6 +7,10 @@ local C = require("loom.lib").C
 
 local M = {}
 
+-- Tokenizer.from_file("tokenizer.json"): Hugging Face tokenizers (BPE),
+-- loaded on first use (loom.text.tokenizer)
+M.Tokenizer = setmetatable({}, { __index = function(_, k) return require("loom.text.tokenizer")[k] end })
+
 local Tokenizer = {}
 Tokenizer.__index = Tokenizer
 
