@@ -17,7 +17,7 @@ Ids in <kind>.expected.json are HF's (0-based); loom's are one more.
 import json
 import os
 
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 OUT = os.path.join(ROOT, "spec", "fixtures", "tokenizers")
@@ -43,6 +43,7 @@ TEXTS = [
     "numbers 1234567 3.14159 and 2026-11-26, 100000 items",
     "<|endoftext|>special<|endoftext|> in the middle <tool>call</tool> here",
     "x" * 300 + " " + "ab" * 100,
+    "a  <mask> b <mask>c \t<sep>  d<sep>\n e",
 ]
 
 
@@ -62,6 +63,8 @@ def gpt2():
                              initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(corpus(), tr)
     tok.add_tokens(["<tool>", "</tool>"])
+    tok.add_special_tokens([AddedToken("<mask>", lstrip=True, rstrip=False, special=True),
+                            AddedToken("<sep>", lstrip=False, rstrip=True, special=True)])
     return tok
 
 

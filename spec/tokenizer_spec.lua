@@ -41,10 +41,14 @@ for _, kind in ipairs { "gpt2", "llama3", "llama2", "metaspace" } do
       end
     end)
 
-    it("round-trips the texts (HF's Metaspace decoder drops one leading space: so does loom's)", function()
+    -- except where HF does not either: its Metaspace decoder drops one
+    -- leading space, and gpt2's <mask> (lstrip) and <sep> (rstrip) take the
+    -- whitespace beside them
+    it("round-trips the texts", function()
       for _, c in ipairs(expected.cases) do
         local back = tok:decode(tok:encode(c.text, { add_special_tokens = false }), { skip_special_tokens = false })
         local want = (kind == "metaspace" and c.text:sub(1, 1) == " ") and c.text:sub(2) or c.text
+        if kind == "gpt2" and c.text:find("<mask>", 1, true) then want = c.decoded_special end
         assert.equal(want, back)
       end
     end)
@@ -68,7 +72,7 @@ describe("Tokenizer", function()
     local j = cjson.decode(read(DIR .. "gpt2.json"))
     assert.equal(j.model.vocab["\u{120}the"] + 1, tok:encode(" the")[1])
     assert.equal(1, tok:encode("<|endoftext|>")[1])   -- HF id 0
-    assert.equal(702, tok:get_vocab_size())
+    assert.equal(704, tok:get_vocab_size())
   end)
 
   it("pads to max_length and truncates", function()

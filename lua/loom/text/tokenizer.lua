@@ -131,7 +131,9 @@ function M.from_json(j)
   local self = setmetatable({ added = {}, token_to_id = {} }, Tokenizer)
   for i, a in ipairs(j.added_tokens or {}) do
     if type(a) ~= "table" or type(a.content) ~= "string" or a.content == "" then fail("added_tokens[" .. i .. "]: expected {id, content}") end
-    local e = { id = check_id(a.id, "added_tokens[" .. i .. "].id") + 1, content = a.content, special = a.special == true }
+    if a.single_word == true then fail("added token " .. a.content .. ": single_word is not supported") end
+    local e = { id = check_id(a.id, "added_tokens[" .. i .. "].id") + 1, content = a.content, special = a.special == true,
+                lstrip = a.lstrip == true, rstrip = a.rstrip == true }
     self.added[#self.added + 1] = e
   end
   self.normalize = pipeline.normalizer(j.normalizer)
@@ -156,14 +158,17 @@ function M.from_json(j)
 end
 
 -- the next added token in text at or after i: start, stop, id (leftmost,
--- then longest)
+-- then longest); lstrip / rstrip take the (ASCII) whitespace beside it
 local function next_added(self, text, i)
-  local best_a, best_b, best_id
+  local best_a, best_b, best
   for _, a in ipairs(self.split_on) do
     local s, e = text:find(a.content, i, true)
-    if s and (not best_a or s < best_a) then best_a, best_b, best_id = s, e, a.id end
+    if s and (not best_a or s < best_a) then best_a, best_b, best = s, e, a end
   end
-  return best_a, best_b, best_id
+  if not best then return nil end
+  if best.lstrip then while best_a > i and text:find("^%s", best_a - 1) do best_a = best_a - 1 end end
+  if best.rstrip then while text:find("^%s", best_b + 1) do best_b = best_b + 1 end end
+  return best_a, best_b, best.id
 end
 
 -- the model's ids of a segment of plain text (between added tokens) into out
