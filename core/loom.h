@@ -315,8 +315,10 @@ int lm_bpe_add_merge(lm_bpe *b, int32_t left, int32_t right, int32_t merged, int
  * unk_id (-1: none, an error); ignore_merges: a piece in the vocabulary is
  * one token (Llama 3) */
 int lm_bpe_set_options(lm_bpe *b, int32_t byte_level, int32_t ignore_merges, int32_t unk_id, const int32_t *byte_ids);
-/* one pre-tokenized piece into out[cap] (cap >= n suffices): the count, -1 on error */
-int64_t lm_bpe_encode(const lm_bpe *b, const char *s, size_t n, int32_t *out, int64_t cap);
+/* one pre-tokenized piece, text[start, stop), into out[cap] (cap >= stop -
+ * start suffices): the count, -1 on error. (The whole text and offsets, so
+ * that a Lua string passes as it is and stays alive during the call.) */
+int64_t lm_bpe_encode(const lm_bpe *b, const char *text, size_t start, size_t stop, int32_t *out, int64_t cap);
 
 #ifdef __cplusplus
 }

@@ -199,10 +199,12 @@ static void push_pair(const lm_bpe *b, const sym *s, int32_t pos, cand *h, int64
   if (p) heap_push(h, nh, (cand){ p->rank, pos, p->merged });
 }
 
-/* encodes the piece s[0..n) into out (at most cap ids); returns the count,
- * or -1 on error. cap >= n always suffices. */
-int64_t lm_bpe_encode(const lm_bpe *b, const char *s, size_t n, int32_t *out, int64_t cap) {
-  if (n == 0) return 0;
+/* encodes the piece text[start..stop) into out (at most cap ids); returns
+ * the count, or -1 on error. cap >= stop - start always suffices. */
+int64_t lm_bpe_encode(const lm_bpe *b, const char *text, size_t start, size_t stop, int32_t *out, int64_t cap) {
+  if (stop <= start) return 0;
+  const char *s = text + start;
+  size_t n = stop - start;
   if (n > (size_t)LM_BPE_MAX_PIECE_BYTES) { lm_error("lm_bpe_encode: piece too long"); return -1; }
   if (b->ignore_merges) {
     int32_t id = find_str(b, s, n);

@@ -40,8 +40,10 @@ local function check_opts(o)
 end
 
 -- pick(logits (vocab) f32/f64 tensor, o, step) -> a 1-based id
+local anchor   -- keeps the f64 logits alive while a raw pointer reads them
 local function pick(logits, o, step)
   local v = logits:to("f64"):contiguous()
+  anchor = v
   local p, n = ffi.cast("double *", C.lm_data(v)), v:numel()
   local best = 0
   for i = 1, n - 1 do if p[i] > p[best] then best = i end end

@@ -13,7 +13,7 @@ void pcre2_code_free_8(pcre2_code_8 *);
 int pcre2_jit_compile_8(pcre2_code_8 *, uint32_t);
 pcre2_match_data_8 *pcre2_match_data_create_from_pattern_8(const pcre2_code_8 *, void *);
 void pcre2_match_data_free_8(pcre2_match_data_8 *);
-int pcre2_match_8(const pcre2_code_8 *, const uint8_t *, size_t, size_t, uint32_t, pcre2_match_data_8 *, void *);
+int pcre2_match_8(const pcre2_code_8 *, const char *, size_t, size_t, uint32_t, pcre2_match_data_8 *, void *);
 size_t *pcre2_get_ovector_pointer_8(pcre2_match_data_8 *);
 int pcre2_get_error_message_8(int, uint8_t *, size_t);
 ]]
@@ -48,9 +48,12 @@ local function compile(pattern)
   if code == nil then
     error(string.format("regex: cannot compile %q at offset %d: %s", pattern, tonumber(off[0]), message(err[0])), 2)
   end
-  code = ffi.gc(code, L.pcre2_code_free_8)
+  -- the finalizers hold L: a library whose namespace is collected (busted
+  -- unloads modules between files) is closed, and a pointer into it would
+  -- dangle
+  code = ffi.gc(code, function(c) L.pcre2_code_free_8(c) end)
   L.pcre2_jit_compile_8(code, JIT_COMPLETE)   -- the interpreter when the JIT is not there
-  local md = ffi.gc(L.pcre2_match_data_create_from_pattern_8(code, nil), L.pcre2_match_data_free_8)
+  local md = ffi.gc(L.pcre2_match_data_create_from_pattern_8(code, nil), function(m) L.pcre2_match_data_free_8(m) end)
   return setmetatable({ code = code, md = md, ov = L.pcre2_get_ovector_pointer_8(md), pattern = pattern }, Regex)
 end
 
@@ -58,10 +61,10 @@ end
 -- each match of s[from, to) and each gap between matches, in order (HF's
 -- "Isolated" behaviour). The first search checks that s is valid UTF-8.
 function Regex:split(s, from, to, fn)
-  local L, ov, p = lib, self.ov, ffi.cast("const uint8_t *", s)
+  local L, ov = lib, self.ov   -- s itself is passed: a pointer cast from it would not keep it alive
   local pos, flags = from, 0
   while pos < to do
-    local rc = L.pcre2_match_8(self.code, p, to, pos, flags, self.md, nil)
+    local rc = L.pcre2_match_8(self.code, s, to, pos, flags, self.md, nil)
     if rc == NOMATCH then break end
     if rc < 0 then error("regex: " .. message(rc) .. " (is the text valid UTF-8?)", 3) end
     flags = NO_UTF_CHECK
@@ -69,7 +72,7 @@ function Regex:split(s, from, to, fn)
     if a > pos then fn(pos, a) end
     if b == a then   -- an empty match: step over one character
       b = a + 1
-      while b < to and bit.band(p[b], 0xC0) == 0x80 do b = b + 1 end
+      while b < to and bit.band(s:byte(b + 1), 0xC0) == 0x80 do b = b + 1 end
       fn(a, b)
     else
       fn(a, b)

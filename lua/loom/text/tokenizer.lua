@@ -178,12 +178,11 @@ local function encode_segment(self, seg, first, out)
   local text, starts, stops = pipeline.pieces(self.pre, seg, first)
   if #text == 0 then return end
   if buf_n < #text then buf_n = #text * 2 buf = ffi.new("int32_t[?]", buf_n) end
-  local p = ffi.cast("const char *", text)
   local n = #out
   for i = 1, #starts do
     local a, b = starts[i], stops[i]
-    if b > a then
-      local k = C.lm_bpe_encode(self.bpe, p + a, b - a, buf, buf_n)
+    if b > a then   -- (text itself is passed: a pointer cast from it would not keep it alive)
+      local k = C.lm_bpe_encode(self.bpe, text, a, b, buf, buf_n)
       if k < 0 then fail(ffi.string(C.lm_last_error())) end
       for j = 0, tonumber(k) - 1 do n = n + 1 out[n] = buf[j] + 1 end
     end
