@@ -304,7 +304,7 @@ const char *lm_blas_info(void);
  * raw bytes; a merge joins the pair (left, right) into merged at its rank
  * (lower merges first). */
 enum lm_bpe_limit { LM_BPE_MAX_VOCAB = 1 << 24, LM_BPE_MAX_TOKEN_BYTES = 1 << 16,
-                    LM_BPE_MAX_PIECE_BYTES = 1 << 30 };
+                    LM_BPE_MAX_PIECE_BYTES = 1 << 24 };   /* a piece's scratch: 52 bytes a byte */
 typedef struct lm_bpe lm_bpe;
 lm_bpe *lm_bpe_new(int32_t n_vocab);
 void lm_bpe_free(lm_bpe *b);

@@ -105,6 +105,9 @@ describe("Tokenizer", function()
     assert.truthy(errmsg(Tokenizer.from_file, path):find("expected an id", 1, true))
     os.remove(path)
     assert.truthy(errmsg(tok.encode, tok, "caf\xe9 bad utf-8"):find("UTF-8", 1, true))
+    -- the merge loop's scratch is bounded: a piece over 16 MiB (no pre-tokenizer) is refused
+    local sp = Tokenizer.from_file(DIR .. "llama2.json")
+    assert.truthy(errmsg(sp.encode, sp, string.rep("a", 2 ^ 24 + 1)):find("longer than the 16777216", 1, true))
   end)
 
   it("encodes a long text with no pre-tokenizer (one piece for the merge loop) and decodes it back", function()

@@ -205,7 +205,8 @@ int64_t lm_bpe_encode(const lm_bpe *b, const char *text, size_t start, size_t st
   if (stop <= start) return 0;
   const char *s = text + start;
   size_t n = stop - start;
-  if (n > (size_t)LM_BPE_MAX_PIECE_BYTES) { lm_error("lm_bpe_encode: piece too long"); return -1; }
+  if (n > (size_t)LM_BPE_MAX_PIECE_BYTES) { lm_error("lm_bpe_encode: a piece of %zu bytes is longer than the %d a piece may have "
+                                                        "(split the text)", n, LM_BPE_MAX_PIECE_BYTES); return -1; }
   if (b->ignore_merges) {
     int32_t id = find_str(b, s, n);
     if (id >= 0) {

@@ -177,7 +177,9 @@ local function encode_segment(self, seg, first, out)
   if self.normalize then seg = self.normalize(seg) end
   local text, starts, stops = pipeline.pieces(self.pre, seg, first)
   if #text == 0 then return end
-  if buf_n < #text then buf_n = #text * 2 buf = ffi.new("int32_t[?]", buf_n) end
+  local longest = 0
+  for i = 1, #starts do longest = math.max(longest, stops[i] - starts[i]) end
+  if buf_n < longest then buf_n = longest * 2 buf = ffi.new("int32_t[?]", buf_n) end
   local n = #out
   for i = 1, #starts do
     local a, b = starts[i], stops[i]
