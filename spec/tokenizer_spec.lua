@@ -103,6 +103,11 @@ describe("Tokenizer", function()
     f = assert(io.open(path, "wb"))
     f:write('{"model": {"type": "BPE", "vocab": {"a": -3}, "merges": []}}') f:close()
     assert.truthy(errmsg(Tokenizer.from_file, path):find("expected an id", 1, true))
+    -- a huge id costs no memory of its size: the tables grow with the entries
+    f = assert(io.open(path, "wb"))
+    f:write('{"model": {"type": "BPE", "vocab": {"a": 16777215, "b": 0, "ab": 7}, "merges": ["a b"]}}') f:close()
+    local big = Tokenizer.from_file(path)
+    assert.same({ 8, 16777216 }, big:encode("aba"))
     os.remove(path)
     assert.truthy(errmsg(tok.encode, tok, "caf\xe9 bad utf-8"):find("UTF-8", 1, true))
     -- the merge loop's scratch is bounded: a piece over 16 MiB (no pre-tokenizer) is refused

@@ -33,8 +33,7 @@ lm_bpe *lm_bpe_new(int32_t n_vocab) {
   b->n_vocab = n_vocab;
   b->unk_id = -1;
   for (int i = 0; i < 256; i++) b->byte_ids[i] = -1;
-  size_t cap = 16;
-  while (cap < 2 * (size_t)n_vocab) cap *= 2;
+  size_t cap = 1024;   /* both tables grow with their entries, not with the largest id */
   b->str_cap = cap;
   b->strs = malloc(cap * sizeof *b->strs);
   b->pair_cap = cap;
@@ -58,10 +57,29 @@ static int32_t find_str(const lm_bpe *b, const char *p, size_t n) {
   }
 }
 
+static int grow_strs(lm_bpe *b) {
+  size_t cap = b->str_cap * 2;
+  str_slot *t = malloc(cap * sizeof *t);
+  if (!t) return lm_error("lm_bpe_add_token: out of memory");
+  for (size_t i = 0; i < cap; i++) t[i].id = -1;
+  for (size_t i = 0; i < b->str_cap; i++) {
+    str_slot s = b->strs[i];
+    if (s.id < 0) continue;
+    size_t j = hash_bytes(b->arena + s.off, s.len) & (cap - 1);
+    while (t[j].id >= 0) j = (j + 1) & (cap - 1);
+    t[j] = s;
+  }
+  free(b->strs);
+  b->strs = t;
+  b->str_cap = cap;
+  return 0;
+}
+
 int lm_bpe_add_token(lm_bpe *b, const char *bytes, size_t len, int32_t id) {
   if (id < 0 || id >= b->n_vocab) { lm_error("lm_bpe_add_token: id out of range"); return -1; }
   if (len == 0 || len > LM_BPE_MAX_TOKEN_BYTES) { lm_error("lm_bpe_add_token: token length out of range"); return -1; }
-  if (2 * (b->n_strs + 1) > b->str_cap) { lm_error("lm_bpe_add_token: more tokens than the vocabulary size"); return -1; }
+  if (b->n_strs >= (size_t)b->n_vocab) { lm_error("lm_bpe_add_token: more tokens than the vocabulary size"); return -1; }
+  if (2 * (b->n_strs + 1) > b->str_cap && grow_strs(b) != 0) return -1;
   if (b->arena_len + len > b->arena_cap) {
     size_t cap = b->arena_cap ? b->arena_cap : 4096;
     while (cap < b->arena_len + len) cap *= 2;
