@@ -115,6 +115,36 @@ describe("Tokenizer", function()
     assert.truthy(errmsg(sp.encode, sp, string.rep("a", 2 ^ 24 + 1)):find("longer than the 16777216", 1, true))
   end)
 
+  it("loads mutated and truncated tokenizer.json files with a Tokenizer error or a working tokenizer", function()
+    local rnd = 12345
+    local function rand(n) rnd = (rnd * 1103515245 + 12345) % 2 ^ 31 return rnd % n + 1 end
+    local bits = { "0", "9", "-", '"', "}", "]", ",", "null", "1e9", "\\u2581", " ", "[", "{" }
+    local loaded, refused = 0, 0
+    for _, kind in ipairs { "gpt2", "llama2", "llama3", "metaspace" } do
+      local src = read(DIR .. kind .. ".json")
+      for i = 1, 40 do
+        local s = i % 3 == 0 and src:sub(1, rand(#src)) or nil
+        if not s then
+          local pos = rand(#src)
+          s = src:sub(1, pos - 1) .. bits[rand(#bits)] .. src:sub(pos + rand(4) - 1)
+        end
+        local ok, j = pcall(cjson.decode, s)
+        if ok then
+          local ok2, t = pcall(Tokenizer.from_json, j)
+          if ok2 then
+            local ids = t:encode("Hello w\xc3\xb6rld \xe6\x9d\xb1 <|endoftext|> ab  \n x")
+            t:decode(ids)
+            loaded = loaded + 1
+          else
+            assert.truthy(tostring(t):find("^Tokenizer: "), tostring(t))
+            refused = refused + 1
+          end
+        end
+      end
+    end
+    assert.is_true(loaded > 10 and refused > 10, loaded .. " loaded, " .. refused .. " refused")
+  end)
+
   it("encodes a long text with no pre-tokenizer (one piece for the merge loop) and decodes it back", function()
     local sp = Tokenizer.from_file(DIR .. "llama2.json")
     local text = string.rep("the quick brown fox jumps over the lazy dog. ", 2000)

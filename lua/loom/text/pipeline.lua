@@ -9,7 +9,8 @@ local M = {}
 local NULL = require("cjson").null
 
 local function unsupported(what, obj)
-  error(string.format("Tokenizer: %s %s is not supported", what, tostring(type(obj) == "table" and obj.type or obj)), 0)
+  local name = type(obj) == "table" and (obj.type or "without a type") or tostring(obj)
+  error(string.format("Tokenizer: %s %s is not supported", what, tostring(name)), 0)
 end
 
 local function plain_replace(s, from, to)

@@ -72,7 +72,8 @@ end
 
 local function check_id(id, what)
   if type(id) ~= "number" or id < 0 or id % 1 ~= 0 or id >= C.LM_BPE_MAX_VOCAB then
-    fail(string.format("%s: expected an id in [0, %d), got %s", what, C.LM_BPE_MAX_VOCAB, tostring(id)))
+    fail(string.format("%s: expected an id in [0, %d), got %s", what, C.LM_BPE_MAX_VOCAB,
+                       type(id) == "string" and string.format("the string %q", id) or tostring(id)))
   end
   return id
 end
