@@ -75,6 +75,13 @@ describe("Tokenizer", function()
     assert.equal(704, tok:get_vocab_size())
   end)
 
+  it("loads from a model's directory holding tokenizer.json", function()
+    local d = require("support.sys").tmpdir()
+    require("support.sys").write(d .. "/tokenizer.json", read(DIR .. "gpt2.json"))
+    assert.same(tok:encode("Hello there"), Tokenizer.from_file(d):encode("Hello there"))
+    assert.truthy(errmsg(Tokenizer.from_file, d .. "/none"):find("cannot open", 1, true))
+  end)
+
   it("pads to max_length and truncates", function()
     local ids, mask = tok:encode_batch({ "Hello world", "a" }, { pad_id = 1, padding = "max_length", max_length = 6 })
     assert.same({ 2, 6 }, ids:size())

@@ -123,9 +123,12 @@ local function build_model(self, m, byte_level)
   self.pieces = pieces   -- 1-based id -> what it decodes to (before the decoder)
 end
 
--- from_file(path) -> tokenizer; Tokenizer.from_json(table) the same from
--- a decoded tokenizer.json
-function M.from_file(path) return M.from_json(read_json(path)) end
+-- from_file(path) -> tokenizer (path: a tokenizer.json, or a model's
+-- directory holding one); from_json(table) the same from a decoded one
+function M.from_file(path)
+  if type(path) == "string" and require("loom.fs").is_dir(path) then path = path:gsub("/*$", "") .. "/tokenizer.json" end
+  return M.from_json(read_json(path))
+end
 
 function M.from_json(j)
   if type(j) ~= "table" then fail("expected a tokenizer.json object") end
