@@ -233,11 +233,17 @@ int64_t lm_bpe_encode(const lm_bpe *b, const char *text, size_t start, size_t st
       return 1;
     }
   }
-  sym *sy = malloc(n * sizeof *sy);
-  cand *h = malloc((3 * n + 1) * sizeof *h);   /* n - 1 first pairs, at most 2 per merge */
-  if (!sy || !h) { free(sy); free(h); lm_error("lm_bpe_encode: out of memory"); return -1; }
+  /* scratch: n symbols, and n - 1 first pairs + at most 2 per merge; on
+   * the stack for the short pieces most words are */
+  enum { SHORT = 64 };
+  sym sy_short[SHORT];
+  cand h_short[3 * SHORT + 1];
+  int heap = n > SHORT;
+  sym *sy = heap ? malloc(n * sizeof *sy) : sy_short;
+  cand *h = heap ? malloc((3 * n + 1) * sizeof *h) : h_short;
+  if (!sy || !h) { if (heap) { free(sy); free(h); } lm_error("lm_bpe_encode: out of memory"); return -1; }
   int64_t k = initial_symbols(b, s, n, sy), nh = 0;
-  if (k < 0) { free(sy); free(h); return -1; }
+  if (k < 0) { if (heap) { free(sy); free(h); } return -1; }
   for (int32_t i = 0; i + 1 < k; i++) push_pair(b, sy, i, h, &nh);
   while (nh > 0) {
     cand c = heap_pop(h, &nh);
@@ -256,9 +262,9 @@ int64_t lm_bpe_encode(const lm_bpe *b, const char *text, size_t start, size_t st
   }
   int64_t m = 0;
   for (int32_t i = 0; i >= 0 && i < k; i = sy[i].next) {
-    if (m >= cap) { free(sy); free(h); lm_error("lm_bpe_encode: output too small"); return -1; }
+    if (m >= cap) { if (heap) { free(sy); free(h); } lm_error("lm_bpe_encode: output too small"); return -1; }
     out[m++] = sy[i].id;
   }
-  free(sy); free(h);
+  if (heap) { free(sy); free(h); }
   return m;
 }
