@@ -299,6 +299,27 @@ void lm_dtensor_rule_cache_clear(void);
  * threads, e.g. "OpenBLAS 0.3.21 ... DYNAMIC_ARCH ...; core Zen, 2 threads" */
 const char *lm_blas_info(void);
 
+/* ---- text: byte-pair encoding (core/text/bpe.c, loom.tokenizer) ----
+ * Ids are tokenizer.json's, 0-based; the Lua layer adds one. Tokens are
+ * raw bytes; a merge joins the pair (left, right) into merged at its rank
+ * (lower merges first). */
+enum lm_bpe_limit { LM_BPE_MAX_VOCAB = 1 << 24, LM_BPE_MAX_TOKEN_BYTES = 1 << 16,
+                    LM_BPE_MAX_PIECE_BYTES = 1 << 24 };   /* a piece's scratch: 52 bytes a byte */
+typedef struct lm_bpe lm_bpe;
+lm_bpe *lm_bpe_new(int32_t n_vocab);
+void lm_bpe_free(lm_bpe *b);
+int lm_bpe_add_token(lm_bpe *b, const char *bytes, size_t len, int32_t id);
+int lm_bpe_add_merge(lm_bpe *b, int32_t left, int32_t right, int32_t merged, int32_t rank);
+/* byte_level: the first symbols are bytes, else UTF-8 characters, an unknown
+ * one as its bytes' ids in byte_ids[256] (byte fallback; -1: none), else
+ * unk_id (-1: none, an error); ignore_merges: a piece in the vocabulary is
+ * one token (Llama 3) */
+int lm_bpe_set_options(lm_bpe *b, int32_t byte_level, int32_t ignore_merges, int32_t unk_id, const int32_t *byte_ids);
+/* one pre-tokenized piece, text[start, stop), into out[cap] (cap >= stop -
+ * start suffices): the count, -1 on error. (The whole text and offsets, so
+ * that a Lua string passes as it is and stays alive during the call.) */
+int64_t lm_bpe_encode(const lm_bpe *b, const char *text, size_t start, size_t stop, int32_t *out, int64_t cap);
+
 #ifdef __cplusplus
 }
 #endif

@@ -107,6 +107,10 @@ function loom.set_num_threads(n)
   lib.C.lm_set_num_threads(n)
 end
 
+-- generate(model, tokenizer, prompt, opts) -> the text the model continues
+-- the prompt with (loom.models.generate)
+function loom.generate(model, tok, prompt, opts) return require("loom.models.generate").text(model, tok, prompt, opts) end
+
 -- Submodules load lazily so `require "loom"` stays cheap.
 function loom.autocast(dtype, fn, ...) return require("loom.amp").autocast(dtype, fn, ...) end
 
