@@ -103,6 +103,10 @@ enum lm_reduce { LM_SUM, LM_MAX, LM_MIN, LM_ARGMAX, LM_ARGMIN, LM_NREDUCE };
  * written once. */
 /* makes device `index` of this kind current; NULL for one-device kinds */
 typedef int lm_select_fn(int index);
+/* how many devices of this kind the process sees, making none current (on
+ * CUDA: cudaGetDeviceCount only, no context on any GPU); 0 with an error
+ * saying why when there is none; NULL for one-device kinds */
+typedef int lm_count_fn(void);
 typedef void *lm_alloc_fn(size_t nbytes);
 typedef void lm_free_fn(void *p);
 /* dst[i] = src[i] for same-shape tensors of any dtypes and strides */
@@ -203,6 +207,7 @@ typedef int lm_cross_entropy_bwd_fn(lm_tensor *dx, const lm_tensor *gloss, const
 typedef struct lm_backend {
   const char *name;
   lm_select_fn *select;
+  lm_count_fn *count;
   lm_alloc_fn *alloc;
   lm_free_fn *free;
   lm_copy_fn *copy;

@@ -79,7 +79,11 @@ const char *lm_dtype_name(int dtype);
 int lm_dtype_size(int dtype);
 int lm_device_from_name(const char *name);
 int lm_device_name(int device, char *buf, int len);
+/* 1 when the device exists; makes no device current (no CUDA context) */
 int lm_device_available(int device);
+/* the CUDA devices this process sees (cudaGetDeviceCount: no context on
+ * any of them); 0, with the reason as the error, when there are none */
+int lm_cuda_device_count(void);
 /* the CUDA device "cuda" names from now on (cuda:k); -1 when out of range */
 int lm_set_cuda_device(int k);
 /* what this build and its backends are: build options, BLAS and its core,

@@ -104,6 +104,7 @@ __attribute__((constructor)) static void register_cuda(void) {
   static lm_backend b;
   b.name = "cuda";
   b.select = cuda_select;
+  b.count = devices;
   b.alloc = lm_cuda_alloc;
   b.free = lm_cuda_free;
   b.copy = lm_cuda_copy;
