@@ -228,6 +228,11 @@ void lm_comm_free(lm_comm *c);        /* the world comm is not freed */
 int lm_comm_rank(const lm_comm *c);
 int lm_comm_size(const lm_comm *c);
 int lm_comm_world_rank(const lm_comm *c, int rank);
+/* collective: makes c's NCCL communicator on CUDA device `device` now
+ * (init_device_mesh does, for each of its groups in order, so none is made
+ * lazily inside an interleaved collective); a failure on any rank raises
+ * on every rank. 0 without NCCL in the build. */
+int lm_comm_nccl_init(lm_comm *c, int device);
 
 /* Collectives return new contiguous tensors; inputs are only read. Dims are
  * 0-based (negative from the end). full < 0: every rank holds the same size
