@@ -148,6 +148,13 @@ typedef int lm_index_add_fn(lm_tensor *out, const lm_tensor *idx, const lm_tenso
  * with gradient g; h = {lr, beta1, beta2, eps, weight_decay, bc1, bc2} */
 typedef int lm_adamw_fn(lm_tensor *p, const lm_tensor *g, lm_tensor *m, lm_tensor *v,
                         const double *h);
+/* checks, without waiting for the device, that the ids of contiguous i64
+ * idx lie in [0, n) or equal skip when skip_ok; the first bad id is raised
+ * by the next call that waits for the device (a copy to the host) as the
+ * error head, the id (1-based), tail. NULL: the core copies the ids to the
+ * host and checks them there (one wait per check). */
+typedef int lm_check_ids_fn(const lm_tensor *idx, int64_t n, int skip_ok, int64_t skip,
+                            const char *head, const char *tail);
 /* the allocator's counters (enum lm_memory_stat); NULL: none kept */
 typedef int lm_memory_stats_fn(int index, int64_t *stats);
 /* what the backend is built with and sees (versions, devices), lines of
@@ -225,6 +232,7 @@ typedef struct lm_backend {
   lm_adamw_fn *adamw;
   lm_memory_stats_fn *memory_stats;
   lm_info_fn *info;
+  lm_check_ids_fn *check_ids;
   /* fused kernels */
   lm_unary_grad_fn *unary_grad;
   lm_swiglu_fn *swiglu;

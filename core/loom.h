@@ -228,6 +228,11 @@ void lm_comm_free(lm_comm *c);        /* the world comm is not freed */
 int lm_comm_rank(const lm_comm *c);
 int lm_comm_size(const lm_comm *c);
 int lm_comm_world_rank(const lm_comm *c, int rank);
+/* ids (1-based) in [1, n] or equal to skip when skip_ok, else an error
+ * "op: argument #2 (arg) holds class ..."; on a GPU checked there, raised at
+ * the next wait for the device (loss_parallel's check) */
+int lm_check_ids_in(const char *op, const char *arg, lm_tensor *ids, int64_t n, int skip_ok,
+                    int64_t skip);
 /* collective: makes c's NCCL communicator on CUDA device `device` now
  * (init_device_mesh does, for each of its groups in order, so none is made
  * lazily inside an interleaved collective); a failure on any rank raises

@@ -6,6 +6,7 @@
  * path called lm_backend_of(...)->free without a NULL check).
  * Prints "N passed, N failed"; exits non-zero on any failure. */
 #include "backend.h"
+#include "ops/op.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,7 +26,21 @@ static int fake_select(int k) {
 static int fake_count(void) { counts++; return 2; }
 static void *fake_alloc(size_t n) { allocs++; return malloc(n ? n : 1); }
 static void fake_free(void *p) { frees++; free(p); }
-static int fake_copy(lm_tensor *d, const lm_tensor *s) { (void)d, (void)s; return 0; }
+static int copies, checks, check_unsupported;
+static char check_head[160], check_tail[160];
+static int fake_copy(lm_tensor *d, const lm_tensor *s) { /* contiguous, same dtype: all the test needs */
+  copies++;
+  memcpy(lm_ptr(d), lm_ptr(s), (size_t)s->numel_ * lm_dtype_size(s->dtype_));
+  return 0;
+}
+static int fake_check_ids(const lm_tensor *idx, int64_t n, int skip_ok, int64_t skip, const char *head,
+                          const char *tail) {
+  (void)idx, (void)n, (void)skip_ok, (void)skip;
+  checks++;
+  snprintf(check_head, sizeof check_head, "%s", head);
+  snprintf(check_tail, sizeof check_tail, "%s", tail);
+  return check_unsupported ? lm_error("unsupported: no slots"), LM_UNSUPPORTED : 0;
+}
 static int fake_fill(lm_tensor *t, double v) { (void)t, (void)v; return 0; }
 
 static void test_count_selects_nothing(void) {
@@ -55,12 +70,33 @@ static void test_free_after_failed_select(void) {
   CHECK(frees == 2); /* released once only */
 }
 
+/* item 4: ids on a device are checked there, not copied to the host (a
+ * wait for the device per forward); a backend that cannot falls back */
+static void test_ids_checked_on_device(void) {
+  int64_t shape[1] = {3};
+  lm_tensor *ids = lm_empty(1, shape, LM_I64, LM_CUDA0);
+  int64_t *p = lm_data(ids);
+  p[0] = 0, p[1] = 3, p[2] = 7;
+  copies = 0;
+  CHECK(lm_check_ids("embedding", 2, "indices", ids, 5, 0, 0, "id") == 0); /* raised later */
+  CHECK(checks == 1 && copies == 0);
+  CHECK(strcmp(check_head, "embedding: argument #2 (indices) holds id ") == 0);
+  CHECK(strstr(check_tail, ", outside [1, 5]") == check_tail);
+  check_unsupported = 1;
+  CHECK(lm_check_ids("embedding", 2, "indices", ids, 5, 0, 0, "id") < 0);
+  CHECK(strstr(lm_last_error(), "holds id 8, outside [1, 5]") != NULL);
+  CHECK(checks == 2 && copies == 1);
+  check_unsupported = 0;
+  lm_release(ids);
+}
+
 int main(void) {
   static lm_backend fake = {.name = "fake cuda", .select = fake_select, .count = fake_count,
                             .alloc = fake_alloc, .free = fake_free, .copy = fake_copy,
-                            .fill = fake_fill};
+                            .fill = fake_fill, .check_ids = fake_check_ids};
   CHECK(lm_register_backend(LM_KIND_CUDA, &fake) == 0);
   test_count_selects_nothing();
+  test_ids_checked_on_device();
   test_free_after_failed_select();
   printf("%d passed, %d failed\n", passed, failed);
   return failed != 0;
