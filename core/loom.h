@@ -131,6 +131,8 @@ int lm_op_call(int op, int nin, lm_tensor *const *in, const lm_attrs *attrs,
  * reach f32 parameters in f32. dtype LM_BF16 or LM_F16, -1 for off;
  * returns the previous setting. */
 int lm_set_autocast(int dtype);
+/* the autocast dtype of this thread, -1 when off */
+int lm_autocast_dtype(void);
 
 /* Op profiling: time per op, exclusive of the ops it calls (LOOM_PROFILE=1
  * turns it on and prints a table at exit). */

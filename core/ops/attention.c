@@ -31,6 +31,7 @@ int lm_shape_sdpa(int op, int nin, const lm_meta *in, const lm_attrs *a, lm_meta
       return lm_error("%s: argument #%d (%s) expected at least 2 dims (..., length, dim), got %d",
                       name, i + 1, args[i], in[i].ndim);
   }
+  LM_TRY(lm_need_same_low(name, 3, in, args));
   const lm_meta *q = &in[0], *k = &in[1], *v = &in[2];
   if (q->shape[q->ndim - 1] != k->shape[k->ndim - 1])
     return lm_error("%s: argument #2 (key) expected the query's last dim %lld, got %lld", name,

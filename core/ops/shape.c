@@ -30,6 +30,23 @@ int lm_need_float(const char *op, int k, const char *arg, const lm_meta *m) {
                   lm_dtype_name(m->dtype));
 }
 
+/* GEMM operands of one dtype when any is bf16/f16: mixing one with f32 would
+ * run the GEMM in f32 (PyTorch raises too); autocast casts them first. */
+int lm_need_same_low(const char *op, int n, const lm_meta *in, const char *const *names) {
+  for (int i = 0; i < n; i++) {
+    if (in[i].dtype != LM_BF16 && in[i].dtype != LM_F16) continue;
+    for (int j = 0; j < n; j++)
+      if (in[j].dtype != in[i].dtype)
+        return lm_error("%s: argument #%d (%s) is %s but argument #%d (%s) is %s: a GEMM takes one "
+                        "dtype, it would not silently run in %s; cast one (x:to(\"%s\")) or run "
+                        "under loom.autocast(\"%s\", ...), which casts f32 operands to %s",
+                        op, i + 1, names[i], lm_dtype_name(in[i].dtype), j + 1, names[j],
+                        lm_dtype_name(in[j].dtype), lm_dtype_name(lm_promote(in[i].dtype, in[j].dtype)),
+                        lm_dtype_name(in[i].dtype), lm_dtype_name(in[i].dtype), lm_dtype_name(in[i].dtype));
+  }
+  return 0;
+}
+
 /* The ids of idx (any integer dtype) must lie in [0, n) or equal `skip`
  * when skip_ok. On the CPU they are read here. On a device whose backend
  * checks ids (check_ids) they are checked there, without waiting for the
