@@ -28,9 +28,19 @@ static void *fake_alloc(size_t n) { allocs++; return malloc(n ? n : 1); }
 static void fake_free(void *p) { frees++; free(p); }
 static int copies, checks, check_unsupported;
 static char check_head[160], check_tail[160];
-static int fake_copy(lm_tensor *d, const lm_tensor *s) { /* contiguous, same dtype: all the test needs */
+static int fake_copy(lm_tensor *d, const lm_tensor *s) { /* contiguous: all the test needs */
   copies++;
-  memcpy(lm_ptr(d), lm_ptr(s), (size_t)s->numel_ * lm_dtype_size(s->dtype_));
+  for (int64_t i = 0; i < s->numel_; i++)
+    lm_store(lm_ptr(d) + i * lm_dtype_size(d->dtype_), d->dtype_,
+             lm_load(lm_ptr(s) + i * lm_dtype_size(s->dtype_), s->dtype_));
+  return 0;
+}
+static int ce_dtype = -1;
+static int fake_cross_entropy(lm_tensor *loss, lm_tensor *lse, const lm_tensor *x, const lm_tensor *target,
+                              const lm_tensor *w, int64_t ignore, double eps) {
+  (void)target, (void)w, (void)ignore, (void)eps;
+  ce_dtype = x->dtype_;
+  for (int64_t i = 0; i < loss->numel_; i++) ((float *)lm_ptr(loss))[i] = 1, ((float *)lm_ptr(lse))[i] = 2;
   return 0;
 }
 static int fake_check_ids(const lm_tensor *idx, int64_t n, int skip_ok, int64_t skip, const char *head,
@@ -90,13 +100,30 @@ static void test_ids_checked_on_device(void) {
   lm_release(ids);
 }
 
+/* bf16 logits reach a fused cross entropy kernel as bf16 (no N x C f32
+ * copy); loss and lse come back in f32 */
+static void test_bf16_logits_stay_bf16(void) {
+  int64_t xs[2] = {3, 5}, ts[1] = {3};
+  lm_tensor *x = lm_empty(2, xs, LM_BF16, LM_CUDA0), *t = lm_empty(1, ts, LM_I64, LM_CUDA0);
+  int64_t *tp = lm_data(t);
+  tp[0] = 0, tp[1] = 4, tp[2] = 2;
+  lm_attrs a = {.i = {-100, 0}, .ni = 2, .nf = 1};
+  lm_tensor *in[2] = {x, t}, *out[2] = {NULL, NULL};
+  CHECK(lm_op_call(LM_OP_CROSS_ENTROPY, 2, in, &a, 2, out) == 2);
+  CHECK(ce_dtype == LM_BF16);
+  CHECK(out[0] && out[0]->dtype_ == LM_BF16 && out[1] && out[1]->dtype_ == LM_F32);
+  lm_release(out[0]), lm_release(out[1]), lm_release(x), lm_release(t);
+}
+
 int main(void) {
   static lm_backend fake = {.name = "fake cuda", .select = fake_select, .count = fake_count,
                             .alloc = fake_alloc, .free = fake_free, .copy = fake_copy,
-                            .fill = fake_fill, .check_ids = fake_check_ids};
+                            .fill = fake_fill, .check_ids = fake_check_ids,
+                            .cross_entropy = fake_cross_entropy};
   CHECK(lm_register_backend(LM_KIND_CUDA, &fake) == 0);
   test_count_selects_nothing();
   test_ids_checked_on_device();
+  test_bf16_logits_stay_bf16();
   test_free_after_failed_select();
   printf("%d passed, %d failed\n", passed, failed);
   return failed != 0;
