@@ -237,17 +237,28 @@ static lm_tensor *rope_rotate(lm_scope *s, lm_tensor *x, lm_tensor *cos, lm_tens
 }
 
 /* the same in one pass of the backend's rope kernel, on x viewed as
- * (outer, T, H, D) */
-static lm_tensor *rope_fused(lm_scope *s, const lm_backend *be, lm_tensor *x, lm_tensor *cos,
-                             lm_tensor *sin, int sign, int cd) {
+ * (outer, T, H, D) in xdt, cos and sin in cd; -1 or LM_UNSUPPORTED (a
+ * kernel without xdt) in *rc when NULL */
+static lm_tensor *rope_fused_as(lm_scope *s, const lm_backend *be, lm_tensor *x, lm_tensor *cos,
+                                lm_tensor *sin, int sign, int xdt, int cd, int *rc) {
   int nd = x->ndim;
   int64_t T = x->shape_[nd - 3], H = x->shape_[nd - 2], D = x->shape_[nd - 1];
   int64_t inner = T * H * D, shape4[4] = {inner ? x->numel_ / inner : 0, T, H, D};
-  lm_tensor *x4 = lm_s_reshape(s, lm_s_contig(s, lm_s_cast(s, x, cd)), 4, shape4);
+  lm_tensor *x4 = lm_s_reshape(s, lm_s_contig(s, lm_s_cast(s, x, xdt)), 4, shape4);
   lm_tensor *c = lm_s_contig(s, lm_s_cast(s, cos, cd)), *sn = lm_s_contig(s, lm_s_cast(s, sin, cd));
   lm_tensor *o = x4 && c && sn ? lm_s(s, lm_empty_like(x4)) : NULL;
-  if (!o || be->rope(o, x4, c, sn, sign) < 0) return NULL;
-  return lm_s_reshape(s, o, nd, x->shape_);
+  *rc = o ? be->rope(o, x4, c, sn, sign) : -1;
+  return *rc == 0 ? lm_s_reshape(s, o, nd, x->shape_) : NULL;
+}
+
+/* bf16/f16 x rotates in its own dtype where the kernel takes it (no f32
+ * copy; the CUDA kernel computes in f32), else in cd */
+static lm_tensor *rope_fused(lm_scope *s, const lm_backend *be, lm_tensor *x, lm_tensor *cos,
+                             lm_tensor *sin, int sign, int cd) {
+  int rc, xdt = x->dtype_ == LM_BF16 || x->dtype_ == LM_F16 ? x->dtype_ : cd;
+  lm_tensor *r = rope_fused_as(s, be, x, cos, sin, sign, xdt, cd, &rc);
+  if (!r && rc == LM_UNSUPPORTED && xdt != cd) r = rope_fused_as(s, be, x, cos, sin, sign, cd, cd, &rc);
+  return r;
 }
 
 static lm_tensor *rope_any(lm_scope *s, lm_tensor *x, lm_tensor *cos, lm_tensor *sin, int sign, int cd) {

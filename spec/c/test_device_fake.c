@@ -35,7 +35,12 @@ static int fake_copy(lm_tensor *d, const lm_tensor *s) { /* contiguous: all the 
              lm_load(lm_ptr(s) + i * lm_dtype_size(s->dtype_), s->dtype_));
   return 0;
 }
-static int ce_dtype = -1;
+static int ce_dtype = -1, rope_dtype = -1;
+static int fake_rope(lm_tensor *out, const lm_tensor *x, const lm_tensor *cos, const lm_tensor *sin, int sign) {
+  (void)out, (void)cos, (void)sin, (void)sign;
+  rope_dtype = x->dtype_;
+  return 0;
+}
 static int fake_cross_entropy(lm_tensor *loss, lm_tensor *lse, const lm_tensor *x, const lm_tensor *target,
                               const lm_tensor *w, int64_t ignore, double eps) {
   (void)target, (void)w, (void)ignore, (void)eps;
@@ -101,7 +106,7 @@ static void test_ids_checked_on_device(void) {
 }
 
 /* bf16 logits reach a fused cross entropy kernel as bf16 (no N x C f32
- * copy); loss and lse come back in f32 */
+ * copy; loss and lse come back in f32), and bf16 q a fused rope as bf16 */
 static void test_bf16_logits_stay_bf16(void) {
   int64_t xs[2] = {3, 5}, ts[1] = {3};
   lm_tensor *x = lm_empty(2, xs, LM_BF16, LM_CUDA0), *t = lm_empty(1, ts, LM_I64, LM_CUDA0);
@@ -113,13 +118,20 @@ static void test_bf16_logits_stay_bf16(void) {
   CHECK(ce_dtype == LM_BF16);
   CHECK(out[0] && out[0]->dtype_ == LM_BF16 && out[1] && out[1]->dtype_ == LM_F32);
   lm_release(out[0]), lm_release(out[1]), lm_release(x), lm_release(t);
+  int64_t qs[4] = {1, 3, 2, 4}, cs[2] = {3, 2};
+  lm_tensor *q = lm_empty(4, qs, LM_BF16, LM_CUDA0), *c = lm_empty(2, cs, LM_F32, LM_CUDA0);
+  lm_tensor *rin[3] = {q, c, c}, *r = NULL;
+  lm_attrs none = {.ni = 0};
+  CHECK(lm_op_call(LM_OP_ROPE, 3, rin, &none, 1, &r) == 1);
+  CHECK(rope_dtype == LM_BF16 && r && r->dtype_ == LM_BF16);
+  lm_release(r), lm_release(q), lm_release(c);
 }
 
 int main(void) {
   static lm_backend fake = {.name = "fake cuda", .select = fake_select, .count = fake_count,
                             .alloc = fake_alloc, .free = fake_free, .copy = fake_copy,
                             .fill = fake_fill, .check_ids = fake_check_ids,
-                            .cross_entropy = fake_cross_entropy};
+                            .cross_entropy = fake_cross_entropy, .rope = fake_rope};
   CHECK(lm_register_backend(LM_KIND_CUDA, &fake) == 0);
   test_count_selects_nothing();
   test_ids_checked_on_device();
