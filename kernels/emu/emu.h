@@ -10,7 +10,13 @@
  *
  * What it checks: the kernels' index arithmetic, masks, loops, barriers
  * between phases, and the host code around them. What it cannot: the
- * hardware's timing, memory ordering beyond barriers, and speed. */
+ * hardware's timing, memory ordering beyond barriers, and speed.
+ *
+ * The state is C++17 inline variables: one copy however many kernel files
+ * include this (the emulated build, kernels/emu/CMakeLists.txt, includes it
+ * in every kernels/cuda/*.cu). That build's runtime (runtime.h) sets the
+ * hooks below, which check each launch against the device it emulates;
+ * test_emu.cpp leaves them unset. */
 #ifndef LOOM_CUDA_EMU_H
 #define LOOM_CUDA_EMU_H
 #define LOOM_CUDA_EMULATE 1
@@ -26,6 +32,8 @@
 #include <functional>
 #include <random>
 #include <tuple>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #undef __shared__
@@ -39,26 +47,40 @@ struct Thread {
   int state;
 };
 static const size_t STACK = 64 << 10;
-static std::vector<Thread> threads;
-static std::vector<char> stacks;
-static ucontext_t scheduler;
-static int current, nthreads;
-static std::function<void()> body;
-static unsigned long seed = 1;
-static unsigned char dynamic_smem[256 << 10] __attribute__((aligned(16)));
-static uint64_t exchange[1024];     /* a shuffle's values, by thread */
-static uint32_t mma_a[1024][4], mma_b[1024][2];
-static const void *ldm_row[1024];    /* an ldmatrix's row addresses, by thread */
-static long barriers;                /* opened, for the report */
+inline std::vector<Thread> threads;
+inline std::vector<char> stacks;
+inline ucontext_t scheduler;
+inline int current, nthreads;
+inline std::function<void()> body;
+inline unsigned long seed = 1;
+inline unsigned char dynamic_smem[256 << 10] __attribute__((aligned(16)));
+inline uint64_t exchange[1024];     /* a shuffle's values, by thread */
+inline uint32_t mma_a[1024][4], mma_b[1024][2];
+inline const void *ldm_row[1024];    /* an ldmatrix's row addresses, by thread */
+inline long barriers;                /* opened, for the report */
+/* The emulated runtime's checks (unset: none). launch_check answers 0 to
+ * run a launch of kernel k, or an error (cudaError_t) that the launch leaves
+ * as the last error instead of running; pointer_check answers 0 for a
+ * pointer a kernel may be given (device memory of the current device, or
+ * NULL), else an error, and reports it. */
+inline int (*launch_check)(const void *k, dim3 grid, dim3 block, size_t smem);
+inline int (*pointer_check)(const void *p, const void *k);
+inline void (*launch_error)(int e);
 } // namespace lm_emu
 
-static dim3 threadIdx, blockIdx, blockDim, gridDim;
+inline dim3 threadIdx, blockIdx, blockDim, gridDim;
 
 static inline int lm_emu_linear() { return (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)); }
 
 static inline void lm_emu_wait(int what) {
   lm_emu::threads[lm_emu::current].state = what;
   swapcontext(&lm_emu::threads[lm_emu::current].ctx, &lm_emu::scheduler);
+}
+/* one OS thread runs every emulated thread: a read-modify-write is atomic */
+template <typename T> static inline T atomicAdd(T *p, T v) {
+  T old = *p;
+  *p = old + v;
+  return old;
 }
 static inline void __syncthreads() { lm_emu_wait(lm_emu::WAIT_BLOCK); }
 static inline void __syncwarp(unsigned = 0xffffffffu) { lm_emu_wait(lm_emu::WAIT_WARP); }
@@ -194,11 +216,37 @@ static void run_block(dim3 block) {
   }
 }
 
+/* a kernel argument that is a pointer, or a struct with a `base` array of
+ * them (lm_walk), must be device memory of the current device */
+template <typename T, typename = void> struct has_base : std::false_type {};
+template <typename T> struct has_base<T, std::void_t<decltype(std::declval<T>().base[0])>> : std::true_type {};
+template <typename T, typename = void> struct has_narg : std::false_type {};
+template <typename T> struct has_narg<T, std::void_t<decltype(std::declval<T>().narg)>> : std::true_type {};
+template <typename T> int check_arg(const T &v, const void *k) {
+  if constexpr (std::is_pointer_v<T>) return pointer_check((const void *)v, k);
+  else if constexpr (has_base<T>::value) {
+    typedef std::remove_reference_t<decltype(v.base)> B;
+    if constexpr (std::is_array_v<B>) {
+      size_t n = std::extent_v<B>;
+      if constexpr (has_narg<T>::value) n = (size_t)v.narg; /* lm_walk: the operands it has */
+      for (size_t i = 0; i < n; i++)
+        if (int e = pointer_check((const void *)v.base[i], k)) return e;
+    } else if constexpr (std::is_pointer_v<B>) return pointer_check((const void *)v.base, k);
+  }
+  return 0;
+}
+
 template <typename... P> struct launcher {
   dim3 grid, block;
+  size_t smem;
   void (*kernel)(P...);
   template <typename... A> void operator()(A... args) {
     std::tuple<P...> params(static_cast<P>(args)...);
+    if (launch_check) {
+      int e = launch_check((const void *)kernel, grid, block, smem);
+      if (!e) e = std::apply([&](const P &...p) { int r = 0; ((r = r ? r : check_arg(p, (const void *)kernel)), ...); return r; }, params);
+      if (e) { launch_error(e); return; }
+    }
     gridDim = grid, blockDim = block;
     body = [&] { std::apply(kernel, params); };
     for (unsigned z = 0; z < grid.z; z++)
@@ -212,7 +260,7 @@ template <typename... P> struct launcher {
 };
 template <typename... P> launcher<P...> launch(dim3 grid, dim3 block, size_t smem, void (*k)(P...)) {
   if (smem > sizeof dynamic_smem) { fprintf(stderr, "emu: %zu bytes of shared memory\n", smem); abort(); }
-  return launcher<P...>{grid, block, k};
+  return launcher<P...>{grid, block, smem, k};
 }
 } // namespace lm_emu
 
