@@ -1,7 +1,7 @@
 /* emu.h: runs CUDA kernels of kernels/ on the CPU, for a machine without a
  * GPU. Included before a kernel file, it turns a launch (LM_LAUNCH) into a
  * loop over the grid that runs each block's threads as coroutines
- * (ucontext) in one OS thread: a thread runs until it reaches a barrier
+ * (a six-register stack switch on x86-64, ucontext elsewhere) in one OS thread: a thread runs until it reaches a barrier
  * (__syncthreads, __syncwarp, a shuffle, an mma), and a barrier opens when
  * every thread it waits for has arrived. Threads run in a shuffled order
  * (seeded), so a read that a barrier does not order after its write shows.
@@ -14,7 +14,7 @@
  *
  * The state is C++17 inline variables: one copy however many kernel files
  * include this (the emulated build, kernels/emu/CMakeLists.txt, includes it
- * in every kernels/cuda/*.cu). That build's runtime (runtime.h) sets the
+ * in every kernel file of kernels/cuda/). That build's runtime (runtime.h) sets the
  * hooks below, which check each launch against the device it emulates;
  * test_emu.cpp leaves them unset. */
 #ifndef LOOM_CUDA_EMU_H
@@ -43,13 +43,21 @@
 namespace lm_emu {
 enum { RUN = 0, WAIT_BLOCK = 1, WAIT_WARP = 2, DONE = 3 };
 struct Thread {
+#ifdef __x86_64__
+  void *sp;  /* its saved stack pointer (lm_emu_switch) */
+#else
   ucontext_t ctx;
+#endif
   int state;
 };
 static const size_t STACK = 64 << 10;
 inline std::vector<Thread> threads;
-inline std::vector<char> stacks;
+inline std::vector<char> stacks; /* 16-byte aligned: new[] of char gives malloc's alignment */
+#ifdef __x86_64__
+inline void *scheduler;
+#else
 inline ucontext_t scheduler;
+#endif
 inline int current, nthreads;
 inline std::function<void()> body;
 inline unsigned long seed = 1;
@@ -70,11 +78,30 @@ inline void (*launch_error)(int e);
 
 inline dim3 threadIdx, blockIdx, blockDim, gridDim;
 
+/* lm_emu_switch(&save, to): saves the callee-saved registers on this stack
+ * and its pointer in save, then resumes the stack `to` (what swapcontext
+ * does, without its two signal-mask system calls per switch: a thread
+ * switch costs nanoseconds, so a kernel of a million threads runs). Weak:
+ * every file that includes this header defines it, the linker keeps one. */
+#ifdef __x86_64__
+extern "C" void lm_emu_switch(void **save, void *to);
+asm(".text\n.weak lm_emu_switch\n.type lm_emu_switch,@function\nlm_emu_switch:\n"
+    "pushq %rbp\npushq %rbx\npushq %r12\npushq %r13\npushq %r14\npushq %r15\n"
+    "movq %rsp, (%rdi)\nmovq %rsi, %rsp\n"
+    "popq %r15\npopq %r14\npopq %r13\npopq %r12\npopq %rbx\npopq %rbp\nret\n"
+    ".size lm_emu_switch, .-lm_emu_switch\n");
+#define LM_EMU_TO_SCHEDULER(t) lm_emu_switch(&(t).sp, lm_emu::scheduler)
+#define LM_EMU_TO_THREAD(t) lm_emu_switch(&lm_emu::scheduler, (t).sp)
+#else
+#define LM_EMU_TO_SCHEDULER(t) swapcontext(&(t).ctx, &lm_emu::scheduler)
+#define LM_EMU_TO_THREAD(t) swapcontext(&lm_emu::scheduler, &(t).ctx)
+#endif
+
 static inline int lm_emu_linear() { return (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)); }
 
 static inline void lm_emu_wait(int what) {
   lm_emu::threads[lm_emu::current].state = what;
-  swapcontext(&lm_emu::threads[lm_emu::current].ctx, &lm_emu::scheduler);
+  LM_EMU_TO_SCHEDULER(lm_emu::threads[lm_emu::current]);
 }
 /* one OS thread runs every emulated thread: a read-modify-write is atomic */
 template <typename T> static inline T atomicAdd(T *p, T v) {
@@ -167,7 +194,7 @@ namespace lm_emu {
 static void trampoline() {
   body();
   threads[current].state = DONE;
-  swapcontext(&threads[current].ctx, &scheduler);
+  LM_EMU_TO_SCHEDULER(threads[current]);
 }
 
 /* runs body for every thread of one block until all are done */
@@ -177,11 +204,19 @@ static void run_block(dim3 block) {
   threads.assign(nthreads, Thread());
   if (stacks.size() < (size_t)nthreads * STACK) stacks.resize((size_t)nthreads * STACK);
   for (int i = 0; i < nthreads; i++) {
+#ifdef __x86_64__ /* six zeroed registers, then trampoline as the return address */
+    void **top = (void **)&stacks[(size_t)(i + 1) * STACK];
+    void **sp = top - 8;
+    for (int r = 0; r < 6; r++) sp[r] = NULL;
+    sp[6] = (void *)trampoline, sp[7] = NULL;
+    threads[i].sp = sp;
+#else
     getcontext(&threads[i].ctx);
     threads[i].ctx.uc_stack.ss_sp = &stacks[(size_t)i * STACK];
     threads[i].ctx.uc_stack.ss_size = STACK;
     threads[i].ctx.uc_link = NULL;
     makecontext(&threads[i].ctx, trampoline, 0);
+#endif
     threads[i].state = RUN;
   }
   std::mt19937 rng(seed++);
@@ -193,7 +228,7 @@ static void run_block(dim3 block) {
       if (threads[i].state != RUN) continue;
       current = i;
       threadIdx = dim3(i % block.x, i / block.x % block.y, i / (block.x * block.y));
-      swapcontext(&scheduler, &threads[i].ctx);
+      LM_EMU_TO_THREAD(threads[i]);
     }
     int done = 0, at_block = 0;
     for (int i = 0; i < nthreads; i++) done += threads[i].state == DONE, at_block += threads[i].state == WAIT_BLOCK;
