@@ -299,6 +299,13 @@ void lm_dtensor_rule_cache_clear(void);
  * threads, e.g. "OpenBLAS 0.3.21 ... DYNAMIC_ARCH ...; core Zen, 2 threads" */
 const char *lm_blas_info(void);
 
+/* ---- the emulated CUDA device (LOOM_CUDA=EMULATE, kernels/emu/) ---- */
+/* Defined only in an emulated build. What its runtime counted since the
+ * last reset, into out[0..n) (names: lm_cuda_emu_counter_name(i), NULL past
+ * the last); returns how many counters there are. */
+int lm_cuda_emu_counters(int64_t *out, int n, int reset);
+const char *lm_cuda_emu_counter_name(int i);
+
 #ifdef __cplusplus
 }
 #endif
