@@ -14,7 +14,8 @@ static thread_local cudaError_t last = cudaSuccess;
 static bool has_context[MAX];
 static int first_context = -1;
 static std::mutex mu;
-static std::map<const void *, int> smem_optin; /* kernel -> its opted-in dynamic shared memory */
+/* kernel -> its opted-in dynamic shared memory (never destroyed) */
+static std::map<const void *, int> &smem_optin = *new std::map<const void *, int>;
 
 int device_count() {
   static int n = -1;

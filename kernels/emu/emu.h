@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <ucontext.h>
 #include <functional>
 #include <random>
@@ -52,7 +53,19 @@ struct Thread {
 };
 static const size_t STACK = 64 << 10;
 inline std::vector<Thread> threads;
-inline std::vector<char> stacks; /* 16-byte aligned: new[] of char gives malloc's alignment */
+/* 1024 stacks, each above a page no access may touch: a thread that
+ * overflows its stack faults there instead of writing over another's */
+static const size_t GUARD = 4096, SLOT = STACK + GUARD;
+inline char *stack_area;
+static inline char *stack_of(int i) {
+  if (!stack_area) {
+    void *a = mmap(NULL, 1024 * SLOT, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (a == MAP_FAILED) { fprintf(stderr, "emu: cannot map the threads' stacks\n"); abort(); }
+    for (int t = 0; t < 1024; t++) mprotect((char *)a + t * SLOT, GUARD, PROT_NONE);
+    stack_area = (char *)a;
+  }
+  return stack_area + (size_t)i * SLOT + GUARD;
+}
 #ifdef __x86_64__
 inline void *scheduler;
 #else
@@ -202,17 +215,16 @@ static void run_block(dim3 block) {
   nthreads = (int)(block.x * block.y * block.z);
   if (nthreads > 1024 || nthreads % 32) { fprintf(stderr, "emu: block of %d threads\n", nthreads); abort(); }
   threads.assign(nthreads, Thread());
-  if (stacks.size() < (size_t)nthreads * STACK) stacks.resize((size_t)nthreads * STACK);
   for (int i = 0; i < nthreads; i++) {
 #ifdef __x86_64__ /* six zeroed registers, then trampoline as the return address */
-    void **top = (void **)&stacks[(size_t)(i + 1) * STACK];
+    void **top = (void **)(stack_of(i) + STACK);
     void **sp = top - 8;
     for (int r = 0; r < 6; r++) sp[r] = NULL;
     sp[6] = (void *)trampoline, sp[7] = NULL;
     threads[i].sp = sp;
 #else
     getcontext(&threads[i].ctx);
-    threads[i].ctx.uc_stack.ss_sp = &stacks[(size_t)i * STACK];
+    threads[i].ctx.uc_stack.ss_sp = stack_of(i);
     threads[i].ctx.uc_stack.ss_size = STACK;
     threads[i].ctx.uc_link = NULL;
     makecontext(&threads[i].ctx, trampoline, 0);

@@ -8,12 +8,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <map>
 #include <mutex>
 
 namespace lm_rt {
 struct block { size_t size; int device; };
-static std::map<uintptr_t, block> blocks; /* by base address */
+/* by base address; never destroyed: tensors freed by finalizers at exit still find it */
+static std::map<uintptr_t, block> &blocks = *new std::map<uintptr_t, block>;
 static std::mutex mu;
 static size_t used[64];
 
@@ -69,17 +71,36 @@ static cudaError_t check_copy(void *dst, const void *src, size_t n, cudaMemcpyKi
   return cudaSuccess;
 }
 
+/* A block of n bytes (cudaMalloc's 256-byte alignment) that ends where a
+ * page no access may touch begins: a kernel writing past its allocation
+ * faults at the write (run it under gdb to see which), where a GPU would
+ * have written over a neighbour in the caching allocator's pool. */
+static const size_t PAGE = 4096;
+static size_t span(size_t n) { return (n + 255) / 256 * 256; }
+static size_t pages(size_t n) { return (span(n) + PAGE - 1) / PAGE * PAGE; }
+static void *map_block(size_t n) {
+  size_t len = pages(n) + PAGE;
+  void *a = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (a == MAP_FAILED) return NULL;
+  mprotect((char *)a + pages(n), PAGE, PROT_NONE);
+  return (char *)a + pages(n) - span(n);
+}
+static void unmap_block(void *p, size_t n) {
+  char *a = (char *)p - (pages(n) - span(n));
+  munmap(a, pages(n) + PAGE);
+}
+
 extern "C" {
 cudaError_t cudaMalloc(void **p, size_t n) {
   if (device_count() == 0) return fail(cudaErrorNoDevice);
   int d = context();
   std::lock_guard<std::mutex> g(mu);
   if (n > capacity() - used[d]) { *p = NULL; return fail(cudaErrorMemoryAllocation); }
-  void *q = aligned_alloc(256, (n + 255) / 256 * 256); /* cudaMalloc's alignment */
+  void *q = map_block(n ? n : 1); /* a 0-byte request still gets an address of its own */
   if (!q) { *p = NULL; return fail(cudaErrorMemoryAllocation); }
   memset(q, 0xA5, n); /* garbage, as fresh device memory is: a read before a write shows */
   blocks[(uintptr_t)q] = block{n ? n : 1, d};
-  used[d] += n;
+  used[d] += n ? n : 1;
   *p = q;
   return cudaSuccess;
 }
@@ -92,8 +113,8 @@ cudaError_t cudaFree(void *p) {
     return fail(cudaErrorInvalidValue);
   }
   used[it->second.device] -= it->second.size;
+  unmap_block(p, it->second.size); /* the size mapped: n, or 1 for 0 */
   blocks.erase(it);
-  free(p);
   return cudaSuccess;
 }
 cudaError_t cudaMemGetInfo(size_t *fr, size_t *total) {

@@ -21,9 +21,10 @@ struct stream_state {
 };
 struct use { int stream; int64_t seq; };
 static std::mutex mu;
-static std::vector<stream_state> streams{{true, 0, {}}}; /* id 0: the legacy default stream */
-static clock_t_ host_known;                              /* what the host has waited for */
-static std::map<const void *, use> last_use;             /* by block */
+/* id 0: the legacy default stream; never destroyed (work may come from finalizers at exit) */
+static std::vector<stream_state> &streams = *new std::vector<stream_state>{{true, 0, {}}};
+static clock_t_ &host_known = *new clock_t_;             /* what the host has waited for */
+static std::map<const void *, use> &last_use = *new std::map<const void *, use>; /* by block */
 
 static void merge(clock_t_ &a, const clock_t_ &b) {
   if (a.size() < b.size()) a.resize(b.size(), 0);
