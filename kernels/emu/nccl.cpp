@@ -97,6 +97,7 @@ ncclResult_t buffer(ncclComm_t c, const void *p, size_t count, ncclDataType_t t,
     lm_rt::count(lm_rt::C_ERRORS);
     return ncclInvalidArgument;
   }
+  lm_rt::work(s); /* ordered on s first (a blocking stream: after the legacy stream's work) */
   lm_rt::touch(s, p);
   return ncclSuccess;
 }
