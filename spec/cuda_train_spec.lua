@@ -3,8 +3,9 @@
 -- on the CPU: every step's loss within 2e-3 relative. Both runs are bf16
 -- under autocast with f32 accumulation; what differs is the order of the
 -- sums (cuBLAS against OpenBLAS, the fused kernels' reductions), which moved
--- the losses by at most 2e-4 on the emulated device. Skips, saying why,
--- without a GPU (the emulated one counts: scripts/test_emu.sh).
+-- the losses by at most 4e-4 on the emulated device. Then the same on 2
+-- ranks, tensor parallel over 2 GPUs (NCCL), against the CPU. Skips, saying
+-- why, without a GPU (the emulated one counts: scripts/test_emu.sh).
 local G = require "support.cuda"
 local sys = require "support.sys"
 
@@ -35,5 +36,34 @@ describe("examples/train.lua on cuda", function()
     end
     assert.is_true(losses.cuda[20] < losses.cuda[1] - 0.5, "the loss went down")
     print(("\ncuda_train_spec: 20 bf16 steps, worst relative loss difference %.2g (tolerance %g)"):format(worst, TOL))
+  end)
+
+  -- --grad-clip 0: clip_grad_norm_ all-reduces a CPU tensor over the cuda
+  -- mesh (lua/loom/nn/utils.lua, grad_norm_squared) and fails on GPUs;
+  -- --no-loss-parallel: loss parallel makes a CPU index (parallel/loss.lua)
+  local ngpu = require("loom").cuda.device_count()
+  if ngpu < 2 then
+    print(("cuda_train_spec: %d GPU(s): the 2-GPU run is left out"):format(ngpu))
+    it("leaves the 2-GPU run out: fewer than 2 GPUs", function() assert.is_true(ngpu < 2) end)
+    return
+  end
+  it("trains 20 bf16 steps tensor parallel on 2 ranks and 2 GPUs with the CPU's losses", function()
+    local dir = sys.tmpdir()
+    local extra = " --grad-clip 0 --log " .. dir .. "/"
+    local rc, out = sys.sh(ARGS .. " --device cpu" .. extra .. "cpu.jsonl")
+    assert.equal(0, rc, out)
+    rc, out = sys.sh(ARGS:gsub("^luajit", "scripts/loomrun -n 2 --quiet-others") .. " --device cuda --tp 2 "
+                     .. "--no-loss-parallel" .. extra .. "tp.jsonl")
+    assert.equal(0, rc, out)
+    local want, got = sys.losses(dir .. "/cpu.jsonl"), sys.losses(dir .. "/tp.jsonl")
+    sys.rmtree(dir)
+    local worst = 0
+    for step = 1, 20 do
+      assert(want[step] and got[step], "step " .. step .. ": a loss is missing")
+      local rel = math.abs(got[step] - want[step]) / math.abs(want[step])
+      assert(rel <= TOL, ("step %d: tp loss %.6f, cpu %.6f: relative %.2g above %g"):format(step, got[step], want[step], rel, TOL))
+      worst = math.max(worst, rel)
+    end
+    print(("\ncuda_train_spec: 20 bf16 steps on 2 ranks x 2 GPUs (tp 2), worst relative loss difference %.2g"):format(worst))
   end)
 end)
