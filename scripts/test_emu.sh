@@ -22,8 +22,10 @@ done
 start=$(date +%s)
 cmake -S . -B build-emu -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA=EMULATE -DLOOM_CUDA_INCLUDE="$inc" >/dev/null || {
   echo "emulated: 0 passed, 1 failed (cmake -DLOOM_CUDA=EMULATE failed)"; exit 1; }
-cmake --build build-emu -j"$(nproc)" 2>&1 | grep -E "error|Error" && {
-  echo "emulated: 0 passed, 1 failed (the emulated build failed)"; exit 1; }
+if ! out=$(cmake --build build-emu -j"$(nproc)" 2>&1); then
+  grep -E "error:|Error [0-9]" <<<"$out" | head -20
+  echo "emulated: 0 passed, 1 failed (the emulated build failed)"; exit 1
+fi
 echo "build-emu/: built in $(( $(date +%s) - start )) s"
 
 export LOOM_LIBRARY=$root/build-emu/libloom.so LOOM_EMU_DEVICES=2 OMP_WAIT_POLICY=PASSIVE
