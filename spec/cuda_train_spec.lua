@@ -47,6 +47,14 @@ describe("examples/train.lua on cuda", function()
     it("leaves the 2-GPU run out: fewer than 2 GPUs", function() assert.is_true(ngpu < 2) end)
     return
   end
+  -- left out of scripts/test_emu.sh until lua/loom/nn/utils.lua's
+  -- grad_norm_squared all-reduces on the mesh's device
+  it("clips the gradient norm in tensor-parallel training on 2 GPUs", function()
+    local rc, out = sys.sh(ARGS:gsub("^luajit", "scripts/loomrun -n 2 --quiet-others"):gsub("--steps 20", "--steps 2")
+                           .. " --device cuda --tp 2 --no-loss-parallel --grad-clip 1")
+    assert.equal(0, rc, out)
+  end)
+
   it("trains 20 bf16 steps tensor parallel on 2 ranks and 2 GPUs with the CPU's losses", function()
     local dir = sys.tmpdir()
     local extra = " --grad-clip 0 --log " .. dir .. "/"
