@@ -83,6 +83,33 @@ describe("the emulated CUDA device", function()
     assert.equal("0", out:match("contexts_other_device=(%d+)"), out)
   end)
 
+  it("counts work on a stream that touches a block without an event after its last use elsewhere", function()
+    ffi.cdef [[
+      typedef struct emu_stream_ *cudaStream_t;
+      typedef struct emu_event_ *cudaEvent_t;
+      int cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
+      int cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s);
+      int cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags);
+      int cudaEventRecord(cudaEvent_t e, cudaStream_t s);
+      int cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags);
+      int cudaEventDestroy(cudaEvent_t e);
+    ]]
+    local C = loom.C
+    local s, e = ffi.new("cudaStream_t[1]"), ffi.new("cudaEvent_t[1]")
+    assert.equal(0, C.cudaStreamCreateWithFlags(s, 1)) -- cudaStreamNonBlocking: no implicit order
+    assert.equal(0, C.cudaEventCreateWithFlags(e, 0))
+    local x = loom.ones({ 64 }):to("cuda")             -- last used on the default stream
+    local function unordered() return loom.cuda.emu_counters().unordered_stream_reuse end
+    local n0 = unordered()
+    assert.equal(0, C.cudaMemsetAsync(x:data_ptr(), 0, 256, s[0]))
+    assert.equal(n0 + 1, unordered(), "the side stream did not wait for the default stream")
+    assert.equal(0, C.cudaEventRecord(e[0], s[0]))
+    assert.equal(0, C.cudaStreamWaitEvent(nil, e[0], 0))
+    assert.equal(64, (x + 1):sum():item())              -- zeros + 1: ordered after the memset by the event
+    assert.equal(n0 + 1, unordered())
+    C.cudaEventDestroy(e[0])
+  end)
+
   it("refuses a copy whose direction is wrong, and counts it", function()
     ffi.cdef [[ int cudaMemcpy(void *dst, const void *src, size_t n, int kind); int cudaGetLastError(void); ]]
     local d = loom.arange(0, 4, 1, { dtype = "f32" }):to("cuda")
