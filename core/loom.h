@@ -336,6 +336,13 @@ int lm_bpe_set_options(lm_bpe *b, int32_t byte_level, int32_t ignore_merges, int
  * that a Lua string passes as it is and stays alive during the call.) */
 int64_t lm_bpe_encode(const lm_bpe *b, const char *text, size_t start, size_t stop, int32_t *out, int64_t cap);
 
+/* ---- the emulated CUDA device (LOOM_CUDA=EMULATE, kernels/emu/) ---- */
+/* Defined only in an emulated build. What its runtime counted since the
+ * last reset, into out[0..n) (names: lm_cuda_emu_counter_name(i), NULL past
+ * the last); returns how many counters there are. */
+int lm_cuda_emu_counters(int64_t *out, int n, int reset);
+const char *lm_cuda_emu_counter_name(int i);
+
 #ifdef __cplusplus
 }
 #endif

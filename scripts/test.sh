@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test.sh: sets up (scripts/setup.sh), then runs every test: the C tests
 # (ctest), the layering check, the single-process busted specs, the leak check under valgrind
-# (scripts/leakcheck.sh), ASan/UBSan (scripts/sanitize.sh), the multi-rank specs on 2 and 4 ranks, and the
+# (scripts/leakcheck.sh), ASan/UBSan (scripts/sanitize.sh), the multi-rank specs on 2 and 4 ranks, the CUDA
+# backend on the emulated device (scripts/test_emu.sh), and the
 # multi-node rehearsal in network namespaces (scripts/test_netns.sh). Ends
 # with one "N passed, N failed" line; exits non-zero on any failure.
 set -uo pipefail
@@ -84,6 +85,10 @@ if [ -d spec/dist ] && [ -x scripts/loomrun ]; then
       && failed=$((failed + 1))
   done
 fi
+
+# the CUDA backend on the emulated device (build-emu/; skips, saying why, without CUDA headers)
+suite "emulated CUDA device (scripts/test_emu.sh)" timeout 1500 bash scripts/test_emu.sh
+grep -q "^emulated: skipped" "$log" || count_line emulated
 
 # multi-node rehearsal in network namespaces (skips, saying why, without root)
 suite "multi-node rehearsal (scripts/test_netns.sh)" timeout 600 bash scripts/test_netns.sh

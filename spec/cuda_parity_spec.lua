@@ -104,7 +104,9 @@ local function is_float(t) return t.dtype == "f32" or t.dtype == "f64" or t.dtyp
 -- the op's outputs on dev, from copies of the CPU inputs
 local function run(o, c, dt, inputs, dev)
   local on = {}
-  for i, t in ipairs(inputs) do on[i] = t:to(dev) end
+  -- a copy on the CPU too: t:to("cpu") is t, and an in-place op run there
+  -- first would hand the CUDA run its outputs as inputs
+  for i, t in ipairs(inputs) do on[i] = dev == "cpu" and t:clone() or t:to(dev) end
   local a, b = loom.op(o.name, on, value(c.ints, dt), value(c.floats, dt))
   if c.inplace then return on end -- an in-place op: its inputs after it
   return { a, b }

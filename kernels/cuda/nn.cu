@@ -44,10 +44,10 @@ int lm_cuda_softmax(lm_tensor *out, const lm_tensor *x, int log) {
   if (lm_cuda_use(out) < 0) return -1;
   int threads = lm_row_threads(n);
   if (x->dtype_ == LM_F32)
-    softmax_kernel<float><<<lm_blocks(rows, 1), threads, 0, LM_STREAM>>>(
+    LM_LAUNCH(lm_blocks(rows, 1), threads, 0, softmax_kernel<float>)(
         (float *)lm_ptr(out), (const float *)lm_ptr(x), rows, n, log);
   else if (x->dtype_ == LM_F64)
-    softmax_kernel<double><<<lm_blocks(rows, 1), threads, 0, LM_STREAM>>>(
+    LM_LAUNCH(lm_blocks(rows, 1), threads, 0, softmax_kernel<double>)(
         (double *)lm_ptr(out), (const double *)lm_ptr(x), rows, n, log);
   else
     return lm_error("softmax kernel: no kernel for dtype %s", lm_dtype_name(x->dtype_));
@@ -107,7 +107,7 @@ static void launch_norm(lm_tensor *out, lm_tensor *mean, lm_tensor *rstd, const 
   a.mean = mean ? lm_ptr(mean) : NULL, a.rstd = rstd ? lm_ptr(rstd) : NULL;
   a.mdt = mean ? mean->dtype_ : x->dtype_, a.rdt = rstd ? rstd->dtype_ : x->dtype_;
   a.rows = rows, a.n = n, a.eps = eps, a.rms = rms;
-  norm_kernel<T><<<lm_blocks(rows, 1), lm_row_threads(n), 0, LM_STREAM>>>(a);
+  LM_LAUNCH(lm_blocks(rows, 1), lm_row_threads(n), 0, norm_kernel<T>)(a);
 }
 
 int lm_cuda_norm(lm_tensor *out, lm_tensor *mean, lm_tensor *rstd, const lm_tensor *x,
@@ -149,7 +149,7 @@ int lm_cuda_embedding(lm_tensor *out, const lm_tensor *w, const lm_tensor *idx) 
   const int64_t *ip = (const int64_t *)lm_ptr(idx);
   switch (lm_dtype_size(w->dtype_)) {
 #define EMB(E)                                                                 \
-  embedding_kernel<E><<<blocks, LM_THREADS, 0, LM_STREAM>>>(                   \
+  LM_LAUNCH(blocks, LM_THREADS, 0, embedding_kernel<E>)(                   \
       (E *)lm_ptr(out), (const E *)lm_ptr(w), ip, rows, d, v, w->stride_[0], w->stride_[1]); \
   break
   case 1: EMB(uint8_t);
@@ -183,10 +183,10 @@ int lm_cuda_index_add(lm_tensor *out, const lm_tensor *idx, const lm_tensor *src
   if (lm_cuda_use(out) < 0) return -1;
   const int64_t *ip = (const int64_t *)lm_ptr(idx);
   if (out->dtype_ == LM_F32)
-    index_add_kernel<float><<<lm_blocks(rows * d), LM_THREADS, 0, LM_STREAM>>>(
+    LM_LAUNCH(lm_blocks(rows * d), LM_THREADS, 0, index_add_kernel<float>)(
         (float *)lm_ptr(out), ip, (const float *)lm_ptr(src), rows, d, v);
   else if (out->dtype_ == LM_F64)
-    index_add_kernel<double><<<lm_blocks(rows * d), LM_THREADS, 0, LM_STREAM>>>(
+    LM_LAUNCH(lm_blocks(rows * d), LM_THREADS, 0, index_add_kernel<double>)(
         (double *)lm_ptr(out), ip, (const double *)lm_ptr(src), rows, d, v);
   else
     return lm_error("index_add kernel: no kernel for dtype %s", lm_dtype_name(out->dtype_));

@@ -20,11 +20,11 @@ int lm_cuda_adamw(lm_tensor *p, const lm_tensor *g, lm_tensor *m, lm_tensor *v, 
   if (n == 0) return 0;
   double decay = 1 - h[0] * h[4], step = h[0] / h[5], rbc2 = 1 / sqrt(h[6]);
   if (p->dtype_ == LM_F64)
-    adamw_kernel<double><<<lm_blocks(n), LM_THREADS, 0, LM_STREAM>>>(
+    LM_LAUNCH(lm_blocks(n), LM_THREADS, 0, adamw_kernel<double>)(
         (double *)lm_ptr(p), (const double *)lm_ptr(g), (double *)lm_ptr(m), (double *)lm_ptr(v), n,
         h[1], h[2], h[3], decay, step, rbc2);
   else
-    adamw_kernel<float><<<lm_blocks(n), LM_THREADS, 0, LM_STREAM>>>(
+    LM_LAUNCH(lm_blocks(n), LM_THREADS, 0, adamw_kernel<float>)(
         (float *)lm_ptr(p), (const float *)lm_ptr(g), (float *)lm_ptr(m), (float *)lm_ptr(v), n,
         (float)h[1], (float)h[2], (float)h[3], (float)decay, (float)step, (float)rbc2);
   return lm_cuda_launched("adamw");

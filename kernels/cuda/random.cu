@@ -47,6 +47,6 @@ int lm_cuda_random(lm_tensor *t, int kind, double a, double b, uint64_t seed, ui
     r.start[d] = start ? start[d] : 0;
   }
   r.base = lm_ptr(t), r.a = a, r.b = b, r.seed = seed, r.offset = offset;
-  random_kernel<<<lm_blocks(t->numel_), LM_THREADS, 0, LM_STREAM>>>(r, t->numel_);
+  LM_LAUNCH(lm_blocks(t->numel_), LM_THREADS, 0, random_kernel)(r, t->numel_);
   return lm_cuda_launched("random");
 }

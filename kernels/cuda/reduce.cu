@@ -90,10 +90,10 @@ static void launch(int kind, char *out, const T *x, int64_t outer, int64_t n, in
   if (inner == 1) {
     int threads = lm_row_threads(n);
     if (threads > 256) threads = 256;
-    reduce_rows<T><<<lm_blocks(outer, 1), threads, 0, LM_STREAM>>>(kind, out, x, outer, n);
+    LM_LAUNCH(lm_blocks(outer, 1), threads, 0, reduce_rows<T>)(kind, out, x, outer, n);
   } else {
     int64_t blocks = outer * ((inner + 31) / 32);
-    reduce_cols<T><<<lm_blocks(blocks, 1), dim3(32, 8), 0, LM_STREAM>>>(kind, out, x, outer, n,
+    LM_LAUNCH(lm_blocks(blocks, 1), dim3(32, 8), 0, reduce_cols<T>)(kind, out, x, outer, n,
                                                                         inner);
   }
 }

@@ -1,7 +1,7 @@
 /* emu.h: runs CUDA kernels of kernels/ on the CPU, for a machine without a
  * GPU. Included before a kernel file, it turns a launch (LM_LAUNCH) into a
  * loop over the grid that runs each block's threads as coroutines
- * (ucontext) in one OS thread: a thread runs until it reaches a barrier
+ * (a six-register stack switch on x86-64, ucontext elsewhere) in one OS thread: a thread runs until it reaches a barrier
  * (__syncthreads, __syncwarp, a shuffle, an mma), and a barrier opens when
  * every thread it waits for has arrived. Threads run in a shuffled order
  * (seeded), so a read that a barrier does not order after its write shows.
@@ -10,7 +10,13 @@
  *
  * What it checks: the kernels' index arithmetic, masks, loops, barriers
  * between phases, and the host code around them. What it cannot: the
- * hardware's timing, memory ordering beyond barriers, and speed. */
+ * hardware's timing, memory ordering beyond barriers, and speed.
+ *
+ * The state is C++17 inline variables: one copy however many kernel files
+ * include this (the emulated build, kernels/emu/CMakeLists.txt, includes it
+ * in every kernel file of kernels/cuda/). That build's runtime (runtime.h) sets the
+ * hooks below, which check each launch against the device it emulates;
+ * test_emu.cpp leaves them unset. */
 #ifndef LOOM_CUDA_EMU_H
 #define LOOM_CUDA_EMU_H
 #define LOOM_CUDA_EMULATE 1
@@ -22,10 +28,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <ucontext.h>
 #include <functional>
 #include <random>
 #include <tuple>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #undef __shared__
@@ -35,30 +44,83 @@
 namespace lm_emu {
 enum { RUN = 0, WAIT_BLOCK = 1, WAIT_WARP = 2, DONE = 3 };
 struct Thread {
+#ifdef __x86_64__
+  void *sp;  /* its saved stack pointer (lm_emu_switch) */
+#else
   ucontext_t ctx;
+#endif
   int state;
 };
 static const size_t STACK = 64 << 10;
-static std::vector<Thread> threads;
-static std::vector<char> stacks;
-static ucontext_t scheduler;
-static int current, nthreads;
-static std::function<void()> body;
-static unsigned long seed = 1;
-static unsigned char dynamic_smem[256 << 10] __attribute__((aligned(16)));
-static uint64_t exchange[1024];     /* a shuffle's values, by thread */
-static uint32_t mma_a[1024][4], mma_b[1024][2];
-static const void *ldm_row[1024];    /* an ldmatrix's row addresses, by thread */
-static long barriers;                /* opened, for the report */
+inline std::vector<Thread> threads;
+/* 1024 stacks, each above a page no access may touch: a thread that
+ * overflows its stack faults there instead of writing over another's */
+static const size_t GUARD = 4096, SLOT = STACK + GUARD;
+inline char *stack_area;
+static inline char *stack_of(int i) {
+  if (!stack_area) {
+    void *a = mmap(NULL, 1024 * SLOT, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (a == MAP_FAILED) { fprintf(stderr, "emu: cannot map the threads' stacks\n"); abort(); }
+    for (int t = 0; t < 1024; t++) mprotect((char *)a + t * SLOT, GUARD, PROT_NONE);
+    stack_area = (char *)a;
+  }
+  return stack_area + (size_t)i * SLOT + GUARD;
+}
+#ifdef __x86_64__
+inline void *scheduler;
+#else
+inline ucontext_t scheduler;
+#endif
+inline int current, nthreads;
+inline std::function<void()> body;
+inline unsigned long seed = 1;
+inline unsigned char dynamic_smem[256 << 10] __attribute__((aligned(16)));
+inline uint64_t exchange[1024];     /* a shuffle's values, by thread */
+inline uint32_t mma_a[1024][4], mma_b[1024][2];
+inline const void *ldm_row[1024];    /* an ldmatrix's row addresses, by thread */
+inline long barriers;                /* opened, for the report */
+/* The emulated runtime's checks (unset: none). launch_check answers 0 to
+ * run a launch of kernel k, or an error (cudaError_t) that the launch leaves
+ * as the last error instead of running; pointer_check answers 0 for a
+ * pointer a kernel may be given (device memory of the current device, or
+ * NULL), else an error, and reports it. */
+inline int (*launch_check)(const void *k, dim3 grid, dim3 block, size_t smem);
+inline int (*pointer_check)(const void *p, const void *k);
+inline void (*launch_error)(int e);
 } // namespace lm_emu
 
-static dim3 threadIdx, blockIdx, blockDim, gridDim;
+inline dim3 threadIdx, blockIdx, blockDim, gridDim;
+
+/* lm_emu_switch(&save, to): saves the callee-saved registers on this stack
+ * and its pointer in save, then resumes the stack `to` (what swapcontext
+ * does, without its two signal-mask system calls per switch: a thread
+ * switch costs nanoseconds, so a kernel of a million threads runs). Weak:
+ * every file that includes this header defines it, the linker keeps one. */
+#ifdef __x86_64__
+extern "C" void lm_emu_switch(void **save, void *to);
+asm(".text\n.weak lm_emu_switch\n.type lm_emu_switch,@function\nlm_emu_switch:\n"
+    "pushq %rbp\npushq %rbx\npushq %r12\npushq %r13\npushq %r14\npushq %r15\n"
+    "movq %rsp, (%rdi)\nmovq %rsi, %rsp\n"
+    "popq %r15\npopq %r14\npopq %r13\npopq %r12\npopq %rbx\npopq %rbp\nret\n"
+    ".size lm_emu_switch, .-lm_emu_switch\n");
+#define LM_EMU_TO_SCHEDULER(t) lm_emu_switch(&(t).sp, lm_emu::scheduler)
+#define LM_EMU_TO_THREAD(t) lm_emu_switch(&lm_emu::scheduler, (t).sp)
+#else
+#define LM_EMU_TO_SCHEDULER(t) swapcontext(&(t).ctx, &lm_emu::scheduler)
+#define LM_EMU_TO_THREAD(t) swapcontext(&lm_emu::scheduler, &(t).ctx)
+#endif
 
 static inline int lm_emu_linear() { return (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)); }
 
 static inline void lm_emu_wait(int what) {
   lm_emu::threads[lm_emu::current].state = what;
-  swapcontext(&lm_emu::threads[lm_emu::current].ctx, &lm_emu::scheduler);
+  LM_EMU_TO_SCHEDULER(lm_emu::threads[lm_emu::current]);
+}
+/* one OS thread runs every emulated thread: a read-modify-write is atomic */
+template <typename T> static inline T atomicAdd(T *p, T v) {
+  T old = *p;
+  *p = old + v;
+  return old;
 }
 static inline void __syncthreads() { lm_emu_wait(lm_emu::WAIT_BLOCK); }
 static inline void __syncwarp(unsigned = 0xffffffffu) { lm_emu_wait(lm_emu::WAIT_WARP); }
@@ -145,7 +207,7 @@ namespace lm_emu {
 static void trampoline() {
   body();
   threads[current].state = DONE;
-  swapcontext(&threads[current].ctx, &scheduler);
+  LM_EMU_TO_SCHEDULER(threads[current]);
 }
 
 /* runs body for every thread of one block until all are done */
@@ -153,13 +215,20 @@ static void run_block(dim3 block) {
   nthreads = (int)(block.x * block.y * block.z);
   if (nthreads > 1024 || nthreads % 32) { fprintf(stderr, "emu: block of %d threads\n", nthreads); abort(); }
   threads.assign(nthreads, Thread());
-  if (stacks.size() < (size_t)nthreads * STACK) stacks.resize((size_t)nthreads * STACK);
   for (int i = 0; i < nthreads; i++) {
+#ifdef __x86_64__ /* six zeroed registers, then trampoline as the return address */
+    void **top = (void **)(stack_of(i) + STACK);
+    void **sp = top - 8;
+    for (int r = 0; r < 6; r++) sp[r] = NULL;
+    sp[6] = (void *)trampoline, sp[7] = NULL;
+    threads[i].sp = sp;
+#else
     getcontext(&threads[i].ctx);
-    threads[i].ctx.uc_stack.ss_sp = &stacks[(size_t)i * STACK];
+    threads[i].ctx.uc_stack.ss_sp = stack_of(i);
     threads[i].ctx.uc_stack.ss_size = STACK;
     threads[i].ctx.uc_link = NULL;
     makecontext(&threads[i].ctx, trampoline, 0);
+#endif
     threads[i].state = RUN;
   }
   std::mt19937 rng(seed++);
@@ -171,7 +240,7 @@ static void run_block(dim3 block) {
       if (threads[i].state != RUN) continue;
       current = i;
       threadIdx = dim3(i % block.x, i / block.x % block.y, i / (block.x * block.y));
-      swapcontext(&scheduler, &threads[i].ctx);
+      LM_EMU_TO_THREAD(threads[i]);
     }
     int done = 0, at_block = 0;
     for (int i = 0; i < nthreads; i++) done += threads[i].state == DONE, at_block += threads[i].state == WAIT_BLOCK;
@@ -194,11 +263,37 @@ static void run_block(dim3 block) {
   }
 }
 
+/* a kernel argument that is a pointer, or a struct with a `base` array of
+ * them (lm_walk), must be device memory of the current device */
+template <typename T, typename = void> struct has_base : std::false_type {};
+template <typename T> struct has_base<T, std::void_t<decltype(std::declval<T>().base[0])>> : std::true_type {};
+template <typename T, typename = void> struct has_narg : std::false_type {};
+template <typename T> struct has_narg<T, std::void_t<decltype(std::declval<T>().narg)>> : std::true_type {};
+template <typename T> int check_arg(const T &v, const void *k) {
+  if constexpr (std::is_pointer_v<T>) return pointer_check((const void *)v, k);
+  else if constexpr (has_base<T>::value) {
+    typedef std::remove_reference_t<decltype(v.base)> B;
+    if constexpr (std::is_array_v<B>) {
+      size_t n = std::extent_v<B>;
+      if constexpr (has_narg<T>::value) n = (size_t)v.narg; /* lm_walk: the operands it has */
+      for (size_t i = 0; i < n; i++)
+        if (int e = pointer_check((const void *)v.base[i], k)) return e;
+    } else if constexpr (std::is_pointer_v<B>) return pointer_check((const void *)v.base, k);
+  }
+  return 0;
+}
+
 template <typename... P> struct launcher {
   dim3 grid, block;
+  size_t smem;
   void (*kernel)(P...);
   template <typename... A> void operator()(A... args) {
     std::tuple<P...> params(static_cast<P>(args)...);
+    if (launch_check) {
+      int e = launch_check((const void *)kernel, grid, block, smem);
+      if (!e) e = std::apply([&](const P &...p) { int r = 0; ((r = r ? r : check_arg(p, (const void *)kernel)), ...); return r; }, params);
+      if (e) { launch_error(e); return; }
+    }
     gridDim = grid, blockDim = block;
     body = [&] { std::apply(kernel, params); };
     for (unsigned z = 0; z < grid.z; z++)
@@ -211,8 +306,8 @@ template <typename... P> struct launcher {
   }
 };
 template <typename... P> launcher<P...> launch(dim3 grid, dim3 block, size_t smem, void (*k)(P...)) {
-  if (smem > sizeof dynamic_smem) { fprintf(stderr, "emu: %zu bytes of shared memory\n", smem); abort(); }
-  return launcher<P...>{grid, block, k};
+  if (smem > sizeof dynamic_smem && !launch_check) { fprintf(stderr, "emu: %zu bytes of shared memory\n", smem); abort(); }
+  return launcher<P...>{grid, block, smem, k};
 }
 } // namespace lm_emu
 

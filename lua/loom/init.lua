@@ -96,6 +96,22 @@ function loom.cuda.memory_stats(k)
            driver_allocs = tonumber(st[3]) }
 end
 
+-- emu_counters({reset = bool}): on the emulated CUDA device (a build with
+-- LOOM_CUDA=EMULATE) what its runtime counted since the last reset, by name
+-- (docs/devices.md, "The emulated device"); nil and why on any other build
+function loom.cuda.emu_counters(opts)
+  local C = lib.C
+  local ok, f = pcall(function() return C.lm_cuda_emu_counters end)
+  if not ok then return nil, "not an emulated CUDA build (cmake -DLOOM_CUDA=EMULATE)" end
+  local ffi = require "ffi"
+  local n = f(nil, 0, 0)
+  local buf = ffi.new("int64_t[?]", n)
+  f(buf, n, opts and opts.reset and 1 or 0)
+  local out = {}
+  for i = 0, n - 1 do out[ffi.string(C.lm_cuda_emu_counter_name(i))] = tonumber(buf[i]) end
+  return out
+end
+
 function loom.num_threads() return lib.C.lm_num_threads() end
 function loom.set_num_threads(n)
   if not T.is_int(n) or n < 1 or n > 4096 then

@@ -1,0 +1,53 @@
+/* runtime.h: what the files of the emulated CUDA runtime share (the
+ * emulated build, LOOM_CUDA=EMULATE: kernels/emu/CMakeLists.txt). The
+ * runtime implements, on the CPU, exactly the CUDA runtime, cuBLAS(Lt) and
+ * NCCL calls loom makes: device.cpp (devices, properties, errors, the
+ * launch checks), memory.cpp (device memory, copies), stream.cpp (streams,
+ * events, their order), gemm.cpp (cuBLAS and cuBLASLt), nccl.cpp (NCCL over
+ * MPI), counters.cpp (what a GPU run must not do, counted).
+ *
+ * Every call runs to completion before it returns (a kernel, a copy, a
+ * GEMM, a collective): a stream is the order its work was issued in, kept
+ * to check that work on two streams touching one block was ordered. */
+#ifndef LOOM_CUDA_EMU_RUNTIME_H
+#define LOOM_CUDA_EMU_RUNTIME_H
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+namespace lm_rt {
+/* devices (device.cpp) */
+int device_count();                 /* LOOM_EMU_DEVICES, 1 when unset */
+int current();                      /* this thread's device */
+/* the current device, with its context made (counted) the first time;
+ * every call that needs a context goes through it */
+int context();
+cudaError_t fail(cudaError_t e);    /* leaves e as the last error; returns e */
+void note(const char *fmt, ...);    /* one line on stderr: what the emulator refused */
+const size_t SMEM_DEFAULT = 48 << 10, SMEM_OPTIN = 227 << 10; /* an H100's */
+
+/* device memory (memory.cpp) */
+/* the device that holds [p, p + n), or -1 when it is not device memory */
+int device_of(const void *p, size_t n);
+/* the base of the allocation holding p (its key for the stream checks) */
+const void *block_of(const void *p);
+
+/* stream order (stream.cpp): work on stream s touching the block of p */
+void touch(cudaStream_t s, const void *p);
+void work(cudaStream_t s);          /* s moves on (a kernel, a copy) */
+
+/* counters (counters.cpp) */
+enum counter {
+  C_CONTEXTS_OTHER,  /* contexts on devices other than the first one used */
+  C_SYNC_D2H,        /* synchronous device-to-host copies */
+  C_F32_GEMM_AUTOCAST, /* f32 GEMMs while bf16/f16 autocast is on */
+  C_UNORDERED_REUSE, /* a block used on a stream not ordered after its last use on another */
+  C_KERNELS,         /* kernels run */
+  C_GEMMS,           /* GEMMs run */
+  C_COLLECTIVES,     /* NCCL collectives run */
+  C_ERRORS,          /* calls refused (bad pointer, wrong direction, bad launch) */
+  C_N
+};
+void count(counter c, int64_t n = 1);
+}
+#endif
