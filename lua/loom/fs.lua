@@ -80,13 +80,21 @@ local O_NOFOLLOW = ffi.arch == "arm64" and 0x8000 or 0x20000
 local EINTR, EEXIST, EWOULDBLOCK, LOCK_EX, LOCK_NB = 4, 17, 11, 2, 4
 local function errno_msg() return ffi.string(libc.strerror(ffi.errno())) end
 local serial = 0
+-- a per-process random part of temporary names: names planted in advance
+-- cannot be guessed (and O_EXCL refuses any that exist anyway)
+local salt = (function()
+  local f = io.open("/dev/urandom", "rb")
+  local b = f and f:read(4) or ""
+  if f then f:close() end
+  return (b:gsub(".", function(c) return string.format("%02x", c:byte()) end))
+end)()
 
 -- a temporary file beside path, created exclusively (never through a
 -- link, never one that exists): fd, its name; or nil, the reason
 local function create_tmp(path)
   for _ = 1, 100 do
     serial = serial + 1
-    local tmp = string.format("%s.tmp-%d-%d", path, libc.getpid(), serial)
+    local tmp = string.format("%s.tmp-%d%s-%d", path, libc.getpid(), salt, serial)
     local fd = libc.open(tmp, O_WRONLY + O_CREAT + O_EXCL + O_NOFOLLOW + O_CLOEXEC, ffi.cast("unsigned int", 438))
     if fd >= 0 then return fd, tmp end
     if ffi.errno() ~= EEXIST then return nil, "cannot open for writing (creating " .. tmp .. "): " .. errno_msg() end

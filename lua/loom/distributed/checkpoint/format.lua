@@ -15,6 +15,8 @@
 -- previous DIR moves to DIR.old, DIR.tmp-ckpt to DIR, and DIR.old is
 -- removed. A crash before that leaves the previous DIR intact; a crash
 -- between the two renames leaves it in DIR.old, which load errors offer.
+-- One job at a time: rank 0 holds DIR.lock (flock) through the save, and a
+-- directory holding files that are not loom's is refused, never replaced.
 local ffi = require "ffi"
 local T = require "loom.tensor"
 local TC = require "loom.tensor_create"
@@ -87,8 +89,13 @@ local function wrap(fn, ...)
   if not ok then error("checkpoint.save: " .. tostring(err), 0) end
 end
 
+-- loom's own files in a checkpoint directory: a save replaces only these
+function M.is_own_file(name)
+  return name == M.MANIFEST or name:match("^rank%d%d%d%d%d+%.shards$") ~= nil
+end
+
 -- check_target(dir): dir may be replaced (it is missing, an empty
--- directory, or a checkpoint); raises otherwise
+-- directory, or a checkpoint holding only loom's files); raises otherwise
 function M.check_target(dir)
   if fs.exists(dir) and not M.is_checkpoint(dir) then
     -- an empty directory (mkdir -p DIR before saving) may be replaced
@@ -96,9 +103,25 @@ function M.check_target(dir)
     error("checkpoint.save: " .. dir .. " exists and is not a loom checkpoint (no " .. M.MANIFEST
           .. "); refusing to replace it", 0)
   end
+  if fs.exists(dir) then
+    for _, name in ipairs(fs.list(dir)) do
+      if not M.is_own_file(name) then
+        error(string.format("checkpoint.save: %s holds %s, which is not loom's (a save replaces the whole "
+                            .. "directory); move it out, or save into a directory of its own", dir, name), 0)
+      end
+    end
+  end
 end
 
--- make_tmp(dir): a fresh, empty dir.tmp-ckpt
+-- lock(dir): one job at a time saves into dir (DIR.lock, held by rank 0
+-- from make_tmp to the end of install; the system frees it if the job dies)
+function M.lock(dir)
+  local h, err = fs.lock(dir .. ".lock")
+  if not h then error("checkpoint.save: " .. dir .. ": " .. err, 0) end
+  return h
+end
+
+-- make_tmp(dir): a fresh, empty dir.tmp-ckpt (under the lock)
 function M.make_tmp(dir)
   M.check_target(dir)
   wrap(fs.rm_rf, M.tmp_of(dir))

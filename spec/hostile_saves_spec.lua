@@ -1,0 +1,113 @@
+-- hostile_saves_spec.lua: saves write only what they name (issue 26).
+-- loom.save and save_safetensors write a fresh temporary created
+-- exclusively beside the target (a link planted there is never written
+-- through); a checkpoint directory is saved into by one job at a time (a
+-- lock), and a save refuses a directory holding files that are not loom's.
+-- Two processes saving into one directory at once never lose the old
+-- checkpoint: the directory always ends as one whole checkpoint.
+local loom = require "loom"
+local sys = require "support.sys"
+local fs = require "loom.fs"
+local ckpt = require "loom.distributed.checkpoint"
+
+local function errmsg(fn, ...)
+  local ok, err = pcall(fn, ...)
+  assert.is_false(ok, "expected an error")
+  return tostring(err)
+end
+local function has(msg, ...)
+  for _, s in ipairs { ... } do assert.is_truthy(msg:find(s, 1, true), "expected «" .. s .. "» in: " .. msg) end
+end
+local pid = tonumber(sys.read("/proc/self/stat"):match("^(%d+)"))
+
+describe("saves through planted links", function()
+  local d = sys.tmpdir()
+  local savers = {
+    { "loom.save", function(p) loom.save({ v = 1 }, p) end, function(p) return loom.load(p).v == 1 end },
+    { "save_safetensors", function(p) loom.save_safetensors({ x = loom.ones(3) }, p) end,
+      function(p) return loom.load_safetensors(p).x:sum():item() == 3 end },
+  }
+  for _, s in ipairs(savers) do
+    it(s[1] .. " never writes through a link planted at PATH.tmp or at names of the form it uses", function()
+      local victim, path = d .. "/victim-" .. s[1], d .. "/out-" .. s[1]
+      sys.write(victim, "precious")
+      os.execute(string.format("ln -s %s %s", sys.shq(victim), sys.shq(path .. ".tmp")))
+      for i = 1, 200 do
+        os.execute(string.format("ln -s %s %s 2>/dev/null", sys.shq(victim), sys.shq(path .. ".tmp-" .. pid .. "-" .. i)))
+      end
+      s[2](path)
+      assert.equal("precious", sys.read(victim))
+      assert.equal("file", fs.mode(path))   -- a file of its own, not a link to the victim
+      assert.is_true(s[3](path))
+    end)
+  end
+
+  it("a link planted at PATH itself is replaced, not written through", function()
+    local victim, path = d .. "/victim2", d .. "/linked.loom"
+    sys.write(victim, "precious")
+    os.execute(string.format("ln -s %s %s", sys.shq(victim), sys.shq(path)))
+    loom.save({ v = 2 }, path)
+    assert.equal("precious", sys.read(victim))
+    assert.equal("file", fs.mode(path))
+  end)
+end)
+
+describe("checkpoint directories", function()
+  local d = sys.tmpdir()
+
+  it("a save refuses a directory holding files that are not loom's, and leaves them and the checkpoint", function()
+    local dir = d .. "/withlog"
+    ckpt.save({ w = loom.ones(4) }, dir)
+    sys.write(dir .. "/train.log", "step 1\n")
+    has(errmsg(ckpt.save, { w = loom.zeros(4) }, dir), "withlog", "train.log", "not loom's", "directory of its own")
+    assert.equal("step 1\n", sys.read(dir .. "/train.log"))
+    local sd = { w = loom.zeros(4) }
+    ckpt.load(sd, dir)
+    assert.same({ 1, 1, 1, 1 }, sd.w:totable())
+  end)
+
+  it("one job at a time: a save while another holds DIR.lock is refused, naming the lock", function()
+    local dir = d .. "/locked"
+    ckpt.save({ w = loom.ones(2) }, dir)
+    local h = assert(fs.lock(dir .. ".lock"))
+    has(errmsg(ckpt.save, { w = loom.zeros(2) }, dir), "locked.lock", "another job")
+    fs.unlock(h)
+    ckpt.save({ w = loom.full({ 2 }, 3) }, dir)
+    local sd = { w = loom.zeros(2) }
+    ckpt.load(sd, dir)
+    assert.same({ 3, 3 }, sd.w:totable())
+  end)
+
+  it("two processes saving into one directory at once: the directory always ends as one whole checkpoint", function()
+    local dir = d .. "/race"
+    ckpt.save({ w = loom.zeros(64), id = 0 }, dir)
+    local prelude = "package.path = " .. string.format("%q", package.path) .. "; loom = require 'loom'; "
+    local job = prelude .. [[
+      local ckpt = require 'loom.distributed.checkpoint'
+      local id, dir, ok_n, busy = tonumber(arg[1]), arg[2], 0, 0
+      math.randomseed(id)
+      for i = 1, 25 do
+        local ok, err = pcall(ckpt.save, { w = loom.full({ 64 }, id), id = id }, dir)
+        if ok then ok_n = ok_n + 1
+        elseif tostring(err):find('another job holds the lock', 1, true) then busy = busy + 1
+        else io.stderr:write('unexpected: ', tostring(err), '\n') os.exit(2) end
+        os.execute('sleep 0.0' .. math.random(1, 9))   -- (a pause of its own, so the jobs interleave)
+      end
+      print(string.format('job %d: %d saved, %d refused', id, ok_n, busy))]]
+    sys.write(d .. "/job.lua", job)
+    local cmd = string.format("luajit %s 1 %s & luajit %s 2 %s & wait", sys.shq(d .. "/job.lua"), sys.shq(dir),
+                              sys.shq(d .. "/job.lua"), sys.shq(dir))
+    local rc, out = sys.sh(cmd)
+    assert.equal(0, rc, out)
+    assert.is_nil(out:find("unexpected", 1, true), out)
+    local saved = 0
+    for n in out:gmatch("(%d+) saved") do saved = saved + tonumber(n) end
+    assert.is_true(saved >= 25, out)   -- (at least one job's worth went through)
+    assert.is_true(ckpt.verify(dir))
+    local sd = { w = loom.zeros(64), id = -1 }
+    ckpt.load(sd, dir)
+    assert.is_true(sd.id == 1 or sd.id == 2, "id " .. tostring(sd.id))
+    assert.same(loom.full({ 64 }, sd.id):totable(), sd.w:totable())
+    assert.is_false(sys.exists(dir .. ".tmp-ckpt"))
+  end)
+end)
