@@ -17,6 +17,11 @@ M.CREATE_OPTS = CREATE_OPTS
 -- Size from (2, 3), ({2, 3}) or a tensor's size table; then an options table.
 local function parse_size(fname, ...)
   local args = { ... }
+  for i = 1, select("#", ...) do   -- an explicit nil (loom.zeros(nil)): PyTorch raises too
+    if args[i] == nil then
+      argerror(fname, i == 1 and "size" or "size[" .. i .. "]", "sizes (numbers or a table of them)", "nil", 3)
+    end
+  end
   local opts, last = nil, args[#args]
   -- a trailing table is options when it has only named keys, or follows a size table
   if type(last) == "table" and ((#last == 0 and next(last) ~= nil) or

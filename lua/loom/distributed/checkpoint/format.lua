@@ -217,6 +217,7 @@ function M.check_manifest(m)
     if not is_list(te.path) or #te.path == 0 then bad(w .. ".path", "a non-empty list of keys", te.path) end
     for _, k in ipairs(te.path) do
       if type(k) ~= "string" and type(k) ~= "number" then bad(w .. ".path", "string or number keys", k) end
+      if k ~= k then bad(w .. ".path", "keys that are not NaN (a NaN cannot index a table)", k) end
     end
     if type(te.name) ~= "string" then bad(w .. ".name", "a string", te.name) end
     local es = DTYPE_SIZE[te.dtype]
