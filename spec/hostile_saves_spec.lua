@@ -42,6 +42,15 @@ describe("saves through planted links", function()
     end)
   end
 
+  it("loom.save of a table that holds itself names the cycle (it ended in 'stack overflow'); shared tables are fine", function()
+    local t = { a = {} }
+    t.a.b = t
+    has(errmsg(loom.save, t, d .. "/cycle.loom"), "obj.a.b holds itself (a cycle)")
+    local shared = { 1, 2 }
+    loom.save({ x = shared, y = shared }, d .. "/shared.loom")
+    assert.same({ 1, 2 }, loom.load(d .. "/shared.loom").y)
+  end)
+
   it("a link planted at PATH itself is replaced, not written through", function()
     local victim, path = d .. "/victim2", d .. "/linked.loom"
     sys.write(victim, "precious")

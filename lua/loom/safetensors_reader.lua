@@ -54,7 +54,7 @@ local function pread_all(fd, dst, n, offset)
   while done < n do
     local got = tonumber(libc.pread(fd, dst + done, n - done, offset + done))
     if got < 0 and ffi.errno() ~= EINTR then return false, errno_msg() end
-    if got == 0 then return false, "the file ends early" end
+    if got == 0 then return false, "the file ends early: it shrank after it was opened?" end
     if got > 0 then done = done + got end
   end
   return true
@@ -134,7 +134,8 @@ function M.open_file(path, fname)
       fail(fname, path, "is truncated (%d bytes; a safetensors file starts with an 8-byte header length)", len)
     end
     local nb = ffi.new("uint64_t[1]")
-    if not pread_all(fd, nb, 8, 0) then fail(fname, path, "is truncated (it shrank while being read)") end
+    local ok, why = pread_all(fd, nb, 8, 0)
+    if not ok then fail(fname, path, "cannot read its header length (%s)", why) end
     local n = tonumber(nb[0])
     if n > M.MAX_HEADER then
       fail(fname, path, "header length %.0f exceeds the limit of %d bytes (corrupt, or not a safetensors file)",
@@ -146,7 +147,8 @@ function M.open_file(path, fname)
            n, len - 8)
     end
     local buf = ffi.new("char[?]", n)
-    if not pread_all(fd, buf, n, 8) then fail(fname, path, "is truncated (it shrank while being read)") end
+    ok, why = pread_all(fd, buf, n, 8)
+    if not ok then fail(fname, path, "cannot read its header (%s)", why) end
     self.data_at, self.data_len = 8 + n, len - 8 - n
     parse_header(self, fname, buf, n)
   end)
@@ -225,7 +227,7 @@ function Reader:read(name, offset, size, fname)
   each_run(e, offset, size, M.SIZES[e.dtype], function(at, n)
     local ok, why = pread_all(self.fdp[0], dst + pos, n, self.data_at + at)
     if not ok then
-      fail(fname, self.path, "tensor %s: cannot read its bytes (%s: the file shrank after it was opened?)", name, why)
+      fail(fname, self.path, "tensor %s: cannot read its bytes (%s)", name, why)
     end
     pos = pos + n
   end)

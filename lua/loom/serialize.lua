@@ -49,6 +49,7 @@ local function u32(n) local b = ffi.new("uint32_t[1]", n) return ffi.string(b, 4
 local function u64(n) local b = ffi.new("uint64_t[1]", n) return ffi.string(b, 8) end
 local function f64(n) local b = ffi.new("double[1]", n) return ffi.string(b, 8) end
 
+local visiting = {}   -- the tables on the path being encoded (a cycle is an error)
 local function encode(v, out, path)
   local tv = type(v)
   if tv == "number" then out[#out + 1] = "n" .. f64(v)
@@ -72,6 +73,8 @@ local function encode(v, out, path)
   elseif tv == "cdata" and ffi.istype(u64_ct, v) then
     out[#out + 1] = "u" .. u64(v)
   elseif tv == "table" then
+    if visiting[v] then error("save: " .. path .. " holds itself (a cycle): a file can hold trees only", 0) end
+    visiting[v] = true
     local keys = {}
     for k in pairs(v) do
       if type(k) ~= "string" and type(k) ~= "number" then
@@ -88,6 +91,7 @@ local function encode(v, out, path)
       encode(k, out, path)
       encode(v[k], out, path .. "." .. tostring(k))
     end
+    visiting[v] = nil
   else
     error("save: " .. path .. ": cannot save a " .. tv, 0)
   end
@@ -103,6 +107,7 @@ function M.save(obj, path)
           .. "checkpoint directory)", 2)
   end
   local out = {}
+  visiting = {}
   encode(obj, out, "obj")
   local rec = table.concat(out)
   local body = MAGIC .. u64(HEAD + #rec + 8) .. rec
