@@ -346,7 +346,9 @@ static int check_all(lm_st_header *h, int64_t data_len) {
     }
   }
   sort_strings = S;
-  qsort(h->entries, (size_t)h->n, sizeof *h->entries, by_name);
+  int64_t sorted = 1;   /* writers usually list names in order: skip the sort then */
+  for (int64_t i = 1; i < h->n && sorted; i++) sorted = by_name(&h->entries[i - 1], &h->entries[i]) < 0;
+  if (!sorted) qsort(h->entries, (size_t)h->n, sizeof *h->entries, by_name);
   for (int64_t i = 1; i < h->n; i++) {
     if (!by_name(&h->entries[i - 1], &h->entries[i])) return lm_error("the tensor %.200s appears twice (corrupt header)", S + h->entries[i].name);
   }
@@ -357,7 +359,9 @@ static int check_all(lm_st_header *h, int64_t data_len) {
   lm_st_entry **o = malloc((size_t)(h->n ? h->n : 1) * sizeof *o);
   if (!o) return lm_error("safetensors header: out of memory");
   for (int64_t i = 0; i < h->n; i++) o[i] = &h->entries[i];
-  qsort(o, (size_t)h->n, sizeof *o, by_offset);
+  sorted = 1;
+  for (int64_t i = 1; i < h->n && sorted; i++) sorted = by_offset(&o[i - 1], &o[i]) <= 0;
+  if (!sorted) qsort(o, (size_t)h->n, sizeof *o, by_offset);
   int64_t at = 0;
   int rc = 0;
   for (int64_t i = 0; i < h->n && !rc; i++) {
