@@ -352,7 +352,7 @@ static int check_all(lm_st_header *h, int64_t data_len) {
   for (int64_t i = 1; i < h->n; i++) {
     if (!by_name(&h->entries[i - 1], &h->entries[i])) return lm_error("the tensor %.200s appears twice (corrupt header)", S + h->entries[i].name);
   }
-  qsort(h->meta, (size_t)h->nmeta, 4 * sizeof *h->meta, by_key);
+  if (h->nmeta > 1) qsort(h->meta, (size_t)h->nmeta, 4 * sizeof *h->meta, by_key);
   for (int64_t i = 1; i < h->nmeta; i++) {
     if (!by_key(h->meta + 4 * (i - 1), h->meta + 4 * i)) return lm_error("__metadata__[%.200s] appears twice (corrupt header)", S + h->meta[4 * i]);
   }
