@@ -58,6 +58,22 @@ describe("hostile safetensors files in a child process", function()
     X.check_child(string.format("loom.load_safetensors(%q)", d .. "/deep.json"), { "deep.json", "nests deeper than 64" }, 1)
   end)
 
+  it("a FIFO planted where a file is read (safetensors, index, loom file, config) fails at once, never stalls", function()
+    os.execute("mkdir -p " .. sys.shq(d .. "/cfg"))
+    for _, f in ipairs { "p.safetensors", "p.json", "p.loom", "cfg/config.json" } do os.execute("mkfifo " .. sys.shq(d .. "/" .. f)) end
+    local calls = {
+      { string.format("loom.load_safetensors(%q)", d .. "/p.safetensors"), "cannot seek" },
+      { string.format("loom.load_safetensors(%q)", d .. "/p.json"), "is a named pipe, not a regular file" },
+      { string.format("loom.load(%q)", d .. "/p.loom"), "is a named pipe, not a regular file" },
+      { string.format("loom.models.hf.read_config(%q)", d .. "/cfg"), "is a named pipe, not a regular file" },
+    }
+    for _, c in ipairs(calls) do
+      local rc, out = X.child(c[1], "timeout -s KILL 30")
+      assert.equal(1, rc, out)   -- (137 had it stalled)
+      has(out, "luajit: ", c[2])
+    end
+  end)
+
   it("200000 zero-size entries parse, all of them, with their names", function()
     local parts = {}
     for i = 1, 200000 do parts[i] = entry(string.format("t%06d", i), "F32", "0", 0, 0) end

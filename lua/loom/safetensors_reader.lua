@@ -22,7 +22,7 @@ for _, decl in ipairs {
   "long pread(int fd, void *buf, size_t n, long offset);",
   "char *strerror(int errnum);",
 } do pcall(ffi.cdef, decl) end
-local O_RDONLY, O_CLOEXEC, SEEK_END, EINTR = 0, 0x80000, 2, 4
+local O_RDONLY, O_NONBLOCK, O_CLOEXEC, SEEK_END, EINTR = 0, 0x800, 0x80000, 2, 4
 
 M.MAX_HEADER = 100000000   -- bytes of JSON, the limit of the reference implementation
 M.MAX_INDEX = 100000000    -- bytes of an index file
@@ -124,7 +124,8 @@ local function close_fd(p) if p[0] >= 0 then libc.close(p[0]) p[0] = -1 end end
 -- reader:all_tensors() makes the whole table), reader.metadata;
 -- reader:read(name, [offset, size]); reader:close().
 function M.open_file(path, fname)
-  local fd = libc.open(path, O_RDONLY + O_CLOEXEC)
+  -- (O_NONBLOCK: a FIFO planted at path cannot stall the open; it then fails to seek)
+  local fd = libc.open(path, O_RDONLY + O_NONBLOCK + O_CLOEXEC)
   if fd < 0 then fail(fname, path, "cannot open: %s", errno_msg()) end
   local self = setmetatable({ path = path, fdp = ffi.gc(ffi.new("int[1]", fd), close_fd) }, Reader)
   local ok, err = pcall(function()
@@ -261,6 +262,8 @@ end
 
 -- the text of a small file from elsewhere, or an error
 function M.read_text(path, fname, limit)
+  local mode = require("lfs").attributes(path, "mode")
+  if mode and mode ~= "file" then fail(fname, path, "is a %s, not a regular file", mode) end
   local f, err = io.open(path, "rb")
   if not f then fail(fname, path, "cannot open: %s", tostring(err)) end
   local size = f:seek("end")

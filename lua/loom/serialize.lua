@@ -182,6 +182,8 @@ end
 function M.load(path)
   if type(path) ~= "string" then T.argerror("load", "path", "a file name", T.describe(path)) end
   if fs.is_dir(path) then return load_dir(path) end
+  local mode = require("lfs").attributes(path, "mode")
+  if mode and mode ~= "file" then error("load: " .. path .. " is a " .. mode .. ", not a regular file", 2) end
   local f, err = io.open(path, "rb")
   if not f then
     local dir = path:gsub("(.)/+$", "%1")
