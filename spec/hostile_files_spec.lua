@@ -58,7 +58,7 @@ describe("hostile safetensors files in a child process", function()
     X.check_child(string.format("loom.load_safetensors(%q)", d .. "/deep.json"), { "deep.json", "nests deeper than 64" }, 1)
   end)
 
-  it("a FIFO planted where a file is read (safetensors, index, loom file, config) fails at once, never stalls", function()
+  it("a FIFO planted where a file is read (safetensors, index, loom file, config, checkpoint shard) fails at once", function()
     os.execute("mkdir -p " .. sys.shq(d .. "/cfg"))
     for _, f in ipairs { "p.safetensors", "p.json", "p.loom", "cfg/config.json" } do os.execute("mkfifo " .. sys.shq(d .. "/" .. f)) end
     local calls = {
@@ -67,6 +67,13 @@ describe("hostile safetensors files in a child process", function()
       { string.format("loom.load(%q)", d .. "/p.loom"), "is a named pipe, not a regular file" },
       { string.format("loom.models.hf.read_config(%q)", d .. "/cfg"), "is a named pipe, not a regular file" },
     }
+    local ck = d .. "/fifock"
+    require("loom.distributed.checkpoint").save({ w = loom.ones(2) }, ck)
+    os.remove(ck .. "/rank00000.shards")
+    os.execute("mkfifo " .. sys.shq(ck .. "/rank00000.shards"))
+    calls[#calls + 1] = { string.format("require('loom.distributed.checkpoint').load({ w = loom.zeros(2) }, %q)", ck),
+                          "rank00000.shards is a named pipe" }
+    calls[#calls + 1] = { string.format("require('loom.distributed.checkpoint').verify(%q)", ck), "is a named pipe" }
     for _, c in ipairs(calls) do
       local rc, out = X.child(c[1], "timeout -s KILL 30")
       assert.equal(1, rc, out)   -- (137 had it stalled)

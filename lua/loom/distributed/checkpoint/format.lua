@@ -274,6 +274,8 @@ function M.reader(dir, m, fname)
     local fe = m.files[fi]
     if fe == nil then M.fail(dir, fname, "%s/%s names file #%d, which it does not list", dir, M.MANIFEST, fi) end
     local path = dir .. "/" .. fe.name
+    local mode = require("lfs").attributes(path, "mode")   -- (a FIFO there would stall the read)
+    if mode and mode ~= "file" then M.fail(dir, fname, "tensor %s: %s is a %s, not a regular file", name, path, mode) end
     local f, err = io.open(path, "rb")
     if not f then M.fail(dir, fname, "tensor %s: cannot open %s: %s", name, path, tostring(err)) end
     local len = f:seek("end")
@@ -313,6 +315,8 @@ function M.verify(dir, fname)
   local m = M.read_manifest(dir, fname)
   for _, fe in ipairs(m.files) do
     local path = dir .. "/" .. fe.name
+    local mode = require("lfs").attributes(path, "mode")
+    if mode and mode ~= "file" then M.fail(dir, fname, "%s is a %s, not a regular file", path, mode) end
     local f, err = io.open(path, "rb")
     if not f then M.fail(dir, fname, "cannot open %s: %s", path, tostring(err)) end
     local s = f:read("*a")
