@@ -53,6 +53,11 @@ describe("hostile safetensors files in a child process", function()
     X.check_child(string.format("loom.load_safetensors(%q)", d .. "/a.json"), { "a.json", "b.json", "safetensors files only" }, 1)
   end)
 
+  it("an index over 16 MB is refused by its size before it is parsed", function()
+    sys.write(d .. "/big.json", '{"weight_map":{"x":"' .. string.rep("a", 17000000) .. '"}}')
+    X.check_child(string.format("loom.load_safetensors(%q)", d .. "/big.json"), { "big.json", "over the limit of 16000000" }, 1)
+  end)
+
   it("an index nested 100000 deep is refused by its depth", function()
     sys.write(d .. "/deep.json", '{"weight_map":' .. string.rep("[", 100000) .. string.rep("]", 100000) .. "}")
     X.check_child(string.format("loom.load_safetensors(%q)", d .. "/deep.json"), { "deep.json", "nests deeper than 64" }, 1)

@@ -25,7 +25,7 @@ for _, decl in ipairs {
 local O_RDONLY, O_NONBLOCK, O_CLOEXEC, SEEK_END, EINTR = 0, 0x800, 0x80000, 2, 4
 
 M.MAX_HEADER = 100000000   -- bytes of JSON, the limit of the reference implementation
-M.MAX_INDEX = 100000000    -- bytes of an index file
+M.MAX_INDEX = 16000000     -- bytes of an index file (a 405B model's is under 1 MB; dkjson's work is bounded)
 M.MAX_DEPTH = 64           -- nesting of an index's JSON
 
 -- safetensors dtype -> element size (from the C list); loom's name where loom has it
