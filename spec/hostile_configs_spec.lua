@@ -86,6 +86,24 @@ describe("HF configs of transformers 4.x and 5.x", function()
     end)
   end
 
+  it("GPT-2 configs: absurd fields named, n_layer checked against the weights", function()
+    local g = json.decode(sys.read("spec/fixtures/hf_gpt2/config.json"))
+    local function gpt2(edit)
+      local c = json.decode(json.encode(g))
+      edit(c)
+      local d = sys.tmpdir()
+      os.execute(string.format("cp %s %s", sys.shq("spec/fixtures/hf_gpt2/model.safetensors"), sys.shq(d .. "/")))
+      sys.write(d .. "/config.json", json.encode(c))
+      return d
+    end
+    has(errmsg(hf.read_config, gpt2(function(c) c.n_embd = 1e300 end)), "n_embd is 1e+300, outside")
+    has(errmsg(hf.read_config, gpt2(function(c) c.n_head = 2.5 end)), "n_head is 2.5, not an integer")
+    has(errmsg(hf.read_config, gpt2(function(c) c.layer_norm_epsilon = "x" end)), "layer_norm_epsilon is x, not a number")
+    has(errmsg(hf.from_pretrained, gpt2(function(c) c.n_layer = c.n_layer + 1 end)), "n_layer " .. (g.n_layer + 1),
+        "holds " .. g.n_layer .. " layers")
+    assert.equal("gpt2", select(2, hf.from_pretrained(gpt2(function() end))))
+  end)
+
   it("num_hidden_layers 1e9 ends in a Lua error at once, in a child under a 2 GB memory limit", function()
     local d = checkpoint(with(function(c) c.num_hidden_layers = 1e9 end))
     local rc, out = X.child(string.format("loom.models.hf.from_pretrained(%q)", d), "ulimit -v 2000000;")
