@@ -51,6 +51,18 @@ describe("saves through planted links", function()
     assert.same({ 1, 2 }, loom.load(d .. "/shared.loom").y)
   end)
 
+  it("hf.save_pretrained never writes config.json through a link planted there", function()
+    local victim, out = d .. "/victim-cfg", d .. "/pretrained"
+    sys.write(victim, "precious")
+    os.execute("mkdir -p " .. sys.shq(out))
+    os.execute(string.format("ln -s %s %s", sys.shq(victim), sys.shq(out .. "/config.json")))
+    local model = loom.models.hf.from_pretrained("spec/fixtures/hf_llama_gqa")
+    loom.models.hf.save_pretrained(model, out)
+    assert.equal("precious", sys.read(victim))
+    assert.equal("file", fs.mode(out .. "/config.json"))
+    assert.equal(16, select(2, loom.models.hf.read_config(out)).dim)
+  end)
+
   it("a link planted at PATH itself is replaced, not written through", function()
     local victim, path = d .. "/victim2", d .. "/linked.loom"
     sys.write(victim, "precious")

@@ -376,12 +376,12 @@ function M.save_pretrained(model, dir)
   local tensors = M.hf_state_dict(model)
   local cfg = hf_config(model)
   st._on_rank0(function()
-    os.execute("mkdir -p '" .. dir:gsub("'", "'\\''") .. "'")
+    local fs = require "loom.fs"
+    fs.mkdir_p(dir)
     st.save(tensors, dir .. "/model.safetensors", { metadata = { format = "pt" } })
-    local f = io.open(dir .. "/config.json", "w")
-    if not f then error("hf.save_pretrained: cannot write " .. dir .. "/config.json", 0) end
-    f:write(json.encode(cfg, { indent = true }), "\n")
-    f:close()
+    -- (like the weights: a fresh temporary renamed over it, never written through a link)
+    local ok, err = fs.write_atomic(dir .. "/config.json", function(put) put(json.encode(cfg, { indent = true }) .. "\n") end)
+    if not ok then error("hf.save_pretrained: cannot write " .. dir .. "/config.json: " .. err, 0) end
   end)
 end
 
