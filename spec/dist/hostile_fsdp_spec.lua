@@ -1,8 +1,9 @@
 -- hostile_fsdp_spec.lua: FSDP misuse on real ranks (issue 26): two forwards
 -- then two backwards raises its reason on every rank (it gave wrong
 -- gradients in silence); two forwards with the losses added and one
--- backward give the unsharded model's gradients (tolerance 1e-5); an
--- optimizer built before fully_shard names it at step().
+-- backward give the unsharded model's gradients (tolerance 1e-5); a unit
+-- of mixed dtypes is refused; an optimizer built before fully_shard names
+-- it at step().
 local loom, dist = require "loom", require "loom.distributed"
 local fsdp = require "loom.distributed.fsdp"
 local nn = loom.nn
@@ -46,6 +47,16 @@ describe("fully_shard misuse on " .. dist.world_size() .. " ranks", function()
     for _, name in ipairs { "net1", "net2" } do
       local err = (m[name].weight.grad:full_tensor() - ref[name].weight.grad):abs():max():item()
       assert.is_true(err < 1e-5, name .. ": max gradient error " .. err)
+    end
+  end)
+
+  it("a unit mixing bf16 and f32 parameters is refused, naming both", function()
+    local m = MLP()
+    m.net2:to("bf16")
+    local ok, err = pcall(fsdp.fully_shard, m, { mesh = mesh })
+    assert.is_false(ok)
+    for _, s in ipairs { "share a dtype", "net1.weight is f32", "net2.weight is bf16" } do
+      assert.truthy(tostring(err):find(s, 1, true), tostring(err))
     end
   end)
 

@@ -23,7 +23,6 @@ local TC = require "loom.tensor_create"
 local C = require("loom.lib").C
 local serialize = require "loom.serialize"
 local fs = require "loom.fs"
-local libc = ffi.C   -- fopen/fwrite/fsync as declared by loom.serialize
 
 local M = {}
 
@@ -57,25 +56,24 @@ end
 -- entries this rank owns (mine[i]) to path, durably; returns the file's
 -- size, its checksum and each written shard's checksum
 function M.write_shards(path, entries, mine)
-  local f = libc.fopen(path, "wb")
-  if f == nil then error("checkpoint.save: cannot open " .. path .. " for writing", 0) end
-  local fsum, size, sums, ok = C.lm_fnv1a("", 0, 0), 0, {}, true
-  for i, e in ipairs(entries) do
-    if mine[i] then
-      local c = e.local_t
-      if c.device ~= "cpu" then c = c:to("cpu") end
-      c = c:contiguous()
-      local n = c:numel() * C.lm_dtype_size(c.dtype_)
-      local p = C.lm_data(c)
-      sums[i] = C.lm_fnv1a(p, n, 0)
-      fsum = C.lm_fnv1a(p, n, fsum)
-      if n > 0 and libc.fwrite(p, 1, n, f) ~= n then ok = false break end
-      size = size + n
+  local fsum, size, sums = C.lm_fnv1a("", 0, 0), 0, {}
+  -- (fs.write_atomic: created exclusively, never through a link planted in the directory)
+  local ok, err = fs.write_atomic(path, function(put)
+    for i, e in ipairs(entries) do
+      if mine[i] then
+        local c = e.local_t
+        if c.device ~= "cpu" then c = c:to("cpu") end
+        c = c:contiguous()
+        local n = c:numel() * C.lm_dtype_size(c.dtype_)
+        local p = C.lm_data(c)
+        sums[i] = C.lm_fnv1a(p, n, 0)
+        fsum = C.lm_fnv1a(p, n, fsum)
+        put(p, n)
+        size = size + n
+      end
     end
-  end
-  ok = ok and libc.fflush(f) == 0 and libc.fsync(libc.fileno(f)) == 0
-  if libc.fclose(f) ~= 0 then ok = false end
-  if not ok then error("checkpoint.save: writing " .. path .. " failed (disk full?)", 0) end
+  end)
+  if not ok then error("checkpoint.save: writing " .. path .. " failed: " .. err, 0) end
   return size, fsum, sums
 end
 
