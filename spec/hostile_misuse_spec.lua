@@ -85,7 +85,8 @@ describe("misleading messages made plain", function()
 
   it("loom.zeros(nil) raises, as torch.zeros(None) does", function()
     has(errmsg(loom.zeros, nil), "zeros", "size", "got nil")
-    has(errmsg(loom.ones, 2, nil), "ones", "size[2]")
+    has(errmsg(loom.ones, nil, 2), "ones", "size[1]", "got nil")
+    assert.same({ 2 }, loom.ones(2, nil):size())   -- (a trailing nil is absent options)
     assert.equal(0, loom.zeros():dim())   -- (no argument at all is still a scalar)
   end)
 
