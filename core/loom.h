@@ -181,6 +181,32 @@ int lm_restore_data(lm_tensor *t, const lm_tensor *src);
  * checksum of loom's checkpoint files. */
 uint64_t lm_fnv1a(const void *p, size_t n, uint64_t h);
 
+/* ---- hostile files (core/tensor/st_header.c): a safetensors header parsed
+ * with bounded work and every rule of the format checked ---- */
+typedef struct lm_st_entry {
+  int64_t name, name_len;   /* the name: name_len bytes at strings + name */
+  int64_t shape;            /* its dims: shapes[shape .. shape + ndim) */
+  int64_t begin, end;       /* data_offsets */
+  int32_t ndim, dtype;      /* dtype: an index for lm_st_dtype_name */
+} lm_st_entry;
+typedef struct lm_st_header {
+  lm_st_entry *entries;     /* sorted by name */
+  int64_t n;
+  int64_t *meta;            /* __metadata__: key, key_len, value, value_len per pair (in strings) */
+  int64_t nmeta;
+  int64_t *shapes;
+  char *strings;            /* every string, NUL-terminated */
+  int32_t has_meta;
+} lm_st_header;
+/* parses len bytes of header JSON for data_len bytes of data; NULL and an
+ * error naming the rule broken */
+lm_st_header *lm_st_header_parse(const char *json, int64_t len, int64_t data_len);
+void lm_st_header_free(lm_st_header *h);
+const char *lm_st_dtype_name(int dtype);   /* NULL past the last */
+int lm_st_dtype_size(int dtype);
+/* the deepest nesting of [ and { in JSON text, counted up to limit + 1 */
+int lm_json_depth(const char *s, int64_t len, int limit);
+
 /* Runtime: worker threads for loom's kernels and OpenBLAS alike. */
 int lm_num_threads(void);
 void lm_set_num_threads(int n);

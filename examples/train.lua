@@ -26,6 +26,7 @@ local FLAGS = {
   { "seed", 1337, "seed of the model's init and the batch sampler" },
   { "eval-every", 100, "evaluate the validation loss every N steps" },
   { "eval-iters", 10, "batches per validation estimate" },
+  { "skip-nonfinite", false, "skip the optimizer step when the loss is NaN or inf (default: stop with an error)" },
   { "log", "", "write one JSON object per line (step, loss, val_loss, tokens_per_s)" },
   { "save", "", "save a checkpoint into this directory at the end (and at each eval)" },
   { "resume", "", "resume from the checkpoint in this directory" },
@@ -165,6 +166,9 @@ local function main(argv)
   local o = require("loom.cli").parse("train.lua", FLAGS, argv, "Trains a Llama-style transformer on a text file.")
   if o.version then loom.show_config() return end
   if o.dtype ~= "f32" and o.dtype ~= "bf16" then error("train.lua: --dtype expects f32 or bf16, got " .. o.dtype, 0) end
+  if o["eval-iters"] < 1 or o["eval-iters"] % 1 ~= 0 then
+    error("train.lua: --eval-iters expects an integer >= 1, got " .. o["eval-iters"], 0)
+  end
   local dist = require "loom.distributed"
   local w = layout(o, dist)
   o.lp = w.tp > 1 and o["loss-parallel"] and not o["no-loss-parallel"]
@@ -304,8 +308,18 @@ local function main(argv)
     local x, y = sampler:next()
     opt:zero_grad()
     last_loss = step_loss(x, y, true)
-    if o["grad-clip"] > 0 then loom.nn.utils.clip_grad_norm_(model:parameters(), o["grad-clip"]) end
-    opt:step()
+    -- (every rank has the same loss: a NaN stops or skips on all of them)
+    local finite = last_loss == last_loss and math.abs(last_loss) ~= math.huge
+    if not finite and not o["skip-nonfinite"] then
+      error(string.format("train.lua: the loss is %s at step %d; lower --lr (now %g) or raise --warmup, keep "
+                          .. "--grad-clip on, or pass --skip-nonfinite to skip such steps", last_loss, step, o.lr), 0)
+    end
+    if finite then
+      if o["grad-clip"] > 0 then loom.nn.utils.clip_grad_norm_(model:parameters(), o["grad-clip"]) end
+      opt:step()
+    else
+      say(string.format("step %d: loss %s, optimizer step skipped (--skip-nonfinite)", step, last_loss))
+    end
     tokens = tokens + o.batch * o.seq
     if step == start_step + 1 then say(memory_line(model, opt, nparams)) end
     local elapsed = now() - t0

@@ -31,16 +31,31 @@ end
 -- growth_interval good steps).
 local Scaler = {}
 Scaler.__index = Scaler
+-- the checks of PyTorch's GradScaler (growth_factor > 1, backoff_factor
+-- < 1, an integer growth_interval), and a finite init_scale
+local OPTS = { init_scale = true, growth_factor = true, backoff_factor = true, growth_interval = true }
+local function finite(v) return type(v) == "number" and v > -math.huge and v < math.huge end
 M.GradScaler = function(opts)
   opts = opts or {}
+  if type(opts) ~= "table" then T.argerror("GradScaler", "options", "a table", T.describe(opts)) end
+  for k in pairs(opts) do
+    if not OPTS[k] then error(string.format("GradScaler: unknown option %s", tostring(k)), 2) end
+  end
   local s = setmetatable({ scale_ = opts.init_scale or 2 ^ 16, growth = opts.growth_factor or 2,
                            backoff = opts.backoff_factor or 0.5, interval = opts.growth_interval or 2000,
                            good = 0, found_inf = false, unscaled = false }, Scaler)
-  for k, v in pairs { init_scale = s.scale_, growth_factor = s.growth, growth_interval = s.interval } do
-    if type(v) ~= "number" or v <= 0 then T.argerror("GradScaler", k, "a number > 0", T.describe(v)) end
+  if not (finite(s.scale_) and s.scale_ > 0) then
+    T.argerror("GradScaler", "init_scale", "a finite number > 0", T.describe(s.scale_))
   end
-  if type(s.backoff) ~= "number" or s.backoff <= 0 or s.backoff >= 1 then
+  if not (finite(s.growth) and s.growth > 1) then
+    T.argerror("GradScaler", "growth_factor", "a finite number > 1 (PyTorch: the growth factor must be > 1.0)",
+               T.describe(s.growth))
+  end
+  if not (type(s.backoff) == "number" and s.backoff > 0 and s.backoff < 1) then
     T.argerror("GradScaler", "backoff_factor", "a number in (0, 1)", T.describe(s.backoff))
+  end
+  if not (finite(s.interval) and s.interval >= 1 and s.interval == math.floor(s.interval)) then
+    T.argerror("GradScaler", "growth_interval", "an integer >= 1", T.describe(s.interval))
   end
   return s
 end
@@ -84,6 +99,18 @@ function Scaler:update()
 end
 
 function Scaler:state_dict() return { scale = self.scale_, good = self.good } end
-function Scaler:load_state_dict(sd) self.scale_, self.good = sd.scale, sd.good end
+function Scaler:load_state_dict(sd)
+  if type(sd) ~= "table" or next(sd) == nil then
+    T.argerror("GradScaler:load_state_dict", "state_dict", "a GradScaler state_dict {scale, good} (PyTorch: the "
+               .. "source state dict is empty)", T.describe(sd))
+  end
+  if not (finite(sd.scale) and sd.scale > 0) then
+    T.argerror("GradScaler:load_state_dict", "state_dict.scale", "a finite number > 0", T.describe(sd.scale))
+  end
+  if not (finite(sd.good) and sd.good >= 0 and sd.good == math.floor(sd.good)) then
+    T.argerror("GradScaler:load_state_dict", "state_dict.good", "an integer >= 0", T.describe(sd.good))
+  end
+  self.scale_, self.good = sd.scale, sd.good
+end
 
 return M

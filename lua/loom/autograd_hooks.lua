@@ -95,6 +95,7 @@ local function pre_key(node, k) return tostring(ffi.cast("void*", node)) .. ":" 
 local function pre_dispatch(node, k)
   local e = S.pre[pre_key(node, k)]
   if not e then return end
+  e.fired = true
   local ok, err = pcall(e.fn, e.tensor)
   if not ok and S.pending_error == nil then S.pending_error = err end
 end
@@ -123,8 +124,15 @@ function Tensor.backward(x, grad)
   backward(x, grad)
   local queued = S.queued
   S.queued = {}
-  -- pre-backward hooks of this graph are done: forget them (their nodes go with the graph)
-  if S.npre > 0 then S.pre, S.npre = {}, 0 C.lm_set_pre_backward_callback(nil) end
+  -- pre-backward hooks of this graph are done: forget them (their nodes go
+  -- with the graph). Those that did not fire may belong to another graph
+  -- (two forwards, then two backwards): kept through one more backward.
+  if S.npre > 0 then
+    for key, e in pairs(S.pre) do
+      if e.fired or e.aged then S.pre[key] = nil S.npre = S.npre - 1 else e.aged = true end
+    end
+    if S.npre == 0 then C.lm_set_pre_backward_callback(nil) end
+  end
   for _, fn in ipairs(queued) do   -- e.g. data parallelism waits for its reductions
     local ok, err = pcall(fn)
     if not ok and S.pending_error == nil then S.pending_error = err end

@@ -2,6 +2,8 @@
 -- through lua-filesystem, with no shell. Failures raise errors that name
 -- the path and give the system's reason.
 local lfs = require "lfs"
+local ffi = require "ffi"
+local libc = ffi.C
 
 local M = {}
 
@@ -59,6 +61,104 @@ end
 function M.rename(from, to)
   local ok, err = os.rename(from, to)
   if not ok then error("cannot rename " .. from .. " to " .. to .. ": " .. tostring(err):gsub("^.-: ", ""), 0) end
+end
+
+---------------------------------------------------------------------------
+-- files written whole and only where they are named
+
+for _, decl in ipairs {
+  "int open(const char *path, int flags, ...);",
+  "int close(int fd);",
+  "long write(int fd, const void *buf, size_t n);",
+  "int fsync(int fd);",
+  "int getpid(void);",
+  "int flock(int fd, int op);",
+  "char *strerror(int errnum);",
+} do pcall(ffi.cdef, decl) end
+local O_WRONLY, O_RDWR, O_CREAT, O_EXCL, O_CLOEXEC = 1, 2, 0x40, 0x80, 0x80000
+local O_NOFOLLOW = ffi.arch == "arm64" and 0x8000 or 0x20000
+local EINTR, EEXIST, EWOULDBLOCK, LOCK_EX, LOCK_NB = 4, 17, 11, 2, 4
+local function errno_msg() return ffi.string(libc.strerror(ffi.errno())) end
+local serial = 0
+-- a per-process random part of temporary names: names planted in advance
+-- cannot be guessed (and O_EXCL refuses any that exist anyway)
+local salt = (function()
+  local f = io.open("/dev/urandom", "rb")
+  local b = f and f:read(4) or ""
+  if f then f:close() end
+  return (b:gsub(".", function(c) return string.format("%02x", c:byte()) end))
+end)()
+
+-- a temporary file beside path, created exclusively (never through a
+-- link, never one that exists): fd, its name; or nil, the reason
+local function create_tmp(path)
+  for _ = 1, 100 do
+    serial = serial + 1
+    local tmp = string.format("%s.tmp-%d%s-%d", path, libc.getpid(), salt, serial)
+    local fd = libc.open(tmp, O_WRONLY + O_CREAT + O_EXCL + O_NOFOLLOW + O_CLOEXEC, ffi.cast("unsigned int", 438))
+    if fd >= 0 then return fd, tmp end
+    if ffi.errno() ~= EEXIST then return nil, "cannot open for writing (creating " .. tmp .. "): " .. errno_msg() end
+  end
+  return nil, "cannot create a temporary file beside " .. path .. " (100 names taken)"
+end
+
+-- writes n bytes at p to fd; false when the write fails
+local function write_all(fd, p, n)
+  p = ffi.cast("const uint8_t *", p)
+  local done = 0
+  while done < n do
+    local w = tonumber(libc.write(fd, p + done, n - done))
+    if w < 0 and ffi.errno() ~= EINTR then return false end
+    if w > 0 then done = done + w end
+  end
+  return true
+end
+
+-- write_atomic(path, fill): fill(put) calls put(pointer or string, [n])
+-- for each chunk; the chunks go to a temporary file beside path (created
+-- exclusively: a link planted there is never written through), synced to
+-- the disk and renamed over path (a link at path is replaced, not
+-- followed). Returns true, or nil and the reason (nothing left behind).
+function M.write_atomic(path, fill)
+  local fd, tmp = create_tmp(path)
+  if not fd then return nil, tmp end
+  local ok, err = true, nil
+  local pok, perr = pcall(fill, function(p, n)
+    if ok and (n or #p) > 0 then
+      ok = write_all(fd, p, n or #p)
+      if not ok then err = "writing " .. tmp .. " failed: " .. errno_msg() .. " (disk full?)" end
+    end
+  end)
+  if not pok then ok, err = false, tostring(perr) end
+  if ok and libc.fsync(fd) ~= 0 then ok, err = false, "syncing " .. tmp .. " failed: " .. errno_msg() end
+  libc.close(fd)
+  if ok then
+    local rok, rerr = os.rename(tmp, path)
+    if not rok then ok, err = false, "cannot rename " .. tmp .. " to " .. path .. ": " .. tostring(rerr):gsub("^.-: ", "") end
+  end
+  if not ok then os.remove(tmp) return nil, err end
+  return true
+end
+
+-- lock(path): an exclusive lock on the file path (made if missing, never
+-- through a link) for one job at a time; returns a handle for unlock, or
+-- nil and the reason when another process holds it. The system releases
+-- the lock when the process ends, so a crash never leaves it held.
+function M.lock(path)
+  local fd = libc.open(path, O_RDWR + O_CREAT + O_NOFOLLOW + O_CLOEXEC, ffi.cast("unsigned int", 420))
+  if fd < 0 then return nil, "cannot open the lock file " .. path .. ": " .. errno_msg() end
+  if libc.flock(fd, LOCK_EX + LOCK_NB) ~= 0 then
+    local busy = ffi.errno() == EWOULDBLOCK
+    local why = errno_msg()
+    libc.close(fd)
+    return nil, busy and "another job holds the lock " .. path .. " (it is saving into the same place)"
+      or "cannot lock " .. path .. ": " .. why
+  end
+  return ffi.gc(ffi.new("int[1]", fd), function(p) if p[0] >= 0 then libc.close(p[0]) end end)
+end
+
+function M.unlock(h)
+  if h and h[0] >= 0 then libc.close(h[0]) h[0] = -1 end
 end
 
 return M

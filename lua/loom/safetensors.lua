@@ -6,40 +6,23 @@
 -- (offsets into the bytes after the header) and may hold "__metadata__",
 -- a table of strings. Elements are little endian and C-contiguous.
 --
--- Reading memory-maps the file (libc open/mmap through the FFI) and copies
--- only the bytes asked for: a DTensor layout makes each rank copy its own
--- block (contiguous rows for Shard(1), strided column runs for Shard(2)),
--- so the pages of the other ranks' shards are never touched. Every offset
--- is checked against the file's size, dtype and shape before a byte is
--- copied; errors name the file and the tensor.
+-- Reading (loom.safetensors_reader) parses the header in C with bounded
+-- work and copies only the bytes asked for, with pread: a DTensor layout
+-- makes each rank read its own block (contiguous rows for Shard(1),
+-- strided column runs for Shard(2)). Every offset is checked against the
+-- file's size, dtype and shape before a byte is read; errors name the
+-- file and the tensor.
 local ffi = require "ffi"
 local json = require "dkjson"
 local loom = require "loom"
 local T = require "loom.tensor"
 local TC = require "loom.tensor_create"
-require "loom.serialize"   -- declares fopen/fwrite/fflush/fileno/fsync/fclose
+local R = require "loom.safetensors_reader"
 local C = loom.C
-local libc = ffi.C
 
 local M = {}
 
-for _, decl in ipairs {
-  "int open(const char *path, int flags, ...);",
-  "int close(int fd);",
-  "long lseek(int fd, long offset, int whence);",
-  "void *mmap(void *addr, size_t len, int prot, int flags, int fd, long offset);",
-  "int munmap(void *addr, size_t len);",
-  "char *strerror(int errnum);",
-} do pcall(ffi.cdef, decl) end
-local O_RDONLY, SEEK_END, PROT_READ, MAP_PRIVATE = 0, 2, 1, 2
-local MAP_FAILED = ffi.cast("void *", -1)
-
-M.MAX_HEADER = 100000000   -- bytes of JSON, the limit of the reference implementation
-
--- safetensors dtype -> element size; loom's name where loom has the dtype
-local SIZES = { F64 = 8, F32 = 4, F16 = 2, BF16 = 2, I64 = 8, I32 = 4, I16 = 2, I8 = 1, U64 = 8, U32 = 4,
-                U16 = 2, U8 = 1, BOOL = 1, F8_E4M3 = 1, F8_E5M2 = 1 }
-local TO_LOOM = { F64 = "f64", F32 = "f32", F16 = "f16", BF16 = "bf16", I64 = "i64", I32 = "i32", BOOL = "bool" }
+local SIZES, TO_LOOM = R.SIZES, R.TO_LOOM
 local FROM_LOOM = {}
 for k, v in pairs(TO_LOOM) do FROM_LOOM[v] = k end
 M.dtypes = TO_LOOM
@@ -47,247 +30,10 @@ local FLOATING = { f32 = true, f64 = true, f16 = true, bf16 = true }
 
 local function fail(fname, path, msg, ...) error(string.format("%s: %s: " .. msg, fname, path, ...), 0) end
 local function sizes(s) return #s == 0 and "a scalar" or table.concat(s, "x") end
-local function numel(s)
-  local n = 1
-  for _, v in ipairs(s) do n = n * v end
-  return n
-end
+local numel = R.numel
 
----------------------------------------------------------------------------
--- the header
-
-local function is_int(v) return type(v) == "number" and v >= 0 and v == math.floor(v) and v < 2 ^ 53 end
-
--- checks one entry of the header; returns {dtype, shape, begin, stop}
-local function entry_of(fname, path, name, e, data_len)
-  local function bad(what, ...) fail(fname, path, "tensor %s: " .. what .. " (corrupt header)", name, ...) end
-  if type(e) ~= "table" then bad("its entry is not an object") end
-  if type(e.dtype) ~= "string" or not SIZES[e.dtype] then bad("unknown dtype %s", tostring(e.dtype)) end
-  if type(e.shape) ~= "table" then bad("no shape") end
-  local shape = {}
-  for i = 1, #e.shape do
-    if not is_int(e.shape[i]) then bad("shape[%d] is %s, not a size", i, tostring(e.shape[i])) end
-    shape[i] = e.shape[i]
-  end
-  if next(e.shape) ~= nil and #e.shape == 0 or #shape > 8 then bad("a shape of more than 8 dims or not a list") end
-  local o = e.data_offsets
-  if type(o) ~= "table" or #o ~= 2 or not is_int(o[1]) or not is_int(o[2]) or o[1] > o[2] then
-    bad("data_offsets is not [begin, end] with 0 <= begin <= end")
-  end
-  if o[2] > data_len then
-    fail(fname, path, "tensor %s: its data (bytes %d to %d after the header) runs past the end of the file, "
-         .. "which holds %d bytes of data (truncated?)", name, o[1], o[2], data_len)
-  end
-  local need = numel(shape) * SIZES[e.dtype]
-  if o[2] - o[1] ~= need then
-    bad("data_offsets [%d, %d] hold %d bytes, but dtype %s and shape %s need %d", o[1], o[2], o[2] - o[1],
-        e.dtype, sizes(shape), need)
-  end
-  return { name = name, dtype = e.dtype, shape = shape, begin = o[1], stop = o[2] }
-end
-
-local function parse_header(fname, path, text, data_len)
-  if text:match("^%s*(.)") ~= "{" then fail(fname, path, "the header is not a JSON object (corrupt)") end
-  local h, pos, err = json.decode(text, 1, nil)
-  if err or type(h) ~= "table" then
-    fail(fname, path, "the header is not valid JSON (%s) (corrupt)", tostring(err or "not an object"))
-  end
-  if text:sub(pos):match("%S") then fail(fname, path, "trailing bytes after the header's JSON (corrupt)") end
-  local meta = h.__metadata__
-  if meta ~= nil then
-    if type(meta) ~= "table" then fail(fname, path, "__metadata__ is not an object of strings") end
-    for k, v in pairs(meta) do
-      if type(k) ~= "string" or type(v) ~= "string" then
-        fail(fname, path, "__metadata__[%s] is a %s, not a string", tostring(k), type(v))
-      end
-    end
-  end
-  local entries, order = {}, {}
-  for name, e in pairs(h) do
-    if name ~= "__metadata__" then
-      entries[name] = entry_of(fname, path, name, e, data_len)
-      order[#order + 1] = name
-    end
-  end
-  table.sort(order)
-  -- no two tensors may share bytes
-  local byoff = {}
-  for _, n in ipairs(order) do if entries[n].stop > entries[n].begin then byoff[#byoff + 1] = entries[n] end end
-  table.sort(byoff, function(a, b) return a.begin < b.begin end)
-  for i = 2, #byoff do
-    if byoff[i].begin < byoff[i - 1].stop then
-      fail(fname, path, "tensors %s and %s overlap (corrupt header)", byoff[i - 1].name, byoff[i].name)
-    end
-  end
-  return entries, order, meta or {}
-end
-
----------------------------------------------------------------------------
--- a mapped file
-
-local Reader = {}
-Reader.__index = Reader
-
-local function errno_msg() return ffi.string(libc.strerror(ffi.errno())) end
-
--- open(path, [fname]) -> reader: the file mapped and its header checked.
--- reader.names (sorted), reader.tensors[name] = {dtype, shape, ...},
--- reader.metadata; reader:read(name, [offset, size]); reader:close().
-local open_index   -- below: the reader of an index
-
--- A path ending in .json is an index of a checkpoint split over files.
-function M.open(path, fname)
-  fname = fname or "safetensors.open"
-  if type(path) ~= "string" then T.argerror(fname, "path", "a file name", T.describe(path), 3) end
-  if path:match("%.json$") then return open_index(path, fname) end
-  local fd = libc.open(path, O_RDONLY)
-  if fd < 0 then fail(fname, path, "cannot open: %s", errno_msg()) end
-  local len = tonumber(libc.lseek(fd, 0, SEEK_END))
-  if len < 0 then libc.close(fd) fail(fname, path, "cannot seek: %s", errno_msg()) end
-  if len < 8 then
-    libc.close(fd)
-    fail(fname, path, "is truncated (%d bytes; a safetensors file starts with an 8-byte header length)", len)
-  end
-  local base = libc.mmap(nil, len, PROT_READ, MAP_PRIVATE, fd, 0)
-  libc.close(fd)   -- the mapping outlives the descriptor
-  if base == MAP_FAILED then fail(fname, path, "cannot mmap %d bytes: %s", len, errno_msg()) end
-  local self = setmetatable({ path = path, len = len }, Reader)
-  self.base = ffi.gc(ffi.cast("uint8_t *", base), function(p) libc.munmap(p, len) end)
-  local ok, err = pcall(function()
-    local n = tonumber(ffi.cast("uint64_t *", self.base)[0])
-    if n > M.MAX_HEADER then
-      fail(fname, path, "header length %.0f exceeds the limit of %d bytes (corrupt, or not a safetensors file)",
-           n, M.MAX_HEADER)
-    end
-    if n < 2 then fail(fname, path, "header length %d is too small for a JSON object (corrupt)", n) end
-    if 8 + n > len then
-      fail(fname, path, "is truncated: its header says %d bytes of JSON, the file has %d bytes after the length",
-           n, len - 8)
-    end
-    self.data = self.base + 8 + n
-    self.data_len = len - 8 - n
-    self.tensors, self.names, self.metadata = parse_header(fname, path, ffi.string(self.base + 8, n), self.data_len)
-  end)
-  if not ok then self:close() error(err, 0) end
-  return self
-end
-
--- a checkpoint split over several files: an index (HF's
--- model.safetensors.index.json, {"weight_map": {name: file}}) and the
--- readers of its files, behind the interface of one reader
-local Multi = {}
-Multi.__index = Multi
-
-function open_index(path, fname)
-  local f, err = io.open(path, "rb")
-  if not f then fail(fname, path, "cannot open: %s", tostring(err)) end
-  local text = f:read("*a")
-  f:close()
-  local h = json.decode(text, 1, nil)
-  if type(h) ~= "table" or type(h.weight_map) ~= "table" then
-    fail(fname, path, "is not a safetensors index (no weight_map object)")
-  end
-  local dir = path:match("^(.*)/[^/]*$") or "."
-  local self = setmetatable({ path = path, readers = {}, owner = {}, tensors = {}, names = {},
-                              metadata = type(h.metadata) == "table" and h.metadata or {} }, Multi)
-  local ok, e = pcall(function()
-    for name, file in pairs(h.weight_map) do
-      if type(name) ~= "string" or type(file) ~= "string" or file:find("/", 1, true) then
-        fail(fname, path, "weight_map[%s] is not a file name beside the index", tostring(name))
-      end
-      local r = self.readers[file]
-      if not r then
-        r = M.open(dir .. "/" .. file, fname)
-        self.readers[file] = r
-      end
-      if not r.tensors[name] then
-        fail(fname, path, "weight_map puts tensor %s in %s, which does not hold it", name, file)
-      end
-      self.owner[name], self.tensors[name] = r, r.tensors[name]
-      self.names[#self.names + 1] = name
-    end
-  end)
-  if not ok then self:close() error(e, 0) end
-  table.sort(self.names)
-  return self
-end
-function Multi:read(name, ...)
-  if not self.owner[name] then fail(select(3, ...) or "load_safetensors", self.path, "has no tensor %s", name) end
-  return self.owner[name]:read(name, ...)
-end
-function Multi:loom_dtype(name, fname) return self.owner[name]:loom_dtype(name, fname) end
-function Multi:close() for _, r in pairs(self.readers) do r:close() end end
-
-function Reader:close()
-  if self.base ~= nil then
-    libc.munmap(ffi.gc(self.base, nil), self.len)
-    self.base, self.data = nil, nil
-  end
-end
-
--- the loom dtype of a tensor of the file, or an error naming it
-function Reader:loom_dtype(name, fname)
-  local e = self.tensors[name]
-  local dt = TO_LOOM[e.dtype]
-  if not dt then
-    fail(fname or "load_safetensors", self.path, "tensor %s has dtype %s, which loom does not have "
-         .. "(it reads F32, F64, BF16, F16, I32, I64, BOOL)", name, e.dtype)
-  end
-  return dt
-end
-
--- read(name, [offset, size]): a CPU tensor of the file's dtype holding the
--- block of the tensor at 0-based offset (per dim) of the given size (all
--- of it by default). Copies runs of contiguous bytes straight from the map.
-function Reader:read(name, offset, size, fname)
-  fname = fname or "load_safetensors"
-  if self.base == nil then fail(fname, self.path, "the file was closed") end
-  local e = self.tensors[name]
-  if e == nil then fail(fname, self.path, "has no tensor %s", name) end
-  local shape, nd = e.shape, #e.shape
-  local dt = self:loom_dtype(name, fname)
-  offset, size = offset or {}, size or shape
-  for d = 1, nd do
-    local o = offset[d] or 0
-    if o < 0 or size[d] < 0 or o + size[d] > shape[d] then
-      fail(fname, self.path, "tensor %s: block offset %d size %d is outside dim %d of size %d", name, o,
-           size[d], d, shape[d])
-    end
-  end
-  local out = TC.empty(size, { dtype = dt })
-  if numel(size) == 0 then return out end
-  local esize = SIZES[e.dtype]
-  local stride = {}
-  local s = esize
-  for d = nd, 1, -1 do stride[d] = s s = s * shape[d] end
-  -- dims after j are whole: one run covers size[j] of dim j
-  local j = nd
-  while j >= 1 and size[j] == shape[j] and (offset[j] or 0) == 0 do j = j - 1 end
-  local src, dst = self.data + e.begin, ffi.cast("uint8_t *", C.lm_data(out))
-  if j == 0 then
-    ffi.copy(dst, src, numel(shape) * esize)
-    return out
-  end
-  local run = size[j] * stride[j]
-  local idx = {}
-  for d = 1, j - 1 do idx[d] = 0 end
-  local pos = 0
-  while true do
-    local at = (offset[j] or 0) * stride[j]
-    for d = 1, j - 1 do at = at + ((offset[d] or 0) + idx[d]) * stride[d] end
-    ffi.copy(dst + pos, src + at, run)
-    pos = pos + run
-    local d = j - 1
-    while d >= 1 do
-      idx[d] = idx[d] + 1
-      if idx[d] < size[d] then break end
-      idx[d] = 0
-      d = d - 1
-    end
-    if d < 1 then break end
-  end
-  return out
-end
+-- reading: loom.safetensors_reader (pread, the header parsed in C)
+M.open, M.MAX_HEADER = R.open, R.MAX_HEADER
 
 ---------------------------------------------------------------------------
 -- layouts: which block of a tensor this rank holds
@@ -422,7 +168,7 @@ end
 -- metadata(path) -> the __metadata__ table and the header's entries
 function M.metadata(path)
   local r = M.open(path, "safetensors.metadata")
-  local meta, tensors = r.metadata, r.tensors
+  local meta, tensors = r.metadata, r:all_tensors()
   r:close()
   return meta, tensors
 end
@@ -486,19 +232,11 @@ local function header_json(items, meta)
 end
 
 local function write_file(path, header, items)
-  local f = libc.fopen(path, "wb")
-  if f == nil then return nil, "cannot open for writing: " .. errno_msg(), false end
-  local len = ffi.new("uint64_t[1]", #header)
-  local ok = libc.fwrite(len, 8, 1, f) == 1 and libc.fwrite(header, 1, #header, f) == #header
-  for _, it in ipairs(items) do
-    local n = it.stop - it.begin
-    if not ok then break end
-    if n > 0 then ok = libc.fwrite(C.lm_data(it.t), 1, n, f) == n end
-  end
-  ok = ok and libc.fflush(f) == 0 and libc.fsync(libc.fileno(f)) == 0
-  if libc.fclose(f) ~= 0 then ok = false end
-  if not ok then return nil, "write failed (disk full?)", true end
-  return true
+  return require("loom.fs").write_atomic(path, function(put)
+    put(ffi.new("uint64_t[1]", #header), 8)
+    put(header)
+    for _, it in ipairs(items) do put(C.lm_data(it.t), it.stop - it.begin) end
+  end)
 end
 
 -- save(tensors, path, {metadata = {k = "v"}}): tensors is a table name ->
@@ -506,7 +244,8 @@ end
 -- gathered (full_tensor, a collective): when any value is one, every rank
 -- must call save with the same names, rank 0 writes the file, and save
 -- returns on every rank once it is complete (an error raises everywhere).
--- The file is written to PATH.tmp, synced and renamed over PATH.
+-- The file is written to a fresh temporary beside PATH (created
+-- exclusively, never through a link), synced and renamed over PATH.
 function M.save(tensors, path, opts)
   local fname = "save_safetensors"
   if type(tensors) ~= "table" then T.argerror(fname, "tensors", "a table name -> tensor", T.describe(tensors)) end
@@ -551,17 +290,8 @@ function M.save(tensors, path, opts)
     it.stop = at
   end
   local function write()
-    local tmp = path .. ".tmp"
-    local ok, err, created = write_file(tmp, header_json(items, meta), items)
-    if not ok then
-      if created then os.remove(tmp) end
-      fail(fname, tmp, "%s", err)
-    end
-    local rok, rerr = os.rename(tmp, path)
-    if not rok then
-      os.remove(tmp)
-      fail(fname, path, "cannot rename %s over it: %s", tmp, tostring(rerr))
-    end
+    local ok, err = write_file(path, header_json(items, meta), items)
+    if not ok then fail(fname, path, "%s", err) end
   end
   if distributed then M._on_rank0(write) else write() end
 end

@@ -13,8 +13,9 @@
 --   'T' u8 dtype id (lm_dtype: f32 f64 bf16 f16 i32 i64 bool = 0..6),
 --       u8 ndim (<= 8), i64 size per dim, then the elements, contiguous
 -- Table keys are written sorted (numbers first), so equal values make equal
--- files. A file is written to PATH.tmp, flushed to disk and renamed over
--- PATH, so a crash never leaves a half-written file where a good one was.
+-- files. A file is written to a fresh PATH.tmp-PID-N (created exclusively),
+-- flushed to disk and renamed over PATH, so a crash never leaves a
+-- half-written file where a good one was.
 -- load tells a truncated file (shorter than its header says) from a
 -- corrupt one (checksum mismatch) and from a file that is not loom's.
 -- load also reads a dist.checkpoint directory (whole, plain tensors); save
@@ -48,6 +49,7 @@ local function u32(n) local b = ffi.new("uint32_t[1]", n) return ffi.string(b, 4
 local function u64(n) local b = ffi.new("uint64_t[1]", n) return ffi.string(b, 8) end
 local function f64(n) local b = ffi.new("double[1]", n) return ffi.string(b, 8) end
 
+local visiting = {}   -- the tables on the path being encoded (a cycle is an error)
 local function encode(v, out, path)
   local tv = type(v)
   if tv == "number" then out[#out + 1] = "n" .. f64(v)
@@ -71,6 +73,8 @@ local function encode(v, out, path)
   elseif tv == "cdata" and ffi.istype(u64_ct, v) then
     out[#out + 1] = "u" .. u64(v)
   elseif tv == "table" then
+    if visiting[v] then error("save: " .. path .. " holds itself (a cycle): a file can hold trees only", 0) end
+    visiting[v] = true
     local keys = {}
     for k in pairs(v) do
       if type(k) ~= "string" and type(k) ~= "number" then
@@ -87,45 +91,29 @@ local function encode(v, out, path)
       encode(k, out, path)
       encode(v[k], out, path .. "." .. tostring(k))
     end
+    visiting[v] = nil
   else
     error("save: " .. path .. ": cannot save a " .. tv, 0)
   end
 end
 
--- writes s to path and flushes it to the disk; returns true or nil, err
-local function write_file(path, s)
-  local f = libc.fopen(path, "wb")
-  if f == nil then return nil, "cannot open for writing", false end
-  local ok = libc.fwrite(s, 1, #s, f) == #s and libc.fflush(f) == 0 and libc.fsync(libc.fileno(f)) == 0
-  if libc.fclose(f) ~= 0 then ok = false end
-  if not ok then return nil, "write failed (disk full?)", true end
-  return true
-end
-
--- save(obj, path): the whole file is built in memory, written to path.tmp
--- and renamed over path.
+-- save(obj, path): the whole file is built in memory, written to a fresh
+-- temporary beside path (fs.write_atomic: created exclusively, never
+-- through a link) and renamed over path.
 function M.save(obj, path)
-  if type(path) ~= "string" then T.argerror("save", "path", "a file name", T.describe(path)) end
+  if type(path) ~= "string" or path == "" then T.argerror("save", "path", "a file name", T.describe(path)) end
   if fs.is_dir(path) then
     error("save: " .. path .. " is a directory; loom.save writes one file (dist.checkpoint.save writes a "
           .. "checkpoint directory)", 2)
   end
   local out = {}
+  visiting = {}
   encode(obj, out, "obj")
   local rec = table.concat(out)
   local body = MAGIC .. u64(HEAD + #rec + 8) .. rec
   local sum = u64(C.lm_fnv1a(body, #body, 0))
-  local tmp = path .. ".tmp"
-  local ok, err, created = write_file(tmp, body .. sum)
-  if not ok then
-    if created then os.remove(tmp) end
-    error("save: " .. tmp .. ": " .. err, 2)
-  end
-  local rok, rerr = os.rename(tmp, path)
-  if not rok then
-    os.remove(tmp)
-    error("save: cannot rename " .. tmp .. " to " .. path .. ": " .. tostring(rerr), 2)
-  end
+  local ok, err = fs.write_atomic(path, function(put) put(body) put(sum) end)
+  if not ok then error("save: " .. path .. ": " .. err, 2) end
 end
 
 local function decoder(s, path)
@@ -194,6 +182,8 @@ end
 function M.load(path)
   if type(path) ~= "string" then T.argerror("load", "path", "a file name", T.describe(path)) end
   if fs.is_dir(path) then return load_dir(path) end
+  local mode = require("lfs").attributes(path, "mode")
+  if mode and mode ~= "file" then error("load: " .. path .. " is a " .. mode .. ", not a regular file", 2) end
   local f, err = io.open(path, "rb")
   if not f then
     local dir = path:gsub("(.)/+$", "%1")

@@ -11,6 +11,10 @@ local Tensor = {}       -- methods
 local props = {}        -- computed fields: x.dtype, x.grad, ...
 M.Tensor = Tensor
 M.props = props
+-- tensor -> what replaced it in its module (fully_shard, to_empty,
+-- Module:to): an optimizer built before holds it and would train nothing
+-- (weak keys: a replaced tensor no one holds is forgotten)
+M.replaced = setmetatable({}, { __mode = "k" })
 
 local tensor_ct = ffi.typeof("lm_tensor")
 local function is_tensor(x) return type(x) == "cdata" and ffi.istype(tensor_ct, x) end

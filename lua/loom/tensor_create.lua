@@ -17,6 +17,14 @@ M.CREATE_OPTS = CREATE_OPTS
 -- Size from (2, 3), ({2, 3}) or a tensor's size table; then an options table.
 local function parse_size(fname, ...)
   local args = { ... }
+  -- an explicit nil as the size (loom.zeros(nil), as torch.zeros(None) raises)
+  -- or inside it (loom.ones(nil, 2)); trailing nils are absent options
+  local n = select("#", ...)
+  while n > 0 and args[n] == nil do n = n - 1 end
+  if select("#", ...) > 0 and n == 0 then argerror(fname, "size", "sizes (numbers or a table of them)", "nil", 3) end
+  for i = 1, n do
+    if args[i] == nil then argerror(fname, "size[" .. i .. "]", "sizes (numbers or a table of them)", "nil", 3) end
+  end
   local opts, last = nil, args[#args]
   -- a trailing table is options when it has only named keys, or follows a size table
   if type(last) == "table" and ((#last == 0 and next(last) ~= nil) or

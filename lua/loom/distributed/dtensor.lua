@@ -201,6 +201,23 @@ function M.distribute_tensor(t, mesh, placements, opts)
   return d
 end
 
+-- rank 0's RNG state, on every rank (PyTorch's DTensor random ops sync it
+-- from rank 0): ranks seeded differently still draw one replicated tensor
+-- or dropout mask. A collective over the world, as every random DTensor
+-- op is (SPMD: every rank makes the same calls).
+local function sync_rng()
+  local dist = require "loom.distributed"
+  if not dist.is_initialized() or dist.world_size() == 1 then return end
+  local st = TC.get_rng_state()
+  local buf = TC.empty({ 2 }, { dtype = "i64" })
+  local p = ffi.cast("uint64_t *", C.lm_data(buf))
+  p[0], p[1] = st.seed, st.offset
+  buf = dist.broadcast(buf, 0, dist.world_group())
+  p = ffi.cast("uint64_t *", C.lm_data(buf))
+  TC.set_rng_state({ seed = p[0], offset = p[1] })
+end
+M._sync_rng = sync_rng
+
 -- factories: only this rank's shard is allocated; random ones draw each
 -- element from its global index, so they equal slices of the full draw.
 local function factory(name, fill, float_only)
@@ -219,6 +236,7 @@ local function factory(name, fill, float_only)
     local ls = {}
     for i = 1, #size do ls[i] = tonumber(lshape[i - 1]) end
     local t = loom.empty(ls, { dtype = opts.dtype, device = opts.device })
+    if float_only then sync_rng() end   -- (the random factories)
     fill(t, off, #size)
     local d = T.wrap(C.lm_dtensor_from_local(t, m, pl, shapebuf, 0))
     if opts.requires_grad then d:requires_grad_(true) end

@@ -241,8 +241,14 @@ local function prefetch(unit)
   if unit and unit.overlap and needs_gather(unit) then start_gather(unit) end
 end
 
-local function pre_backward(unit)
+local function pre_backward(unit, live)
   ensure_queued()
+  if unit.live ~= live then
+    error(string.format("fully_shard: backward reached an output of a forward of the %s whose gathered parameters "
+                        .. "an earlier backward already released (two forwards, then two backwards): a unit keeps "
+                        .. "one forward's parameters until a backward ends; call backward after each forward, or "
+                        .. "add the losses and call backward once", unit.module.__name or "module"), 0)
+  end
   if not unit.live then return end
   if unit.live.released then unshard(unit) end
   -- backward meets the root first, then the units in reverse forward order
@@ -264,9 +270,9 @@ local function hook_outputs(unit, out)
     if not list then
       list = {}
       G.pre[key] = list
-      t:register_pre_backward_hook(function() for _, u in ipairs(list) do pre_backward(u) end end)
+      t:register_pre_backward_hook(function() for _, u in ipairs(list) do pre_backward(u[1], u[2]) end end)
     end
-    list[#list + 1] = unit
+    list[#list + 1] = { unit, unit.live }
   end
   if type(out) == "table" and not T.is_tensor(out) then
     for _, t in pairs(out) do one(t) end

@@ -149,6 +149,7 @@ local function shard(unit, e)
     e.sharded = dist.from_local(piece, lo.mesh, lo.placements, { shape = e.shape })
   end)
   if e.requires_grad then e.sharded:requires_grad_(true) end
+  T.replaced[p] = "fully_shard"
   e.param = nil
   managed[address(e.sharded)] = unit
 end
@@ -159,6 +160,14 @@ function M.new_unit(module, opts)
   local unit = { module = module, mesh = mesh, ndp = mesh:size(), dp_rank = mesh:get_local_rank(),
                  reshard = opts.reshard_after_forward ~= false, overlap = opts.overlap ~= false, infos = {} }
   unit.entries = collect(unit, module)
+  for _, e in ipairs(unit.entries) do   -- one flat gather per unit: one dtype (FSDP2 refuses mixed ones)
+    local first = unit.entries[1]
+    if e.param.dtype ~= first.param.dtype then
+      fail("the parameters of one unit must share a dtype (they are gathered as one flat tensor), but %s is %s "
+           .. "and %s is %s; convert the module (Module:to) first, or apply fully_shard to the %s part on its own",
+           first.fqn, first.param.dtype, e.fqn, e.param.dtype, e.param.dtype)
+    end
+  end
   for _, e in ipairs(unit.entries) do layout(e.fqn, e.param, mesh) end   -- every check before any change
   for i, e in ipairs(unit.entries) do
     shard(unit, e)

@@ -259,51 +259,12 @@ local function config_path(path)
   return (path:gsub("/+$", "")) .. "/config.json"
 end
 
-local function unsupported(p, what) error("hf.read_config: " .. p .. ": " .. what .. " is not supported", 0) end
-
 -- read_config(path) -> arch ("llama" | "gpt2"), loom config. path is the
 -- checkpoint's directory or its .safetensors file (config.json beside it).
+-- The file is checked as hostile input (loom.models.hf_config).
 function M.read_config(path)
   if type(path) ~= "string" then T.argerror("hf.read_config", "path", "a directory or file name", T.describe(path)) end
-  local p = config_path(path)
-  local f, err = io.open(p, "rb")
-  if not f then error("hf.read_config: cannot open " .. p .. ": " .. tostring(err), 2) end
-  local text = f:read("*a")
-  f:close()
-  local h, _, jerr = json.decode(text, 1, json.null)
-  if type(h) ~= "table" then error("hf.read_config: " .. p .. " is not a JSON object (" .. tostring(jerr) .. ")", 2) end
-  local function num(k, default)
-    local v = h[k]
-    if v == nil or v == json.null then v = default end
-    if type(v) ~= "number" then
-      error(string.format("hf.read_config: %s: %s is %s, not a number", p, k, tostring(v)), 0)
-    end
-    return v
-  end
-  local kind = h.model_type
-  if kind == "llama" then
-    if h.rope_scaling ~= nil and h.rope_scaling ~= json.null then unsupported(p, "rope_scaling") end
-    if h.attention_bias == true or h.mlp_bias == true then unsupported(p, "attention_bias / mlp_bias") end
-    if (h.hidden_act or "silu") ~= "silu" then unsupported(p, "hidden_act " .. tostring(h.hidden_act)) end
-    local heads = num("num_attention_heads")
-    if h.head_dim ~= nil and h.head_dim ~= json.null and h.head_dim ~= num("hidden_size") / heads then
-      unsupported(p, "a head_dim other than hidden_size / num_attention_heads")
-    end
-    return "llama", { vocab_size = num("vocab_size"), dim = num("hidden_size"), n_layers = num("num_hidden_layers"),
-                      n_heads = heads, n_kv_heads = num("num_key_value_heads", heads),
-                      ffn_dim = num("intermediate_size"), norm_eps = num("rms_norm_eps", 1e-6),
-                      rope_theta = num("rope_theta", 10000), max_seq_len = num("max_position_embeddings", 2048),
-                      tie_embeddings = h.tie_word_embeddings == true }
-  elseif kind == "gpt2" then
-    local act = h.activation_function or "gelu_new"
-    if act ~= "gelu_new" and act ~= "gelu_pytorch_tanh" then unsupported(p, "activation_function " .. tostring(act)) end
-    local d = num("n_embd")
-    return "gpt2", { vocab_size = num("vocab_size"), n_positions = num("n_positions"), n_embd = d,
-                     n_layer = num("n_layer"), n_head = num("n_head"), n_inner = num("n_inner", 4 * d),
-                     layer_norm_epsilon = num("layer_norm_epsilon", 1e-5) }
-  end
-  error(string.format("hf.read_config: %s: model_type %s is not supported (loom reads llama and gpt2)", p,
-                      tostring(kind)), 2)
+  return require("loom.models.hf_config").read(config_path(path))
 end
 
 -- from_pretrained(path, {config = overrides, dtype, tp_mesh, plan = tp_plan
@@ -314,6 +275,11 @@ function M.from_pretrained(path, opts)
   opts = opts or {}
   local arch, cfg = M.read_config(path)
   for k, v in pairs(opts.config or {}) do cfg[k] = v end
+  local file = M.weights_path(path)
+  local r = st.open(file, "hf.from_pretrained")   -- the header only: checked before anything is built
+  local ok, err = pcall(require("loom.models.hf_config").check_weights, arch, cfg, r, file, config_path(path))
+  r:close()
+  if not ok then error(err, 2) end
   local mod = arch == "llama" and require "loom.models.transformer" or require "loom.models.gpt2"
   local model = mod.new(cfg)
   if opts.dtype and opts.dtype ~= "f32" then   -- one converted tensor per tensor: ties are kept
@@ -410,12 +376,12 @@ function M.save_pretrained(model, dir)
   local tensors = M.hf_state_dict(model)
   local cfg = hf_config(model)
   st._on_rank0(function()
-    os.execute("mkdir -p '" .. dir:gsub("'", "'\\''") .. "'")
+    local fs = require "loom.fs"
+    fs.mkdir_p(dir)
     st.save(tensors, dir .. "/model.safetensors", { metadata = { format = "pt" } })
-    local f = io.open(dir .. "/config.json", "w")
-    if not f then error("hf.save_pretrained: cannot write " .. dir .. "/config.json", 0) end
-    f:write(json.encode(cfg, { indent = true }), "\n")
-    f:close()
+    -- (like the weights: a fresh temporary renamed over it, never written through a link)
+    local ok, err = fs.write_atomic(dir .. "/config.json", function(put) put(json.encode(cfg, { indent = true }) .. "\n") end)
+    if not ok then error("hf.save_pretrained: cannot write " .. dir .. "/config.json: " .. err, 0) end
   end)
 end
 

@@ -16,7 +16,7 @@ local function addr(t) return tostring(ffi.cast("void*", t)) end
 -- Replaces every parameter and buffer t of the module tree by make(t, fqn,
 -- is_param) (the same new tensor where one was shared, e.g. tied weights);
 -- parameters keep requires_grad.
-local function convert(self, make)
+local function convert(self, make, by)
   local memo = {}
   loom.no_grad(function()
     for _, mm in ipairs(self:named_modules()) do
@@ -29,6 +29,7 @@ local function convert(self, make)
           if memo[key] == nil then
             local new = make(t, mm[1] == "" and name or mm[1] .. "." .. name, kind == "_parameters")
             if new ~= t and kind == "_parameters" and t.requires_grad then new = new:detach():requires_grad_(true) end
+            if new ~= t and kind == "_parameters" then T.replaced[t] = by end
             memo[key] = new
           end
           tab[name] = memo[key]
@@ -52,6 +53,9 @@ function Module:to(what)
   local dtype, device
   if type(what) == "table" then dtype, device = what.dtype, what.device
   elseif type(what) == "string" and T.is_float_dtype(what) then dtype = what
+  elseif type(what) == "string" and pcall(T.dtype_id, what) then   -- i64, bool: a dtype, not a device
+    T.argerror("Module:to", "dtype", "a floating point dtype (f32, f64, bf16, f16): Module:to converts floating "
+               .. "point tensors only", what .. ", a non-float dtype")
   elseif type(what) == "string" then device = what
   else T.argerror("Module:to", "argument #1", "a device, a floating point dtype or {device=, dtype=}", T.describe(what)) end
   if dtype ~= nil and not T.is_float_dtype(dtype) then
@@ -74,7 +78,7 @@ function Module:to(what)
     if dtype and T.is_float_dtype(t.dtype) and t.dtype ~= dtype then y = y:to(dtype) end
     if did and y.device_ ~= did then y = y:to(device) end
     return y
-  end)
+  end, "Module:to")
 end
 function Module:cuda(k) return self:to(k and ("cuda:" .. k) or "cuda") end
 function Module:cpu() return self:to("cpu") end
@@ -97,7 +101,7 @@ function Module:to_empty(device)
     local e = T.wrap(loom.C.lm_empty(loc:dim(), ffi.new("int64_t[8]", loc:size()), loc.dtype_, dev))
     if t.dist == nil then return e end
     return dist.DTensor.from_local(e, t.device_mesh, t.placements, { shape = t:size(), run_check = false })
-  end)
+  end, "to_empty")
 end
 
 -- init_weights(): every module's reset_parameters(), in the order the

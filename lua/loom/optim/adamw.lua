@@ -54,6 +54,7 @@ local PER_CALL = 64
 -- shard; parameters that are not f32/f64 (bf16) update their f32 master
 -- copy, which is then rounded into the parameter.
 function AdamW:step()
+  self:check_live()
   local d = self.defaults
   loom.no_grad(function()
     local by_step, steps, masters = {}, {}, {}

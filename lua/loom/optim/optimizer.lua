@@ -62,6 +62,19 @@ function Optimizer.new(cls, name, params, defaults, opts)
   return self
 end
 
+-- at each step: no parameter was replaced in its module after the
+-- optimizer was built (it would update a tensor the model no longer uses)
+function Optimizer:check_live()
+  for i, p in ipairs(self.params) do
+    local by = T.replaced[p]
+    if by then
+      error(string.format("%s.step: params[%d] was replaced by %s after this optimizer was built, so step() would "
+                          .. "train a tensor the model no longer uses; build the optimizer after %s, from "
+                          .. "model:parameters()", self.name, i, by, by), 3)
+    end
+  end
+end
+
 -- The learning rate, read and set by schedulers.
 function Optimizer:get_lr() return self.defaults.lr end
 function Optimizer:set_lr(lr)

@@ -18,6 +18,7 @@ function SGD.new(params, opts)
 end
 
 function SGD:step()
+  self:check_live()
   local d = self.defaults
   loom.no_grad(function()
     for i, p in ipairs(self.params) do

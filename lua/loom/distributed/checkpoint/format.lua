@@ -15,13 +15,14 @@
 -- previous DIR moves to DIR.old, DIR.tmp-ckpt to DIR, and DIR.old is
 -- removed. A crash before that leaves the previous DIR intact; a crash
 -- between the two renames leaves it in DIR.old, which load errors offer.
+-- One job at a time: rank 0 holds DIR.lock (flock) through the save, and a
+-- directory holding files that are not loom's is refused, never replaced.
 local ffi = require "ffi"
 local T = require "loom.tensor"
 local TC = require "loom.tensor_create"
 local C = require("loom.lib").C
 local serialize = require "loom.serialize"
 local fs = require "loom.fs"
-local libc = ffi.C   -- fopen/fwrite/fsync as declared by loom.serialize
 
 local M = {}
 
@@ -55,25 +56,24 @@ end
 -- entries this rank owns (mine[i]) to path, durably; returns the file's
 -- size, its checksum and each written shard's checksum
 function M.write_shards(path, entries, mine)
-  local f = libc.fopen(path, "wb")
-  if f == nil then error("checkpoint.save: cannot open " .. path .. " for writing", 0) end
-  local fsum, size, sums, ok = C.lm_fnv1a("", 0, 0), 0, {}, true
-  for i, e in ipairs(entries) do
-    if mine[i] then
-      local c = e.local_t
-      if c.device ~= "cpu" then c = c:to("cpu") end
-      c = c:contiguous()
-      local n = c:numel() * C.lm_dtype_size(c.dtype_)
-      local p = C.lm_data(c)
-      sums[i] = C.lm_fnv1a(p, n, 0)
-      fsum = C.lm_fnv1a(p, n, fsum)
-      if n > 0 and libc.fwrite(p, 1, n, f) ~= n then ok = false break end
-      size = size + n
+  local fsum, size, sums = C.lm_fnv1a("", 0, 0), 0, {}
+  -- (fs.write_atomic: created exclusively, never through a link planted in the directory)
+  local ok, err = fs.write_atomic(path, function(put)
+    for i, e in ipairs(entries) do
+      if mine[i] then
+        local c = e.local_t
+        if c.device ~= "cpu" then c = c:to("cpu") end
+        c = c:contiguous()
+        local n = c:numel() * C.lm_dtype_size(c.dtype_)
+        local p = C.lm_data(c)
+        sums[i] = C.lm_fnv1a(p, n, 0)
+        fsum = C.lm_fnv1a(p, n, fsum)
+        put(p, n)
+        size = size + n
+      end
     end
-  end
-  ok = ok and libc.fflush(f) == 0 and libc.fsync(libc.fileno(f)) == 0
-  if libc.fclose(f) ~= 0 then ok = false end
-  if not ok then error("checkpoint.save: writing " .. path .. " failed (disk full?)", 0) end
+  end)
+  if not ok then error("checkpoint.save: writing " .. path .. " failed: " .. err, 0) end
   return size, fsum, sums
 end
 
@@ -87,8 +87,13 @@ local function wrap(fn, ...)
   if not ok then error("checkpoint.save: " .. tostring(err), 0) end
 end
 
+-- loom's own files in a checkpoint directory: a save replaces only these
+function M.is_own_file(name)
+  return name == M.MANIFEST or name:match("^rank%d%d%d%d%d+%.shards$") ~= nil
+end
+
 -- check_target(dir): dir may be replaced (it is missing, an empty
--- directory, or a checkpoint); raises otherwise
+-- directory, or a checkpoint holding only loom's files); raises otherwise
 function M.check_target(dir)
   if fs.exists(dir) and not M.is_checkpoint(dir) then
     -- an empty directory (mkdir -p DIR before saving) may be replaced
@@ -96,9 +101,25 @@ function M.check_target(dir)
     error("checkpoint.save: " .. dir .. " exists and is not a loom checkpoint (no " .. M.MANIFEST
           .. "); refusing to replace it", 0)
   end
+  if fs.exists(dir) then
+    for _, name in ipairs(fs.list(dir)) do
+      if not M.is_own_file(name) then
+        error(string.format("checkpoint.save: %s holds %s, which is not loom's (a save replaces the whole "
+                            .. "directory); move it out, or save into a directory of its own", dir, name), 0)
+      end
+    end
+  end
 end
 
--- make_tmp(dir): a fresh, empty dir.tmp-ckpt
+-- lock(dir): one job at a time saves into dir (DIR.lock, held by rank 0
+-- from make_tmp to the end of install; the system frees it if the job dies)
+function M.lock(dir)
+  local h, err = fs.lock(dir .. ".lock")
+  if not h then error("checkpoint.save: " .. dir .. ": " .. err, 0) end
+  return h
+end
+
+-- make_tmp(dir): a fresh, empty dir.tmp-ckpt (under the lock)
 function M.make_tmp(dir)
   M.check_target(dir)
   wrap(fs.rm_rf, M.tmp_of(dir))
@@ -194,6 +215,7 @@ function M.check_manifest(m)
     if not is_list(te.path) or #te.path == 0 then bad(w .. ".path", "a non-empty list of keys", te.path) end
     for _, k in ipairs(te.path) do
       if type(k) ~= "string" and type(k) ~= "number" then bad(w .. ".path", "string or number keys", k) end
+      if k ~= k then bad(w .. ".path", "keys that are not NaN (a NaN cannot index a table)", k) end
     end
     if type(te.name) ~= "string" then bad(w .. ".name", "a string", te.name) end
     local es = DTYPE_SIZE[te.dtype]
@@ -250,6 +272,8 @@ function M.reader(dir, m, fname)
     local fe = m.files[fi]
     if fe == nil then M.fail(dir, fname, "%s/%s names file #%d, which it does not list", dir, M.MANIFEST, fi) end
     local path = dir .. "/" .. fe.name
+    local mode = require("lfs").attributes(path, "mode")   -- (a FIFO there would stall the read)
+    if mode and mode ~= "file" then M.fail(dir, fname, "tensor %s: %s is a %s, not a regular file", name, path, mode) end
     local f, err = io.open(path, "rb")
     if not f then M.fail(dir, fname, "tensor %s: cannot open %s: %s", name, path, tostring(err)) end
     local len = f:seek("end")
@@ -289,6 +313,8 @@ function M.verify(dir, fname)
   local m = M.read_manifest(dir, fname)
   for _, fe in ipairs(m.files) do
     local path = dir .. "/" .. fe.name
+    local mode = require("lfs").attributes(path, "mode")
+    if mode and mode ~= "file" then M.fail(dir, fname, "%s is a %s, not a regular file", path, mode) end
     local f, err = io.open(path, "rb")
     if not f then M.fail(dir, fname, "cannot open %s: %s", path, tostring(err)) end
     local s = f:read("*a")

@@ -112,24 +112,34 @@ function M.save(state_dict, dir)
   end
   local writers, mine = plan.writers(entries, rank, world)
 
-  together(function() if rank == 0 then format.make_tmp(dir) end end)
-  together(function() if M._hook then M._hook("write") end end)
+  local lock = nil   -- rank 0's hold on DIR.lock, from make_tmp to install
+  local ok, err = pcall(function()
+    together(function()
+      if rank == 0 then
+        lock = format.lock(dir)
+        format.make_tmp(dir)
+      end
+    end)
+    together(function() if M._hook then M._hook("write") end end)
 
-  -- this rank's file, then what every rank wrote
-  local n = #entries
-  local res = together(function() return { format.write_shards(tmp .. "/" .. format.shard_file(rank), entries, mine) } end)
-  local out, op = ranks.i64s(2 + math.max(1, n))
-  op[0], op[1] = res[1], ffi.cast("int64_t", res[2])
-  for i = 1, n do op[1 + i] = res[3][i] and ffi.cast("int64_t", res[3][i]) or 0 end
-  local done = ranks.gather_i64(out)
+    -- this rank's file, then what every rank wrote
+    local n = #entries
+    local res = together(function() return { format.write_shards(tmp .. "/" .. format.shard_file(rank), entries, mine) } end)
+    local out, op = ranks.i64s(2 + math.max(1, n))
+    op[0], op[1] = res[1], ffi.cast("int64_t", res[2])
+    for i = 1, n do op[1 + i] = res[3][i] and ffi.cast("int64_t", res[3][i]) or 0 end
+    local done = ranks.gather_i64(out)
 
-  together(function()
-    if rank ~= 0 then return end
-    local files, tensors = manifest_of(entries, writers, done, 2 + math.max(1, n), world)
-    format.write_manifest(tmp, { world_size = world, files = files, tensors = tensors, values = values })
+    together(function()
+      if rank ~= 0 then return end
+      local files, tensors = manifest_of(entries, writers, done, 2 + math.max(1, n), world)
+      format.write_manifest(tmp, { world_size = world, files = files, tensors = tensors, values = values })
+    end)
+    together(function() if M._hook then M._hook("rename") end end)
+    together(function() if rank == 0 then format.install(dir) end end)
   end)
-  together(function() if M._hook then M._hook("rename") end end)
-  together(function() if rank == 0 then format.install(dir) end end)
+  fs.unlock(lock)
+  if not ok then error(err, 0) end
 end
 
 ---------------------------------------------------------------------------
