@@ -149,5 +149,26 @@ describe("pipeline parallelism", function()
       local bad = check({}, "pp2xtp2", ref, { st.submod }, pp.Schedule1F1B(st, 2, loss_fn), st.is_last)
       assert.same({}, bad)
     end)
+
+    -- both dp ranks get the same batch, so FSDP's averaged gradients are the
+    -- batch's: what is checked is that microbatches accumulate before FSDP
+    -- reduces (one reduce-scatter, in the last backward)
+    for _, kind in ipairs { "ScheduleGPipe", "Schedule1F1B" } do
+      it("pp2 x FSDP2 on a (pp, dp) mesh, " .. kind .. " with 4 microbatches, equals one process", function()
+        local fsdp = require "loom.distributed.fsdp"
+        local mesh = dist.init_device_mesh("cpu", { 2, 2 }, { mesh_dim_names = { "pp", "dp" } })
+        local ref, m = H.twins(3, make, 4)
+        local st = pp.pipeline(m, { num_stages = 2 }):build_stage(mesh:get_local_rank("pp"), { group = mesh, mesh_dim = "pp" })
+        for _, block in st.submod.layers:ipairs() do fsdp.fully_shard(block, { mesh = mesh["dp"] }) end
+        fsdp.fully_shard(st.submod, { mesh = mesh["dp"] })
+        local bad = {}
+        local cm = dist.comm_mode(function()
+          check(bad, "pp2xfsdp2", ref, { st.submod }, pp[kind](st, 4, loss_fn), st.is_last)
+        end)
+        assert.same({}, bad)
+        -- one reduce-scatter per unit (2 blocks and the stage's root), not one per microbatch
+        assert.equal(3, cm.counts.reduce_scatter)
+      end)
+    end
   end
 end)

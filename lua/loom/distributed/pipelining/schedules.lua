@@ -127,7 +127,13 @@ function Schedule:step(x, opts)
   if last and not ys then error(self.kind .. ".step: the last stage needs {target = ...}", 2) end
   local outs, losses = {}, {}
   local t0 = now()
-  for _, sa in ipairs(self:_plan()) do
+  -- FSDP, when loaded, reduces gradients only in this rank's last backward
+  local fsdp = package.loaded["loom.distributed.fsdp"]
+  local plan, last_b = self:_plan(), 0
+  for i, sa in ipairs(plan) do if sa[2][1] == "B" then last_b = i end end
+  if fsdp then fsdp.set_requires_gradient_sync(false) end   -- gathered from the first forward to the last backward
+  for i, sa in ipairs(plan) do
+    if fsdp and sa[2][1] == "B" then fsdp.set_requires_gradient_sync(i == last_b) end
     local st, kind, mb = sa[1], sa[2][1], sa[2][2]
     if kind == "F" then
       local out = st:forward_one(mb, st.is_first and xs[mb] or nil)
@@ -149,6 +155,29 @@ function Schedule:step(x, opts)
     for mb = 0, self.n - 1 do opts.losses[#opts.losses + 1] = losses[mb] end
   end
   if last then return loom.cat(outs, 1) end
+end
+
+-- eval(x, {target}): forward only, without gradients (evaluation): the
+-- mean of the microbatches' losses on the last stage's rank, else nil
+function Schedule:eval(x, opts)
+  opts = opts or {}
+  local total, n, last = 0, 0, false
+  loom.no_grad(function()
+    local xs = x ~= nil and split(self.kind, "x", x, self.n)
+    local ys = opts.target ~= nil and split(self.kind, "target", opts.target, self.n)
+    for _, st in ipairs(self.stages) do
+      for mb = 0, self.n - 1 do
+        local out = st:forward_one(mb, st.is_first and xs[mb] or nil)
+        st.inputs[mb], st.outputs[mb] = nil, nil
+        if st.is_last then
+          last = true
+          total, n = total + self.loss_fn(out, ys[mb]):item(), n + 1
+        end
+      end
+    end
+    for _, st in ipairs(self.stages) do st:finish_sends() end
+  end)
+  if last then return total / n end
 end
 
 -- the seconds this rank computed in the last step, and the step's seconds

@@ -41,6 +41,14 @@ local StageModule = nn.Module:extend("PipelineStageModule")
 M.StageModule = StageModule
 local Layers = nn.Module:extend("PipelineLayers")
 function Layers:__init() end
+-- its blocks in order, as ModuleList:ipairs gives them (i, block)
+function Layers:ipairs()
+  local kids, i = self:named_children(), 0
+  return function()
+    i = i + 1
+    if kids[i] then return i, kids[i][2] end
+  end
+end
 
 function StageModule:__init(kind, model, parts)
   self.kind = kind

@@ -98,7 +98,8 @@ function Stage:forward_one(mb, x)
     t0 = now()
     input:requires_grad_(true)
   end
-  local out = plain(self, self.submod(input))
+  local out = self.submod(input)
+  if not self.is_last then plain(self, out) end   -- the last stage's goes to the loss as it is
   self.inputs[mb], self.outputs[mb] = input, out
   self.compute_s = self.compute_s + (now() - t0)
   if not self.is_last then send(self, out:detach(), self.stage_index + 1, tag_of(self.stage_index, mb)) end
