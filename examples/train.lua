@@ -37,6 +37,7 @@ local FLAGS = {
                    .. "instead of replicating them" },
   { "pp", 1, "pipeline-parallel degree: the layers cut into pp stages (loom.distributed.pipelining); "
                .. "pp * dp * tp = world size" },
+  { "cp", 1, "context-parallel degree: the sequence sharded over cp ranks (load-balanced causal attention)" },
   { "microbatches", 0, "with --pp: microbatches per step (0: pp); they must divide the batch over dp" },
   { "schedule", "1F1B", "with --pp: 1F1B or gpipe" },
   { "no-reshard", false, "with --fsdp: keep each block's gathered parameters from forward to backward" },
@@ -112,6 +113,7 @@ local function build_model(o, cfg, w, dist)
       { sequence_parallel = o["sequence-parallel"], loss_parallel = o.lp, tp = w.tp }, model), model), { src_data_rank = false })
   end
   if w.dp > 1 and not o.fsdp then tp.replicate(model, w.mesh["dp"]) end
+  L.replicate_cp(model, w)
   return model
 end
 
@@ -200,8 +202,11 @@ local function main(argv)
       if backward and not pp_sched then loss:backward() end
       return loss
     end
-    local loss = o.lp and tpmod.loss_parallel(run) or run()
-    local v = loss:detach():to("f64"):reshape(1)
+    local loss = L.with_cp(w, model, x, y, function(cx, cy)
+      x, y = cx, cy
+      return o.lp and tpmod.loss_parallel(run) or run()
+    end)
+    local v = L.cp_avg(w, dist, loss:detach():to("f64"):reshape(1))
     if w.dp > 1 then v = dist.all_reduce(v, "avg", w.mesh, "dp") end
     return v:item()
   end

@@ -7,35 +7,44 @@ local loom = require "loom"
 
 local M = {}
 
--- degrees {pp, dp, tp} (0: what the world leaves) -> the layout; errors
--- name the flags. mesh is ("pp", "dp", "tp") in that order, so that with
--- pp = 1 every rank has the (dp, tp) coordinate it had without pp.
+-- degrees {pp, cp, dp, tp} (0: what the world leaves) -> the layout;
+-- errors name the flags. mesh is ("pp", "dp", "cp", "tp") in that order, so
+-- that with pp = cp = 1 every rank has the (dp, tp) coordinate it had before.
 function M.world(o, dist, device)
   local world = dist.world_size()
-  local pp, tp, dp = o.pp or 1, o.tp or 0, o.dp or 0
+  local pp, cp, tp, dp = o.pp or 1, o.cp or 1, o.tp or 0, o.dp or 0
   if pp == 0 then pp = 1 end
-  if pp < 1 or pp % 1 ~= 0 or world % pp ~= 0 then
-    error(string.format("layout: --pp %s must divide the world size %d", tostring(o.pp), world), 0)
+  if cp == 0 then cp = 1 end
+  for _, f in ipairs { { "pp", pp }, { "cp", cp } } do
+    if f[2] < 1 or f[2] % 1 ~= 0 or world % f[2] ~= 0 then
+      error(string.format("layout: --%s %s must divide the world size %d", f[1], tostring(f[2]), world), 0)
+    end
   end
-  local rest = world / pp
+  if world % (pp * cp) ~= 0 then
+    error(string.format("layout: --pp %d x --cp %d must divide the world size %d", pp, cp, world), 0)
+  end
+  local rest = world / (pp * cp)
   if tp == 0 and dp == 0 then tp, dp = rest, 1
   elseif tp == 0 then tp = rest / dp
   elseif dp == 0 then dp = rest / tp end
-  if pp * tp * dp ~= world or tp < 1 or dp < 1 or tp % 1 ~= 0 or dp % 1 ~= 0 then
-    error(string.format("layout: --pp %s x --tp %s x --dp %s must equal the world size %d", tostring(o.pp),
-                        tostring(o.tp), tostring(o.dp), world), 0)
+  if pp * cp * tp * dp ~= world or tp < 1 or dp < 1 or tp % 1 ~= 0 or dp % 1 ~= 0 then
+    error(string.format("layout: --pp %s x --cp %s x --tp %s x --dp %s must equal the world size %d", tostring(o.pp),
+                        tostring(o.cp), tostring(o.tp), tostring(o.dp), world), 0)
+  end
+  if cp > 1 and (dp > 1 or o.fsdp or o["sequence-parallel"]) then
+    error("layout: --cp > 1 works with --tp and --pp; with --dp > 1, --fsdp or --sequence-parallel not yet", 0)
   end
   if pp > 1 and ((o.save or "") ~= "" or (o.resume or "") ~= "") then
     error("layout: --save and --resume do not work with --pp > 1 yet (checkpoints of pipeline stages)", 0)
   end
-  local mesh = dist.init_device_mesh(device, { pp, dp, tp }, { mesh_dim_names = { "pp", "dp", "tp" } })
-  return { world = world, pp = pp, tp = tp, dp = dp, mesh = mesh, rank = dist.rank(), device = device,
+  local mesh = dist.init_device_mesh(device, { pp, dp, cp, tp }, { mesh_dim_names = { "pp", "dp", "cp", "tp" } })
+  return { world = world, pp = pp, cp = cp, tp = tp, dp = dp, mesh = mesh, rank = dist.rank(), device = device,
            pp_rank = mesh:get_local_rank("pp"), dp_rank = mesh:get_local_rank("dp") }
 end
 
 -- "world 8 = pp 2 x dp 2 x tp 2 (FSDP), 4 microbatches (1F1B)"
 function M.describe(w, o)
-  local s = string.format("world %d = pp %d x dp %d x tp %d", w.world, w.pp, w.dp, w.tp)
+  local s = string.format("world %d = pp %d x dp %d x cp %d x tp %d", w.world, w.pp, w.dp, w.cp, w.tp)
   if o.fsdp and w.dp > 1 then s = s .. " (FSDP)" end
   if w.pp > 1 then s = s .. string.format(", %d microbatches (%s)", w.microbatches, w.schedule_name) end
   return s
@@ -68,6 +77,27 @@ function M.schedule(w, loss_fn)
   local pipelining = require "loom.distributed.pipelining"
   local make = w.schedule_name == "gpipe" and pipelining.ScheduleGPipe or pipelining.Schedule1F1B
   return make(w.stage, w.microbatches, loss_fn)
+end
+
+-- with cp > 1: gradients averaged over cp as data parallelism does (each
+-- cp rank's loss is its share of the sequence's tokens)
+function M.replicate_cp(model, w)
+  if w.cp > 1 then require("loom.parallel").replicate(model, w.mesh["cp"]) end
+end
+
+-- f(x, y) with x and y sharded on the sequence and attention
+-- context-parallel when cp > 1 (the model's rotary tables sharded alike)
+function M.with_cp(w, model, x, y, f)
+  if w.cp == 1 then return f(x, y) end
+  local cp = require "loom.distributed.context_parallel"
+  return cp.context_parallel(w.mesh["cp"], { buffers = { x, y, { model, "rope_cos" }, { model, "rope_sin" } },
+                                             buffer_seq_dims = { 2, 2, 1, 1 } }, f)
+end
+
+-- a loss (f64 tensor) averaged over the cp ranks' shares
+function M.cp_avg(w, dist, v)
+  if w.cp == 1 then return v end
+  return dist.all_reduce(v, "avg", w.mesh, "cp")
 end
 
 -- the batch's loss from the last stage on every rank (sum over pp of the

@@ -1,8 +1,9 @@
--- pipeline_equivalence_spec.lua: examples/train.lua with pipeline
--- parallelism logs the same loss at every step as one process (relative
--- 1e-5 in f32): PP=2 (1F1B) and PP=2 x TP=2 (GPipe, 4 microbatches), the
--- cheap rows of scripts/check_equivalence.sh (which runs 100 steps and the
--- 8-rank DP=2 x PP=2 x TP=2).
+-- pp_cp_equivalence_spec.lua: examples/train.lua with pipeline or
+-- context parallelism logs the same loss at every step as one process
+-- (relative 1e-5 in f32): PP=2 (1F1B), PP=2 x TP=2 (GPipe, 4
+-- microbatches), CP=2 and CP=2 x TP=2, the cheap rows of
+-- scripts/check_equivalence.sh (which runs 100 steps and the 8-rank
+-- DP=2 x PP=2 x TP=2).
 local sys = require "support.sys"
 
 local flags = "--steps 20 --dim 32 --layers 3 --heads 4 --seq 16 --batch 8 --eval-every 10 --sample 0 --quiet"
@@ -16,13 +17,14 @@ local function run(ranks, extra, log)
 end
 
 describe("pipeline-parallel training", function()
-  it("logs the same losses as one process at PP=2 and PP=2 x TP=2 (uneven stages: 3 layers)", function()
+  it("logs the same losses as one process at PP=2, PP=2 x TP=2 (uneven stages: 3 layers), CP=2 and CP=2 x TP=2", function()
     local dir = sys.tmpdir()
     local ref = run(1, "", dir .. "/ref.json")
     assert.are.equal(20, #ref)
     assert.is_true(ref[20] < ref[1])
-    for _, layout in ipairs { { 2, "--pp 2" }, { 4, "--pp 2 --tp 2 --schedule gpipe --microbatches 4" } } do
-      local got = run(layout[1], layout[2], dir .. "/pp" .. layout[1] .. ".json")
+    for i, layout in ipairs { { 2, "--pp 2" }, { 4, "--pp 2 --tp 2 --schedule gpipe --microbatches 4" },
+                              { 2, "--cp 2" }, { 4, "--cp 2 --tp 2" } } do
+      local got = run(layout[1], layout[2], dir .. "/run" .. i .. ".json")
       for step = 1, 20 do
         local rel = math.abs(got[step] - ref[step]) / math.abs(ref[step])
         assert(rel <= 1e-5, string.format("%s: step %d loss %.9g vs %.9g in one process (rel %.2e)", layout[2],
