@@ -94,7 +94,8 @@ local function gather_seq(x, comm, dim0)
 end
 
 -- attention of this rank's queries (B, H, Tl, D) over every rank's keys and
--- values; causal with the load-balanced layout when is_causal
+-- values; causal with the load-balanced layout when is_causal. group:
+-- {comm, size, rank} of the cp dim (context_parallel makes it).
 function M.attention(q, k, v, opts, group)
   opts = opts or {}
   if opts.attn_mask ~= nil then
@@ -103,11 +104,11 @@ function M.attention(q, k, v, opts, group)
   end
   local comm, cp, rank = group.comm, group.size, group.rank
   local kf, vf = gather_seq(k, comm, k:dim() - 2), gather_seq(v, comm, v:dim() - 2)
-  local F = M._F
-  if not opts.is_causal then return F.__cp_sdpa(q, kf, vf, { scale = opts.scale }) end
+  local sdpa = M._sdpa or loom.F.scaled_dot_product_attention
+  if not opts.is_causal then return sdpa(q, kf, vf, { scale = opts.scale }) end
   local n = kf:size(kf:dim() - 1)
   check_len("context_parallel", n, cp)
-  return F.__cp_sdpa(q, kf, vf, { attn_mask = causal_mask(n, cp, rank), scale = opts.scale })
+  return sdpa(q, kf, vf, { attn_mask = causal_mask(n, cp, rank), scale = opts.scale })
 end
 
 local function group_of(fname, mesh)
@@ -149,12 +150,11 @@ function M.context_parallel(mesh, opts, fn)
     end
   end
   local F = loom.F
-  M._F = F
   local sdpa = F.scaled_dot_product_attention
-  F.__cp_sdpa = sdpa
+  M._sdpa = sdpa
   F.scaled_dot_product_attention = function(q, k, v, o) return M.attention(q, k, v, o, g) end
   local res = { pcall(fn, unpack(args)) }
-  F.scaled_dot_product_attention, F.__cp_sdpa = sdpa, nil
+  F.scaled_dot_product_attention, M._sdpa = sdpa, nil
   for i = #swapped, 1, -1 do local s = swapped[i] s[1][s[2]] = s[3] end
   if not res[1] then error(res[2], 0) end
   return unpack(res, 2)
