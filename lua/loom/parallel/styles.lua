@@ -41,7 +41,7 @@ function M.ColwiseParallel:__init(o)
   self.input_layouts = S.layout("ColwiseParallel", "input_layouts", o.input_layouts, Replicate())
   self.output_layouts = S.layout("ColwiseParallel", "output_layouts", o.output_layouts, Shard(-1))
   self.use_local_output = o.use_local_output ~= false
-  self.async_tp = o.async_tp == true
+  self.async_tp = o.async_tp == true or nil   -- nil: the repr stays PyTorch's
   if self.async_tp and not (self.input_layouts == Shard(2) and self.output_layouts == Shard(-1) and self.use_local_output) then
     error("ColwiseParallel: async_tp needs input_layouts=Shard(2) (sequence shards), output_layouts=Shard(-1) "
           .. "and use_local_output", 3)
@@ -71,7 +71,7 @@ function M.RowwiseParallel:__init(o)
   self.input_layouts = S.layout("RowwiseParallel", "input_layouts", o.input_layouts, nil)
   self.output_layouts = S.layout("RowwiseParallel", "output_layouts", o.output_layouts, Replicate())
   self.use_local_output = o.use_local_output ~= false
-  self.async_tp = o.async_tp == true
+  self.async_tp = o.async_tp == true or nil   -- nil: the repr stays PyTorch's
   if self.async_tp and not (self.output_layouts == Shard(2) and self.use_local_output) then
     error("RowwiseParallel: async_tp needs output_layouts=Shard(2) (sequence shards) and use_local_output", 3)
   end
