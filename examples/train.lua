@@ -37,6 +37,7 @@ local FLAGS = {
                    .. "instead of replicating them" },
   { "pp", 1, "pipeline-parallel degree: the layers cut into pp stages (loom.distributed.pipelining); "
                .. "pp * dp * tp = world size" },
+  { "async-tp", false, "with --sequence-parallel: reduce-scatter after wo and w2 in chunks overlapped with the matmul" },
   { "cp", 1, "context-parallel degree: the sequence sharded over cp ranks (load-balanced causal attention)" },
   { "microbatches", 0, "with --pp: microbatches per step (0: pp); they must divide the batch over dp" },
   { "schedule", "1F1B", "with --pp: 1F1B or gpipe" },
@@ -109,8 +110,8 @@ local function build_model(o, cfg, w, dist)
   local model = loom.device(w.device):use(transformer.new, cfg)
   model = L.split(model, w, { microbatches = o.microbatches > 0 and o.microbatches or nil, schedule = o.schedule })
   if w.tp > 1 then
-    tp.parallelize_module(model, w.mesh["tp"], L.plan_for(transformer.tp_plan(
-      { sequence_parallel = o["sequence-parallel"], loss_parallel = o.lp, tp = w.tp }, model), model), { src_data_rank = false })
+    tp.parallelize_module(model, w.mesh["tp"], L.plan_for(L.async_tp(transformer.tp_plan(
+      { sequence_parallel = o["sequence-parallel"], loss_parallel = o.lp, tp = w.tp }, model), o, w), model), { src_data_rank = false })
   end
   if w.dp > 1 and not o.fsdp then tp.replicate(model, w.mesh["dp"]) end
   L.replicate_cp(model, w)

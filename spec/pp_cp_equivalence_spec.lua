@@ -1,7 +1,8 @@
 -- pp_cp_equivalence_spec.lua: examples/train.lua with pipeline or
 -- context parallelism logs the same loss at every step as one process
 -- (relative 1e-5 in f32): PP=2 (1F1B), PP=2 x TP=2 (GPipe, 4
--- microbatches), CP=2 and CP=2 x TP=2, the cheap rows of
+-- microbatches), CP=2, CP=2 x TP=2 and async TP (TP=2, sequence
+-- parallel), the cheap rows of
 -- scripts/check_equivalence.sh (which runs 100 steps and the 8-rank
 -- DP=2 x PP=2 x TP=2).
 local sys = require "support.sys"
@@ -17,13 +18,14 @@ local function run(ranks, extra, log)
 end
 
 describe("pipeline-parallel training", function()
-  it("logs the same losses as one process at PP=2, PP=2 x TP=2 (uneven stages: 3 layers), CP=2 and CP=2 x TP=2", function()
+  it("logs the same losses as one process at PP=2, PP=2 x TP=2 (uneven stages: 3 layers), CP=2, CP=2 x TP=2 and async TP", function()
     local dir = sys.tmpdir()
     local ref = run(1, "", dir .. "/ref.json")
     assert.are.equal(20, #ref)
     assert.is_true(ref[20] < ref[1])
     for i, layout in ipairs { { 2, "--pp 2" }, { 4, "--pp 2 --tp 2 --schedule gpipe --microbatches 4" },
-                              { 2, "--cp 2" }, { 4, "--cp 2 --tp 2" } } do
+                              { 2, "--cp 2" }, { 4, "--cp 2 --tp 2" },
+                              { 2, "--tp 2 --sequence-parallel --async-tp" } } do
       local got = run(layout[1], layout[2], dir .. "/run" .. i .. ".json")
       for step = 1, 20 do
         local rel = math.abs(got[step] - ref[step]) / math.abs(ref[step])

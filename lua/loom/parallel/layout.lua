@@ -42,10 +42,11 @@ function M.world(o, dist, device)
            pp_rank = mesh:get_local_rank("pp"), dp_rank = mesh:get_local_rank("dp") }
 end
 
--- "world 8 = pp 2 x dp 2 x tp 2 (FSDP), 4 microbatches (1F1B)"
+-- "world 8 = pp 2 x dp 2 x cp 1 x tp 2 (FSDP), 4 microbatches (1F1B)"
 function M.describe(w, o)
   local s = string.format("world %d = pp %d x dp %d x cp %d x tp %d", w.world, w.pp, w.dp, w.cp, w.tp)
   if o.fsdp and w.dp > 1 then s = s .. " (FSDP)" end
+  if o["async-tp"] then s = s .. ", async TP" end
   if w.pp > 1 then s = s .. string.format(", %d microbatches (%s)", w.microbatches, w.schedule_name) end
   return s
 end
@@ -57,6 +58,22 @@ function M.plan_for(plan, module)
     if module[k:match("^[^.]+")] then mine[k] = style end
   end
   return mine
+end
+
+-- --async-tp: the plan's row-wise projections back to the sequence (wo,
+-- w2) reduce-scatter in chunks overlapped with their matmul. It needs
+-- --sequence-parallel; the column-wise side stays as it is (one all-gather
+-- feeds wq, wk and wv, which async_tp on each would triple).
+function M.async_tp(plan, o, w)
+  if not o["async-tp"] then return plan end
+  if not o["sequence-parallel"] or w.tp == 1 then
+    error("layout: --async-tp needs --sequence-parallel and --tp > 1", 0)
+  end
+  local tp, dt = require "loom.parallel", require "loom.distributed.dtensor"
+  for _, k in ipairs { "layers.*.attention.wo", "layers.*.feed_forward.w2" } do
+    plan[k] = tp.RowwiseParallel { output_layouts = dt.Shard(2), async_tp = true }
+  end
+  return plan
 end
 
 -- with pp > 1: model cut into w.pp stages (its layers as even as they go);
