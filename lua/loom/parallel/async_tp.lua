@@ -42,16 +42,21 @@ function M.all_gather_matmul(x, w, g)
   for s = 1, tp - 1 do sends[s] = dist.isend(xd, (me + s) % tp, g.group, nil, { tag = TAG_AG }) end
   -- pad(x) carries the gradient: zeros but x's rows; summed over ranks in
   -- backward, each rank's rows of it are the gradient of its shard
-  local parts = {}
-  for r = 0, tp - 1 do parts[r + 1] = r == me and x or loom.zeros(x:size(), { dtype = x.dtype }) end
-  local pad = T.op(C.LM_OP_DIST_GRAD_REDUCE, { loom.cat(parts, 2) }, nil, nil, { g.group.comm })
+  -- (without gradients the chunks are used as they are)
+  local grad = loom.is_grad_enabled() and x.requires_grad
+  local pad
+  if grad then
+    local parts = {}
+    for r = 0, tp - 1 do parts[r + 1] = r == me and x or loom.zeros(x:size(), { dtype = x.dtype }) end
+    pad = T.op(C.LM_OP_DIST_GRAD_REDUCE, { loom.cat(parts, 2) }, nil, nil, { g.group.comm })
+  end
   local out = {}
   local wt = w:t()
-  out[me + 1] = pad:narrow(2, me * c + 1, c):matmul(wt)
+  out[me + 1] = (grad and pad:narrow(2, me * c + 1, c) or x):matmul(wt)
   for s = 1, tp - 1 do
     local r = (me - s) % tp
     local got = recvs[s]:wait()
-    out[r + 1] = (pad:narrow(2, r * c + 1, c) + got):matmul(wt)
+    out[r + 1] = (grad and pad:narrow(2, r * c + 1, c) + got or got):matmul(wt)
   end
   for _, s in ipairs(sends) do s:wait() end
   return loom.cat(out, 2)
@@ -74,7 +79,10 @@ function M.matmul_reduce_scatter(x, w, g)
   z[me + 1] = x:narrow(2, me * c + 1, c):matmul(wt)
   -- this rank's chunk of the partial product, whose backward all-gathers
   -- the output's gradient (as reduce-scatter's does)
-  local y = T.op(C.LM_OP_DIST_SLICE, { loom.cat(z, 2) }, { 1 }, nil, { g.group.comm })
+  local y = z[me + 1]
+  if loom.is_grad_enabled() and y.requires_grad then
+    y = T.op(C.LM_OP_DIST_SLICE, { loom.cat(z, 2) }, { 1 }, nil, { g.group.comm })
+  end
   local acc
   for r = 0, tp - 1 do   -- partial sums in rank order
     local term = r == me and y or recvs[r]:wait()
