@@ -31,6 +31,10 @@ function M.world(o, dist, device)
     error(string.format("layout: --pp %s x --cp %s x --tp %s x --dp %s must equal the world size %d", tostring(o.pp),
                         tostring(o.cp), tostring(o.tp), tostring(o.dp), world), 0)
   end
+  if pp > 1 and o["sequence-parallel"] then
+    error("layout: --pp > 1 with --sequence-parallel does not work yet (a stage would take its sequence shard's "
+          .. "length for the sequence's)", 0)
+  end
   if cp > 1 and (dp > 1 or o.fsdp or o["sequence-parallel"]) then
     error("layout: --cp > 1 works with --tp and --pp; with --dp > 1, --fsdp or --sequence-parallel not yet", 0)
   end
