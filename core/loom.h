@@ -251,6 +251,8 @@ void lm_work_free(lm_work *w);        /* waits first if still pending */
  * Peers are ranks of c (0-based); tag in [0, 32767] tells apart messages
  * between one pair. A header (dtype and shape) travels first, so recv
  * fails naming both shapes when the sender's tensor is not out's shape.
+ * One receive at a time per (c, peer, tag): a second is refused while the
+ * first is in flight (it could take the first one's header).
  * recv writes into out (contiguous, CPU) and returns 0 or -1. The async
  * forms: lm_work_result gives out back (a new reference) for a recv;
  * lm_irecv with out NULL makes out from the sender's header. */

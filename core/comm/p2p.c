@@ -12,9 +12,28 @@ enum { HDR_DTYPE, HDR_NDIM, HDR_SHAPE, HDR_LEN = HDR_SHAPE + LM_MAX_DIMS, MAX_TA
 
 typedef struct {
   int peer, tag, stage;     /* recv: stage 0 waits for the header, 1 for the data */
+  int pending;              /* a recv listed in `inflight` below */
   int64_t hdr[HDR_LEN];
   MPI_Request req[2];
 } p2p_state;
+
+/* Receives in flight, by (comm, peer, tag): a second one on the same three
+ * could take the first one's header and the other's data, so it is refused. */
+enum { MAX_OPEN = 4096 };
+static struct { const lm_comm *c; int peer, tag; } inflight[MAX_OPEN];
+static int nopen;
+
+static int open_index(const lm_comm *c, int peer, int tag) {
+  for (int i = 0; i < nopen; i++)
+    if (inflight[i].c == c && inflight[i].peer == peer && inflight[i].tag == tag) return i;
+  return -1;
+}
+static void close_recv(lm_work *w) {
+  p2p_state *s = w->p2p;
+  int i = s->pending ? open_index(w->comm, s->peer, s->tag) : -1;
+  if (i >= 0) inflight[i] = inflight[--nopen];
+  s->pending = 0;
+}
 
 static const char *what(const lm_work *w) { return w->kind == LM_COLL_SEND ? "send" : "recv"; }
 
@@ -97,9 +116,10 @@ static int p2p_test(lm_work *w) {
   int flag = 0, rc = MPI_Testall(2, s->req, &flag, MPI_STATUSES_IGNORE);
   if (rc != MPI_SUCCESS) return lm_mpi_fail(what(w), rc);
   if (flag && w->kind == LM_COLL_RECV && s->stage == 0) {
-    if (recv_data(w) < 0) return -1;
+    if (recv_data(w) < 0) { close_recv(w); return -1; }
     return p2p_test(w);
   }
+  if (flag && w->kind == LM_COLL_RECV) close_recv(w);
   if (!flag && lm_watch_finished(w->comm->world_ranks[s->peer]))
     return lm_error("%s: rank %d finished its script while this rank waits to %s it (tag %d)",
                     what(w), w->comm->world_ranks[s->peer],
@@ -118,6 +138,7 @@ static int p2p_wait(lm_work *w) {
 static void p2p_release(lm_work *w) {
   p2p_state *s = w->p2p;
   if (!s) return;
+  close_recv(w);
   for (int i = 0; i < 2; i++)
     if (s->req[i] != MPI_REQUEST_NULL) {
       MPI_Cancel(&s->req[i]);
@@ -171,6 +192,16 @@ static lm_work *p2p_w(lm_comm *c, lm_tensor *t, int peer, int tag, int kind, int
   }
   s->peer = peer, s->tag = tag;
   w->p2p = s;
+  if (kind == LM_COLL_RECV) {
+    if (open_index(c, peer, tag) >= 0 || nopen == MAX_OPEN) {
+      lm_error("recv: a receive from rank %d with tag %d is still in flight on this group; wait for it "
+               "or use another tag", peer, tag);
+      lm_work_free(w);
+      return NULL;
+    }
+    inflight[nopen].c = c, inflight[nopen].peer = peer, inflight[nopen].tag = tag, nopen++;
+    s->pending = 1;
+  }
   if (kind == LM_COLL_SEND) {
     w->send = lm_contiguous(t);
     if (!w->send) { lm_work_free(w); return NULL; }

@@ -1,5 +1,6 @@
 -- context_parallel_spec.lua: context parallelism
--- (loom.distributed.context_parallel) against one process: causal
+-- (loom.distributed.context_parallel) against one process, with both
+-- rotate methods (allgather, and alltoall: the p2p ring): causal and full
 -- attention with load-balanced sequence shards (forward and the gradients
 -- of q, k, v, in f64) and a small Llama's loss, gradients and SGD step
 -- (f32), on cp = world (2 or 4 ranks) and cp2 x tp2 on 4.
@@ -32,8 +33,11 @@ describe("context parallelism", function()
   if ws >= 2 then
     local mesh = dist.init_device_mesh("cpu", { ws }, { mesh_dim_names = { "cp" } })
 
-    for _, causal in ipairs { true, false } do
-      it(string.format("attention (is_causal=%s): forward and q/k/v gradients equal one process (f64)", tostring(causal)), function()
+    for _, case in ipairs { { true, "allgather" }, { false, "allgather" }, { true, "alltoall" }, { false, "alltoall" } } do
+      local causal, method = case[1], case[2]
+      it(string.format("attention (is_causal=%s, rotate %s): forward and q/k/v gradients equal one process (f64)",
+                       tostring(causal), method), function()
+        cp.set_rotate_method(method)
         loom.manual_seed(5)
         local q, k, v = loom.randn(B, 2, S, 4):to("f64"), loom.randn(B, 2, S, 4):to("f64"), loom.randn(B, 2, S, 4):to("f64")
         local w = loom.randn(B, 2, S, 4):to("f64")
@@ -54,11 +58,14 @@ describe("context parallelism", function()
         H.close(bad, "dq", dist.all_reduce(q.grad, "sum"), gq, 1e-10, 1e-12)
         H.close(bad, "dk", dist.all_reduce(k.grad, "sum"), gk, 1e-10, 1e-12)
         H.close(bad, "dv", dist.all_reduce(v.grad, "sum"), gv, 1e-10, 1e-12)
+        cp.set_rotate_method("allgather")
         assert.same({}, bad)
       end)
     end
 
-    it("a Llama under context_parallel: the loss and gradients (averaged over cp) equal one process", function()
+    for _, method in ipairs { "allgather", "alltoall" } do
+    it("a Llama under context_parallel (rotate " .. method .. "): the loss and gradients (averaged over cp) equal one process", function()
+      cp.set_rotate_method(method)
       local cfg = { vocab_size = V, dim = 16, n_layers = 2, n_heads = 2, max_seq_len = S }
       local ref, m = H.twins(3, Tr.new, cfg)
       loom.manual_seed(9)
@@ -80,7 +87,22 @@ describe("context parallelism", function()
       for _, kv in ipairs(m:named_parameters()) do
         H.close(bad, "grad " .. kv[1], dist.all_reduce(kv[2].grad, "avg"), refp[kv[1]].grad, 1e-5, 1e-6)
       end
+      cp.set_rotate_method("allgather")
       assert.same({}, bad)
+    end)
+    end
+
+    it("the ring (alltoall) moves keys and values by p2p only: 2 (cp - 1) sends and receives per rank", function()
+      cp.set_rotate_method("alltoall")
+      loom.manual_seed(5)
+      local q = loom.randn(1, 1, S, 4)
+      local cm = dist.comm_mode(function()
+        cp.context_parallel(mesh, { buffers = { q }, buffer_seq_dims = { 3 } }, function(lq)
+          return loom.no_grad(function() return F.scaled_dot_product_attention(lq, lq, lq, { is_causal = true }) end)
+        end)
+      end)
+      cp.set_rotate_method("allgather")
+      assert.same({ send = 2 * (ws - 1), recv = 2 * (ws - 1) }, cm:get_comm_counts())
     end)
   end
 

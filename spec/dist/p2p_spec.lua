@@ -73,6 +73,20 @@ describe("p2p send/recv", function()
       assert.equal(16, cm.bytes.recv)
     end)
 
+    it("refuses a second receive from one peer on one tag while the first is in flight", function()
+      local prv = (me - 1) % n
+      local r = dist.irecv(nil, prv, nil, nil, { tag = 12 })
+      local ok, err = pcall(dist.irecv, nil, prv, nil, nil, { tag = 12 })
+      assert.is_false(ok)
+      assert.matches("recv: a receive from rank " .. prv .. " with tag 12 is still in flight", err, 1, true)
+      dist.isend(loom.ones(2), (me + 1) % n, nil, nil, { tag = 12 }):wait()
+      assert.same({ 1, 1 }, r:wait():totable())
+      -- done: the tag is free again
+      r = dist.irecv(nil, prv, nil, nil, { tag = 12 })
+      dist.isend(loom.zeros(1), (me + 1) % n, nil, nil, { tag = 12 }):wait()
+      assert.same({ 0 }, r:wait():totable())
+    end)
+
     it("fails naming both shapes when the receiver's tensor does not match", function()
       local ok, err = true, nil
       if me == 0 then dist.send(loom.zeros(2, 3), 1, nil, nil, { tag = 901 })

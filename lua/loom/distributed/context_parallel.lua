@@ -102,6 +102,9 @@ function M.attention(q, k, v, opts, group)
     error("context_parallel: scaled_dot_product_attention with an attn_mask is not supported under context "
           .. "parallelism (is_causal or no mask)", 3)
   end
+  if M.rotate_method == "alltoall" then
+    return require("loom.distributed.context_parallel_ring").attention(q, k, v, opts, group)
+  end
   local comm, cp, rank = group.comm, group.size, group.rank
   local kf, vf = gather_seq(k, comm, k:dim() - 2), gather_seq(v, comm, v:dim() - 2)
   local sdpa = M._sdpa or loom.F.scaled_dot_product_attention
@@ -111,13 +114,25 @@ function M.attention(q, k, v, opts, group)
   return sdpa(q, kf, vf, { attn_mask = causal_mask(n, cp, rank), scale = opts.scale })
 end
 
+-- set_rotate_method("allgather" | "alltoall"): how keys and values reach
+-- every rank, PyTorch's names: "allgather" (the default) gathers them all;
+-- "alltoall" passes them around a ring by p2p, skipping the score blocks
+-- causality leaves empty (context_parallel_ring.lua)
+M.rotate_method = "allgather"
+function M.set_rotate_method(m)
+  if m ~= "allgather" and m ~= "alltoall" then
+    error("set_rotate_method: expected \"allgather\" or \"alltoall\", got " .. describe(m), 2)
+  end
+  M.rotate_method = m
+end
+
 local function group_of(fname, mesh)
   local dist = require "loom.distributed"
   if not dist.is_mesh(mesh) or mesh.ndim ~= 1 then
     error(fname .. ": mesh expected a 1-D DeviceMesh (the cp dim, e.g. mesh[\"cp\"]), got " .. describe(mesh), 3)
   end
   local g = mesh:get_group(1)
-  return { comm = g.comm, size = mesh:size(), rank = mesh:get_local_rank(1) }
+  return { group = g, comm = g.comm, size = mesh:size(), rank = mesh:get_local_rank(1) }
 end
 
 -- context_parallel(mesh, {buffers, buffer_seq_dims}, fn): runs fn with the
