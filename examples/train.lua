@@ -39,6 +39,7 @@ local FLAGS = {
                .. "pp * dp * tp = world size" },
   { "async-tp", false, "with --sequence-parallel: reduce-scatter after wo and w2 in chunks overlapped with the matmul" },
   { "cp", 1, "context-parallel degree: the sequence sharded over cp ranks (load-balanced causal attention)" },
+  { "cp-rotate", "allgather", "with --cp: how keys and values reach every rank: allgather or alltoall (a p2p ring)" },
   { "microbatches", 0, "with --pp: microbatches per step (0: pp); they must divide the batch over dp" },
   { "schedule", "1F1B", "with --pp: 1F1B or gpipe" },
   { "no-reshard", false, "with --fsdp: keep each block's gathered parameters from forward to backward" },

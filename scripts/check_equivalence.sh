@@ -33,11 +33,12 @@ run dp2xpp2xtp2 8 --pp 2 --dp 2 --tp 2
 run fsdp2xpp2xtp2 8 --pp 2 --dp 2 --tp 2 --fsdp --microbatches 4
 run cp2 2 --cp 2
 run cp2xtp2 4 --cp 2 --tp 2
+run cp2_ring 2 --cp 2 --cp-rotate alltoall
 run cp2xpp2 4 --cp 2 --pp 2
 run tp2_sp_async 2 --tp 2 --sequence-parallel --async-tp
 
 printf "%-22s %8s %22s %14s\n" layout steps "max rel. loss diff" "final loss"
-for name in tp1 tp2 tp4 dp2xtp2 tp2_sp fsdp2xtp2 pp2 pp2xtp2 dp2xpp2xtp2 fsdp2xpp2xtp2 cp2 cp2xtp2 cp2xpp2 tp2_sp_async; do
+for name in tp1 tp2 tp4 dp2xtp2 tp2_sp fsdp2xtp2 pp2 pp2xtp2 dp2xpp2xtp2 fsdp2xpp2xtp2 cp2 cp2xtp2 cp2_ring cp2xpp2 tp2_sp_async; do
   LUA_PATH="spec/?.lua;;" luajit - "$dir/tp1.json" "$dir/$name.json" "$name" <<'LUA'
 local losses = require("support.sys").losses
 local ref, got = losses(arg[1]), losses(arg[2])

@@ -1,7 +1,7 @@
 -- pp_cp_equivalence_spec.lua: examples/train.lua with pipeline or
 -- context parallelism logs the same loss at every step as one process
 -- (relative 1e-5 in f32): PP=2 (1F1B), PP=2 x TP=2 (GPipe, 4
--- microbatches), CP=2, CP=2 x TP=2 and async TP (TP=2, sequence
+-- microbatches), CP=2, CP=2 x TP=2 (the p2p ring) and async TP (TP=2, sequence
 -- parallel), the cheap rows of
 -- scripts/check_equivalence.sh (which runs 100 steps and the 8-rank
 -- DP=2 x PP=2 x TP=2).
@@ -24,7 +24,7 @@ describe("pipeline-parallel training", function()
     assert.are.equal(20, #ref)
     assert.is_true(ref[20] < ref[1])
     for i, layout in ipairs { { 2, "--pp 2" }, { 4, "--pp 2 --tp 2 --schedule gpipe --microbatches 4" },
-                              { 2, "--cp 2" }, { 4, "--cp 2 --tp 2" },
+                              { 2, "--cp 2" }, { 4, "--cp 2 --tp 2 --cp-rotate alltoall" },
                               { 2, "--tp 2 --sequence-parallel --async-tp" } } do
       local got = run(layout[1], layout[2], dir .. "/run" .. i .. ".json")
       for step = 1, 20 do

@@ -41,6 +41,7 @@ function M.world(o, dist, device)
   if pp > 1 and ((o.save or "") ~= "" or (o.resume or "") ~= "") then
     error("layout: --save and --resume do not work with --pp > 1 yet (checkpoints of pipeline stages)", 0)
   end
+  if cp > 1 then require("loom.distributed.context_parallel").set_rotate_method(o["cp-rotate"] or "allgather") end
   local mesh = dist.init_device_mesh(device, { pp, dp, cp, tp }, { mesh_dim_names = { "pp", "dp", "cp", "tp" } })
   return { world = world, pp = pp, cp = cp, tp = tp, dp = dp, mesh = mesh, rank = dist.rank(), device = device,
            pp_rank = mesh:get_local_rank("pp"), dp_rank = mesh:get_local_rank("dp") }
@@ -51,6 +52,7 @@ function M.describe(w, o)
   local s = string.format("world %d = pp %d x dp %d x cp %d x tp %d", w.world, w.pp, w.dp, w.cp, w.tp)
   if o.fsdp and w.dp > 1 then s = s .. " (FSDP)" end
   if o["async-tp"] then s = s .. ", async TP" end
+  if w.cp > 1 then s = s .. ", cp " .. (o["cp-rotate"] or "allgather") end
   if w.pp > 1 then s = s .. string.format(", %d microbatches (%s)", w.microbatches, w.schedule_name) end
   return s
 end
