@@ -54,6 +54,26 @@ for _, kind in ipairs { "ScheduleGPipe", "Schedule1F1B" } do
     end
   end
 end
+-- interleaved: two stages per rank, theory (S-1)/(v n + S-1)
+for _, n in ipairs { 2, 4, 8 } do
+  if o.batch % n == 0 and n % S == 0 and o.layers >= 2 * S then
+    loom.manual_seed(2)
+    local pipe = pp.pipeline(Tr.new(cfg), { num_stages = 2 * S })
+    local sts = { pipe:build_stage(me), pipe:build_stage(me + S) }
+    local sched = pp.ScheduleInterleaved1F1B(sts, n, loss_fn)
+    local steps, bubbles = {}, {}
+    for i = 1, o.iters + 1 do
+      for _, st in ipairs(sts) do st.submod:zero_grad() end
+      dist.barrier()
+      sched:step(x, { target = y })
+      local c, t = sched:timing()
+      if i > 1 then steps[#steps + 1], bubbles[#bubbles + 1] = t, 1 - c / t end
+    end
+    local t = dist.all_reduce(loom.tensor({ bench.median(steps) }, { dtype = "f64" }), "max"):item()
+    local b = dist.all_reduce(loom.tensor({ bench.median(bubbles) }, { dtype = "f64" }), "avg"):item()
+    rows[#rows + 1] = { "Interleaved1F1B (v=2)", n, t * 1e3, b, (S - 1) / (2 * n + S - 1), base and base / t or 0 }
+  end
+end
 if me == 0 then
   bench.table({ "schedule", "microbatches", "step ms", "bubble measured", "bubble theory", "speed vs 1 process" }, rows)
   if o.json ~= "" then bench.write_json(o.json, { rows = rows, baseline_ms = base * 1e3 }) end

@@ -87,6 +87,23 @@ describe("pipeline parallelism", function()
     assert.matches('split_spec names "layers.9", which is not a part of the model', err, 1, true)
   end)
 
+  it("interleaved 1F1B runs every (stage, microbatch) forward and backward once, forward first", function()
+    for _, c in ipairs { { 2, 2, 4 }, { 4, 2, 8 }, { 2, 3, 4 }, { 1, 3, 2 } } do
+      local P, v, n = c[1], c[2], c[3]
+      for r = 0, P - 1 do
+        local seen = {}
+        for _, a in ipairs(pp.interleaved_actions(r, P, v, n)) do
+          local key = a[1] .. ":" .. a[3]
+          if a[2] == "F" then assert.is_nil(seen[key]) seen[key] = "F"
+          else assert.equal("F", seen[key]) seen[key] = "B" end
+        end
+        local count = 0
+        for _, st in pairs(seen) do assert.equal("B", st) count = count + 1 end
+        assert.equal(v * n, count)
+      end
+    end
+  end)
+
   it("one process running every stage in turn equals the unsplit model (interleaved on 1 rank)", function()
     if ws ~= 1 then return end
     local ref, m = H.twins(3, make, 3)
@@ -110,15 +127,17 @@ describe("pipeline parallelism", function()
       end
     end
 
-    it("interleaved: two stages per rank equal one process", function()
-      local ref, m = H.twins(3, make, 2 * ws)
-      local pipe = pp.pipeline(m, { num_stages = 2 * ws })
-      local me = dist.rank()
-      local stages = { pipe:build_stage(me), pipe:build_stage(me + ws) }
-      local sched = pp.ScheduleInterleaved1F1B(stages, 4, loss_fn)
-      local bad = check({}, "interleaved", ref, { stages[1].submod, stages[2].submod }, sched, me == ws - 1)
-      assert.same({}, bad)
-    end)
+    for _, kind in ipairs { "ScheduleInterleaved1F1B", "ScheduleLoopedBFS" } do
+      it(kind .. ": two stages per rank equal one process", function()
+        local ref, m = H.twins(3, make, 2 * ws)
+        local pipe = pp.pipeline(m, { num_stages = 2 * ws })
+        local me = dist.rank()
+        local stages = { pipe:build_stage(me), pipe:build_stage(me + ws) }
+        local sched = pp[kind](stages, 4, loss_fn)
+        local bad = check({}, kind, ref, { stages[1].submod, stages[2].submod }, sched, me == ws - 1)
+        assert.same({}, bad)
+      end)
+    end
 
     it("fails clearly when microbatches do not divide the batch", function()
       local m = make(ws)

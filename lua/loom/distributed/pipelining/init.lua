@@ -16,6 +16,8 @@ return {
   ScheduleGPipe = schedules.ScheduleGPipe,
   Schedule1F1B = schedules.Schedule1F1B,
   ScheduleInterleaved1F1B = schedules.ScheduleInterleaved1F1B,
+  ScheduleLoopedBFS = schedules.ScheduleLoopedBFS,
+  interleaved_actions = schedules.interleaved_actions,
   bubble_fraction = schedules.bubble_fraction,
   gpipe_actions = schedules.gpipe_actions,
   one_f_one_b_actions = schedules.one_f_one_b_actions,

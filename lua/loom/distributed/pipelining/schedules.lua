@@ -7,11 +7,13 @@
 --   GPipe            all forwards, then all backwards
 --   1F1B             (num_stages - stage - 1) forwards, then one forward
 --                    and one backward in turn, then the backwards left
---   Interleaved1F1B  several stages per rank (stage s on rank s % pp):
---                    here in the looped breadth-first order (each local
---                    stage's forwards, then backwards in reverse), which
---                    is deadlock-free; its bubble is GPipe's over
---                    num_stages virtual stages
+--   Interleaved1F1B  v stages per rank (stage s on rank s % pp), in
+--                    Megatron's order: forwards in groups of pp
+--                    microbatches per local stage, a longer warm-up, then
+--                    1F1B; the bubble shrinks by v. n_microbatches must be
+--                    a multiple of pp
+--   LoopedBFS        v stages per rank: each local stage's forwards, then
+--                    the backwards in reverse (GPipe over virtual stages)
 local loom = require "loom"
 local T = require "loom.tensor"
 local now = require("loom.bench").now
@@ -37,6 +39,22 @@ function M.one_f_one_b_actions(s, S, n)
     f, b = f + 1, b + 1
   end
   while b < n do a[#a + 1] = { "B", b } b = b + 1 end
+  return a
+end
+
+-- Interleaved 1F1B on rank r of P with v local stages: {k, "F"|"B", mb},
+-- k the local stage (0-based; stage k*P + r)
+function M.interleaved_actions(r, P, v, n)
+  local total = n * v
+  local function fwd(i) return math.floor(i / P) % v, math.floor(i / (P * v)) * P + i % P end
+  local function bwd(i) local k, mb = fwd(i) return v - 1 - k, mb end
+  local warm = math.min((P - r - 1) * 2 + (v - 1) * P, total)
+  local a, f, b = {}, 0, 0
+  local function F() local k, mb = fwd(f) a[#a + 1] = { k, "F", mb } f = f + 1 end
+  local function B() local k, mb = bwd(b) a[#a + 1] = { k, "B", mb } b = b + 1 end
+  for _ = 1, warm do F() end
+  while f < total do F() B() end
+  while b < total do B() end
   return a
 end
 
@@ -72,7 +90,16 @@ function M.Schedule1F1B(stage, n, loss_fn, opts)
   return new("Schedule1F1B", M.one_f_one_b_actions, stage, n, loss_fn, opts)
 end
 function M.ScheduleInterleaved1F1B(stages, n, loss_fn, opts)
-  return new("ScheduleInterleaved1F1B", nil, stages, n, loss_fn, opts)
+  local s = new("ScheduleInterleaved1F1B", nil, stages, n, loss_fn, opts)
+  local P = s.stages[1].size
+  if n % P ~= 0 then
+    error(string.format("ScheduleInterleaved1F1B: n_microbatches (%d) must be a multiple of the pipeline ranks (%d)", n, P), 2)
+  end
+  s.interleaved = true
+  return s
+end
+function M.ScheduleLoopedBFS(stages, n, loss_fn, opts)
+  return new("ScheduleLoopedBFS", nil, stages, n, loss_fn, opts)
 end
 
 -- microbatches of x along dim 1 (the batch), which they must divide
@@ -94,6 +121,13 @@ function Schedule:_plan()
   if self.actions_of then
     local st = self.stages[1]
     for _, a in ipairs(self.actions_of(st.stage_index, st.num_stages, self.n)) do plan[#plan + 1] = { st, a } end
+    return plan
+  end
+  if self.interleaved then
+    local st = self.stages[1]
+    for _, a in ipairs(M.interleaved_actions(st.rank, st.size, #self.stages, self.n)) do
+      plan[#plan + 1] = { self.stages[a[1] + 1], { a[2], a[3] } }
+    end
     return plan
   end
   for _, st in ipairs(self.stages) do
