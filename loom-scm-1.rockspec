@@ -8,7 +8,7 @@ description = {
           .. "with a LuaJIT FFI layer exposing Torch-like nn modules and PyTorch-style tensor parallelism.",
   license = "MIT",
 }
-dependencies = { "lua >= 5.1", "dkjson", "argparse", "luafilesystem" }
+dependencies = { "lua >= 5.1", "dkjson", "argparse", "luafilesystem", "lua-cjson" }   -- cjson: tokenizer.json (libpcre2-8 from the system, through the FFI)
 build = {
   type = "cmake",
   variables = {

@@ -103,6 +103,10 @@ enum lm_reduce { LM_SUM, LM_MAX, LM_MIN, LM_ARGMAX, LM_ARGMIN, LM_NREDUCE };
  * written once. */
 /* makes device `index` of this kind current; NULL for one-device kinds */
 typedef int lm_select_fn(int index);
+/* how many devices of this kind the process sees, making none current (on
+ * CUDA: cudaGetDeviceCount only, no context on any GPU); 0 with an error
+ * saying why when there is none; NULL for one-device kinds */
+typedef int lm_count_fn(void);
 typedef void *lm_alloc_fn(size_t nbytes);
 typedef void lm_free_fn(void *p);
 /* dst[i] = src[i] for same-shape tensors of any dtypes and strides */
@@ -144,6 +148,13 @@ typedef int lm_index_add_fn(lm_tensor *out, const lm_tensor *idx, const lm_tenso
  * with gradient g; h = {lr, beta1, beta2, eps, weight_decay, bc1, bc2} */
 typedef int lm_adamw_fn(lm_tensor *p, const lm_tensor *g, lm_tensor *m, lm_tensor *v,
                         const double *h);
+/* checks, without waiting for the device, that the ids of contiguous i64
+ * idx lie in [0, n) or equal skip when skip_ok; the first bad id is raised
+ * by the next call that waits for the device (a copy to the host) as the
+ * error head, the id (1-based), tail. NULL: the core copies the ids to the
+ * host and checks them there (one wait per check). */
+typedef int lm_check_ids_fn(const lm_tensor *idx, int64_t n, int skip_ok, int64_t skip,
+                            const char *head, const char *tail);
 /* the allocator's counters (enum lm_memory_stat); NULL: none kept */
 typedef int lm_memory_stats_fn(int index, int64_t *stats);
 /* what the backend is built with and sees (versions, devices), lines of
@@ -203,6 +214,7 @@ typedef int lm_cross_entropy_bwd_fn(lm_tensor *dx, const lm_tensor *gloss, const
 typedef struct lm_backend {
   const char *name;
   lm_select_fn *select;
+  lm_count_fn *count;
   lm_alloc_fn *alloc;
   lm_free_fn *free;
   lm_copy_fn *copy;
@@ -220,6 +232,7 @@ typedef struct lm_backend {
   lm_adamw_fn *adamw;
   lm_memory_stats_fn *memory_stats;
   lm_info_fn *info;
+  lm_check_ids_fn *check_ids;
   /* fused kernels */
   lm_unary_grad_fn *unary_grad;
   lm_swiglu_fn *swiglu;

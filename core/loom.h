@@ -79,7 +79,11 @@ const char *lm_dtype_name(int dtype);
 int lm_dtype_size(int dtype);
 int lm_device_from_name(const char *name);
 int lm_device_name(int device, char *buf, int len);
+/* 1 when the device exists; makes no device current (no CUDA context) */
 int lm_device_available(int device);
+/* the CUDA devices this process sees (cudaGetDeviceCount: no context on
+ * any of them); 0, with the reason as the error, when there are none */
+int lm_cuda_device_count(void);
 /* the CUDA device "cuda" names from now on (cuda:k); -1 when out of range */
 int lm_set_cuda_device(int k);
 /* what this build and its backends are: build options, BLAS and its core,
@@ -127,6 +131,8 @@ int lm_op_call(int op, int nin, lm_tensor *const *in, const lm_attrs *attrs,
  * reach f32 parameters in f32. dtype LM_BF16 or LM_F16, -1 for off;
  * returns the previous setting. */
 int lm_set_autocast(int dtype);
+/* the autocast dtype of this thread, -1 when off */
+int lm_autocast_dtype(void);
 
 /* Op profiling: time per op, exclusive of the ops it calls (LOOM_PROFILE=1
  * turns it on and prints a table at exit). */
@@ -225,6 +231,16 @@ void lm_comm_free(lm_comm *c);        /* the world comm is not freed */
 int lm_comm_rank(const lm_comm *c);
 int lm_comm_size(const lm_comm *c);
 int lm_comm_world_rank(const lm_comm *c, int rank);
+/* ids (1-based) in [1, n] or equal to skip when skip_ok, else an error
+ * "op: argument #2 (arg) holds class ..."; on a GPU checked there, raised at
+ * the next wait for the device (loss_parallel's check) */
+int lm_check_ids_in(const char *op, const char *arg, lm_tensor *ids, int64_t n, int skip_ok,
+                    int64_t skip);
+/* collective: makes c's NCCL communicator on CUDA device `device` now
+ * (init_device_mesh does, for each of its groups in order, so none is made
+ * lazily inside an interleaved collective); a failure on any rank raises
+ * on every rank. 0 without NCCL in the build. */
+int lm_comm_nccl_init(lm_comm *c, int device);
 
 /* Collectives return new contiguous tensors; inputs are only read. Dims are
  * 0-based (negative from the end). full < 0: every rank holds the same size
@@ -313,6 +329,27 @@ void lm_dtensor_rule_cache_clear(void);
 /* the BLAS loom calls, its build and the kernel core it runs, and its
  * threads, e.g. "OpenBLAS 0.3.21 ... DYNAMIC_ARCH ...; core Zen, 2 threads" */
 const char *lm_blas_info(void);
+
+/* ---- text: byte-pair encoding (core/text/bpe.c, loom.tokenizer) ----
+ * Ids are tokenizer.json's, 0-based; the Lua layer adds one. Tokens are
+ * raw bytes; a merge joins the pair (left, right) into merged at its rank
+ * (lower merges first). */
+enum lm_bpe_limit { LM_BPE_MAX_VOCAB = 1 << 24, LM_BPE_MAX_TOKEN_BYTES = 1 << 16,
+                    LM_BPE_MAX_PIECE_BYTES = 1 << 24 };   /* a piece's scratch: 52 bytes a byte */
+typedef struct lm_bpe lm_bpe;
+lm_bpe *lm_bpe_new(int32_t n_vocab);
+void lm_bpe_free(lm_bpe *b);
+int lm_bpe_add_token(lm_bpe *b, const char *bytes, size_t len, int32_t id);
+int lm_bpe_add_merge(lm_bpe *b, int32_t left, int32_t right, int32_t merged, int32_t rank);
+/* byte_level: the first symbols are bytes, else UTF-8 characters, an unknown
+ * one as its bytes' ids in byte_ids[256] (byte fallback; -1: none), else
+ * unk_id (-1: none, an error); ignore_merges: a piece in the vocabulary is
+ * one token (Llama 3) */
+int lm_bpe_set_options(lm_bpe *b, int32_t byte_level, int32_t ignore_merges, int32_t unk_id, const int32_t *byte_ids);
+/* one pre-tokenized piece, text[start, stop), into out[cap] (cap >= stop -
+ * start suffices): the count, -1 on error. (The whole text and offsets, so
+ * that a Lua string passes as it is and stays alive during the call.) */
+int64_t lm_bpe_encode(const lm_bpe *b, const char *text, size_t start, size_t stop, int32_t *out, int64_t cap);
 
 #ifdef __cplusplus
 }

@@ -8,7 +8,9 @@ local data = require "loom.data"
 local transformer = loom.models.transformer
 
 local FLAGS = {
-  { "data", root .. "examples/data/tinyshakespeare.txt", "text file to train on" },
+  { "data", root .. "examples/data/tinyshakespeare.txt", "text file to train on, or a token file (.bin, nanoGPT's "
+                                                          .. "train.bin; val.bin beside it is the validation set)" },
+  { "tokenizer", "", "tokenizer.json (Hugging Face): tokenizes a text --data, reads a .bin one (needed for .bin)" },
   { "steps", 600, "optimizer steps" },
   { "batch", 12, "sequences per step" },
   { "seq", 64, "characters per sequence" },
@@ -169,10 +171,7 @@ local function main(argv)
   o.lp = w.tp > 1 and o["loss-parallel"] and not o["no-loss-parallel"]
   local main_rank = w.rank == 0
   local say = main_rank and print or function() end
-  local text = data.read_file(o.data)
-  local tok = data.CharTokenizer(text)
-  local ids = tok:encode(text)
-  local train_ids, val_ids = data.split(ids, 0.9)
+  local tok, train_ids, val_ids = data.corpus(o.data, o.tokenizer)
 
   local cfg = { vocab_size = tok.vocab_size, dim = o.dim, n_layers = o.layers, n_heads = o.heads,
                 n_kv_heads = o["kv-heads"] > 0 and o["kv-heads"] or nil, max_seq_len = o.seq,
@@ -337,7 +336,8 @@ local function main(argv)
   if main_rank and o.log ~= "" then plot(o.log) end
   if o.sample > 0 and w.pp == 1 then   -- every rank runs the model; rank 0 prints
     loom.manual_seed(o.seed)
-    local out = transformer.generate(model, loom.tensor({ { tok.stoi["\n"] or 1 } }, { dtype = "i64" }), o.sample,
+    local start = tok.stoi and (tok.stoi["\n"] or 1) or tok:encode("\n", { add_special_tokens = false })[1]
+    local out = transformer.generate(model, loom.tensor({ { start } }, { dtype = "i64" }), o.sample,
                                      { temperature = 0.8 })
     say("---- sample ----\n" .. tok:decode(out) .. "\n----------------")
   end

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # check_layers.sh: fails when the core's layers point up or in a circle.
 # The layers, bottom to top: the base headers (loom.h, op_list.h, backend.h,
-# unary.h, philox.h: what backends see); tensor/; comm/ (transport); ops/; autograd/;
+# unary.h, philox.h: what backends see); tensor/; comm/ (transport) and text/ (BPE); ops/; autograd/;
 # dtensor/; entry/ (lm_op_call). The backends (kernels/cpu/, kernels/cuda/)
 # see only the base headers and kernels/unary_math.h (the unary math they
 # share); kernels/emu/ runs kernels/cuda/ on the CPU.
@@ -17,7 +17,7 @@ objdir=${1:-build}
 
 rank() { # the layer of a path relative to the root; "" for the base headers
   case $1 in
-    core/tensor/*) echo 1 ;; core/comm/*) echo 2 ;; core/ops/*) echo 3 ;;
+    core/tensor/*) echo 1 ;; core/comm/*) echo 2 ;; core/text/*) echo 2 ;; core/ops/*) echo 3 ;;
     core/autograd/*) echo 4 ;; core/dtensor/*) echo 5 ;; core/entry/*) echo 6 ;;
     kernels/*) echo 0 ;; core/*.h) echo "" ;; *) echo "?" ;;
   esac

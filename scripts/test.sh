@@ -56,6 +56,11 @@ fi
 suite "layers (scripts/check_layers.sh)" bash scripts/check_layers.sh
 count_line layers
 
+# the CUDA kernels' registers, spills, shared memory and launch bounds for
+# sm_80/sm_90 (skips, saying why, where nvcc is absent)
+suite "CUDA resources (scripts/check_cuda_resources.sh)" timeout 1200 bash scripts/check_cuda_resources.sh --quiet
+count_line "cuda resources"
+
 export OMP_WAIT_POLICY=PASSIVE
 single=$(ls spec/*_spec.lua 2>/dev/null)
 suite "specs, 1 process" timeout 1200 luajit scripts/run_specs.lua -o plainTerminal $single

@@ -36,6 +36,24 @@ describe("cuda", function()
     G.close(loom.full({3, 4}, 2.5), loom.full({3, 4}, 2.5, {device = "cuda"}), 0)
   end)
 
+  it("multiplies with an empty inner dim (K = 0) to zeros", function()
+    for _, dt in ipairs({ "f32", "f64", "bf16" }) do
+      G.check(0, function(a, b) return a:matmul(b) end, loom.randn({ 2, 3, 0 }):to(dt), loom.randn({ 2, 0, 4 }):to(dt))
+    end
+  end)
+
+  it("Module:to(\"cuda\") moves a parameter on another cuda:k to the current device", function()
+    if loom.cuda.device_count() < 2 then
+      print("one GPU: Module:to across GPUs needs two") -- the single-device move is checked below
+    end
+    local k = loom.cuda.device_count() >= 2 and 1 or 0
+    local m = loom.nn.Linear(3, 2):to("cuda:" .. k)
+    loom.cuda.set_device(0)
+    m:to("cuda")
+    assert.are.equal("cuda:0", m.weight.device)
+    assert.are.equal("cuda:0", m.bias.device)
+  end)
+
   it("draws the same random numbers as the CPU", function()
     for _, f in ipairs({"rand", "randn"}) do
       loom.manual_seed(3); local a = loom[f]({6, 9})

@@ -76,6 +76,19 @@ describe("matmul", function()
     check({ 64, 33 }, { 33, 17 }, "f32", 1e-5, 1e-5)
   end)
 
+  it("an empty inner dim (K = 0) gives zeros, with gradients of the operands' shapes", function()
+    for _, dt in ipairs({ "f32", "f64", "bf16", "f16" }) do
+      local a = loom.randn({ 2, 3, 0 }):to(dt):requires_grad_()
+      local b = loom.randn({ 2, 0, 4 }):to(dt):requires_grad_()
+      local c = a:matmul(b)
+      assert.are.same({ 2, 3, 4 }, c:size())
+      assert.are.equal(0, c:to("f64"):abs():sum():item(), dt)
+      c:sum():backward()
+      assert.are.same({ 2, 3, 0 }, a.grad:size())
+      assert.are.same({ 2, 0, 4 }, b.grad:size())
+    end
+  end)
+
   it("hand-computed", function()
     local a = loom.tensor({ { 1, 2 }, { 3, 4 } })
     local b = loom.tensor({ { 5, 6 }, { 7, 8 } })

@@ -16,7 +16,7 @@ struct lm_comm {
   int64_t calls;        /* collectives issued on it (call numbers in checks, the watchdog) */
   uint64_t key;         /* the same on every member (watchdog.c) */
   int owned;            /* freed with MPI_Comm_free by lm_comm_free */
-  void *nccl;           /* ncclComm_t, made on the first CUDA collective */
+  void *nccl;           /* ncclComm_t: init_device_mesh makes it (lm_comm_nccl_init) */
   void (*nccl_free)(lm_comm *c); /* destroys nccl (set by the transport that made it) */
 };
 
@@ -65,6 +65,9 @@ int lm_mpi_fail(const char *what, int code); /* -1 with MPI's message for code *
 int lm_dist_ensure(const char *who);  /* lm_dist_init, error naming who */
 int lm_comm_allgather_i64(lm_comm *c, const int64_t *mine, int n, int64_t *all, const char *what);
 int lm_comm_bcast_bytes(lm_comm *c, void *buf, int n, int root);
+/* collective: 0 on every member when ok was true on each, else -1 on
+ * every member, naming the lowest failing rank (nccl.c's setup) */
+int lm_comm_agree(lm_comm *c, int ok, const char *what);
 int lm_debug_collectives(void);
 
 /* collectives.c, shared with p2p.c: a work of `kind`, and its start

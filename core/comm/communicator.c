@@ -235,3 +235,18 @@ int lm_comm_bcast_bytes(lm_comm *c, void *buf, int n, int root) {
   int rc = MPI_Bcast(buf, n, MPI_BYTE, root, c->mpi);
   return rc == MPI_SUCCESS ? 0 : lm_mpi_fail("broadcast", rc);
 }
+
+/* Every member says whether its part of a collective setup worked; all
+ * return 0, or all -1 naming the lowest failing rank (its own message on
+ * that rank), so no rank goes on to wait for one that gave up. */
+int lm_comm_agree(lm_comm *c, int ok, const char *what) {
+  int mine = ok ? c->size : c->rank, first = c->size;
+  char why[256] = "";
+  if (!ok) snprintf(why, sizeof why, "%s", lm_last_error());
+  int rc = MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, c->mpi);
+  if (rc != MPI_SUCCESS) return lm_mpi_fail(what, rc);
+  if (first == c->size) return 0;
+  if (first == c->rank) return lm_error("%s", why);
+  return lm_error("%s: rank %d of this communicator (world rank %d) failed, so every rank stops",
+                  what, first, c->world_ranks[first]);
+}

@@ -1,6 +1,6 @@
 /* nccl.c: the NCCL transport for CUDA tensors (built with LOOM_HAVE_NCCL).
- * One ncclComm per lm_comm, made on first use from a unique id broadcast
- * over MPI; collectives run on a side stream and finish on a cuda event. */
+ * One ncclComm per lm_comm, made collectively (init_device_mesh makes its
+ * groups' at creation) from a unique id broadcast over MPI; collectives run on a side stream and finish on a cuda event. */
 #ifdef LOOM_HAVE_NCCL
 #include "comm.h"
 #include <cuda_runtime.h>
@@ -34,27 +34,52 @@ static ncclRedOp_t nccl_op(int op) {
 
 static void comm_free(lm_comm *c);
 
-/* The comm's NCCL communicator, made collectively on first use. */
-static ncclComm_t nccl_of(lm_comm *c, int device) {
-  if (c->nccl) return (ncclComm_t)c->nccl;
+/* Makes c's NCCL communicator, collectively: every member calls it, in the
+ * same order of communicators (init_device_mesh makes each of its groups'
+ * at creation, lm_comm_nccl_init). Every local step that can fail (the
+ * device, the stream, rank 0's unique id) is agreed on before anyone waits
+ * in ncclCommInitRank, so a failure raises on every rank instead of
+ * leaving the others waiting. */
+static int nccl_make(lm_comm *c, int device) { /* (the *_fail helpers return -1: ok becomes 0) */
+  if (c->nccl) return 0;
   cudaError_t e = cudaSetDevice(device - LM_CUDA0);
-  if (e != cudaSuccess) { cuda_fail("nccl init", e); return NULL; }
-  if (!side && (e = cudaStreamCreate(&side)) != cudaSuccess) { cuda_fail("nccl init", e); return NULL; }
+  int ok = e == cudaSuccess || cuda_fail("nccl init", e) == 0;
+  if (ok && !side && (e = cudaStreamCreate(&side)) != cudaSuccess) ok = cuda_fail("nccl init", e) == 0;
   ncclUniqueId id;
   ncclResult_t r;
-  if (c->rank == 0 && (r = ncclGetUniqueId(&id)) != ncclSuccess) { nccl_fail("nccl init", r); return NULL; }
-  if (lm_comm_bcast_bytes(c, &id, sizeof id, 0) < 0) return NULL;
+  if (ok && c->rank == 0 && (r = ncclGetUniqueId(&id)) != ncclSuccess) ok = nccl_fail("nccl init: ncclGetUniqueId", r) == 0;
+  LM_TRY(lm_comm_agree(c, ok, "nccl init"));
+  LM_TRY(lm_comm_bcast_bytes(c, &id, sizeof id, 0));
   ncclComm_t nc;
-  if ((r = ncclCommInitRank(&nc, c->size, id, c->rank)) != ncclSuccess) {
-    nccl_fail("nccl init", r);
-    return NULL;
-  }
+  r = ncclCommInitRank(&nc, c->size, id, c->rank);
+  LM_TRY(lm_comm_agree(c, r == ncclSuccess || nccl_fail("nccl init: ncclCommInitRank", r) == 0, "nccl init"));
   c->nccl = nc, c->nccl_free = comm_free;
-  return nc;
+  return 0;
+}
+
+int lm_comm_nccl_init(lm_comm *c, int device) {
+  if (!c) return lm_error("comm_nccl_init: comm is NULL");
+  if (lm_device_kind(device) != LM_KIND_CUDA) return lm_error("comm_nccl_init: expected a CUDA device, got %d", device);
+  return nccl_make(c, device);
+}
+
+/* The comm's NCCL communicator. A communicator made outside a mesh (a
+ * group of dist.new_group) gets it here, on its first CUDA collective,
+ * which every member reaches in the same order. */
+static ncclComm_t nccl_of(lm_comm *c, int device) {
+  return c->nccl || nccl_make(c, device) == 0 ? (ncclComm_t)c->nccl : NULL;
 }
 
 static char *at(lm_tensor *t, int64_t elems) {
   return (char *)lm_data(t) + elems * lm_dtype_size(t->dtype_);
+}
+
+/* Closes a group opened by ncclGroupStart: the group's calls are issued at
+ * ncclGroupEnd, so its result is the collective's (a failed call inside
+ * the group still needs the end, and reports first). */
+static ncclResult_t group_end(ncclResult_t rc) {
+  ncclResult_t e = ncclGroupEnd();
+  return rc != ncclSuccess ? rc : e;
 }
 
 /* v-variants as grouped point-to-point / rooted calls (NCCL has no *v). */
@@ -70,30 +95,27 @@ static ncclResult_t issue(lm_work *w, ncclComm_t nc) {
   case LM_COLL_BROADCAST: return ncclBroadcast(r, r, n, dt, w->root, nc, side);
   case LM_COLL_ALL_GATHER:
     if (!w->uneven) return ncclAllGather(s, r, w->rcounts[0], dt, nc, side);
-    ncclGroupStart();
+    if ((rc = ncclGroupStart()) != ncclSuccess) return rc;
     for (int q = 0; q < c->size && rc == ncclSuccess; q++)
       rc = ncclBroadcast(s, at(w->recv, w->rdispls[q]), w->rcounts[q], dt, q, nc, side);
-    ncclGroupEnd();
-    return rc;
+    return group_end(rc);
   case LM_COLL_REDUCE_SCATTER: {
     if (!w->uneven) return ncclReduceScatter(s, r, w->rcounts[0], dt, op, nc, side);
     int64_t off = 0;
-    ncclGroupStart();
+    if ((rc = ncclGroupStart()) != ncclSuccess) return rc;
     for (int q = 0; q < c->size && rc == ncclSuccess; q++) {
       rc = ncclReduce(at(w->send, off), r, w->rcounts[q], dt, op, q, nc, side);
       off += w->rcounts[q];
     }
-    ncclGroupEnd();
-    return rc;
+    return group_end(rc);
   }
   case LM_COLL_ALL_TO_ALL:
-    ncclGroupStart();
+    if ((rc = ncclGroupStart()) != ncclSuccess) return rc;
     for (int q = 0; q < c->size && rc == ncclSuccess; q++) {
       rc = ncclSend(at(w->send, w->sdispls[q]), w->scounts[q], dt, q, nc, side);
       if (rc == ncclSuccess) rc = ncclRecv(at(w->recv, w->rdispls[q]), w->rcounts[q], dt, q, nc, side);
     }
-    ncclGroupEnd();
-    return rc;
+    return group_end(rc);
   default:
     return ncclInvalidArgument;
   }
@@ -140,5 +162,7 @@ const lm_transport lm_nccl_transport = {
     .start = nccl_start, .wait = nccl_wait, .test = nccl_test, .release = nccl_release,
 };
 #else
-typedef int lm_nccl_not_built; /* keeps this translation unit non-empty */
+#include "comm.h"
+/* without NCCL a CUDA tensor's collective fails by itself (collectives.c) */
+int lm_comm_nccl_init(lm_comm *c, int device) { (void)c, (void)device; return 0; }
 #endif

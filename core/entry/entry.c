@@ -29,6 +29,8 @@ static int check_call(const lm_op_def *d, int nin, lm_tensor *const *in, const l
 /* ---- autocast: mixed precision per op, as PyTorch's ---- */
 static _Thread_local int autocast = -1; /* the low-precision dtype, -1: off */
 
+int lm_autocast_dtype(void) { return autocast; }
+
 int lm_set_autocast(int dtype) {
   if (dtype != -1 && dtype != LM_BF16 && dtype != LM_F16)
     return lm_error("autocast: expected bf16 or f16 (or -1 for off), got %s", lm_dtype_name(dtype));
@@ -37,11 +39,13 @@ int lm_set_autocast(int dtype) {
   return old;
 }
 
-/* The dtype autocast gives an input of op d: GEMMs take f32 operands in
- * the low-precision dtype, softmax, norms and losses take low-precision
- * inputs in f32; -1: as it is. */
+/* The dtype autocast gives an input of op d: GEMMs take their float
+ * operands but f64 in the low-precision dtype (a bf16 x f32 matmul runs in
+ * bf16, as PyTorch's autocast runs it), softmax, norms and losses take
+ * low-precision inputs in f32; -1: as it is. */
 static int autocast_dtype(const lm_op_def *d, const lm_tensor *t) {
-  if ((d->flags & LM_OPF_AMP_LOW) && t->dtype_ == LM_F32) return autocast;
+  if ((d->flags & LM_OPF_AMP_LOW) && lm_is_float(t->dtype_) && t->dtype_ != LM_F64 && t->dtype_ != autocast)
+    return autocast;
   if ((d->flags & LM_OPF_AMP_F32) && (t->dtype_ == LM_BF16 || t->dtype_ == LM_F16)) return LM_F32;
   return -1;
 }

@@ -31,6 +31,7 @@ int lm_shape_sdpa(int op, int nin, const lm_meta *in, const lm_attrs *a, lm_meta
       return lm_error("%s: argument #%d (%s) expected at least 2 dims (..., length, dim), got %d",
                       name, i + 1, args[i], in[i].ndim);
   }
+  LM_TRY(lm_need_same_low(name, 3, in, args));
   const lm_meta *q = &in[0], *k = &in[1], *v = &in[2];
   if (q->shape[q->ndim - 1] != k->shape[k->ndim - 1])
     return lm_error("%s: argument #2 (key) expected the query's last dim %lld, got %lld", name,
@@ -110,9 +111,40 @@ static lm_tensor *as_batch3(lm_scope *s, lm_tensor *t) {
   return lm_s_reshape(s, lm_s_contig(s, t), 3, shape);
 }
 
-static int sdpa_fw_fused(const lm_backend *be, const lm_call *c, lm_tensor **out) {
+/* A kernel that answers LM_UNSUPPORTED for a head dim E (or the operands'
+ * alignment) gets one more try on fresh copies padded with zeros to Dp, the
+ * width it is asked with next: E itself (a fresh, aligned copy), else 64 or
+ * 128 above it (a multiple of 8 below 128; q and v of the same head dim).
+ * Zero columns leave q k^T, and so the probabilities and lse, unchanged,
+ * and give zero output columns; the scale stays E's. 0: no retry. */
+static int64_t sdpa_pad_dim(const lm_tensor *q, const lm_tensor *v) {
+  int64_t E = q->shape_[q->ndim - 1];
+  if (E != v->shape_[v->ndim - 1] || E % 8 || E <= 0 || E > 128) return 0;
+  return E == 64 || E == 128 ? E : E < 64 ? 64 : 128;
+}
+
+/* t (B, R, E) as a fresh (B, R, Dp) whose first E columns are t's, the rest
+ * zeros (Dp 0: t itself) */
+static lm_tensor *pad_cols(lm_scope *s, lm_tensor *t, int64_t Dp) {
+  if (!t || Dp == 0) return t;
+  int64_t shape[3] = {t->shape_[0], t->shape_[1], Dp};
+  lm_tensor *z = lm_s(s, lm_empty(3, shape, t->dtype_, t->device_));
+  lm_tensor *head = z ? lm_s(s, lm_view_of(z, 3, t->shape_, z->stride_, z->offset)) : NULL;
+  return head && lm_fill_(z, 0) == 0 && lm_copy_(head, t) == 0 ? z : NULL;
+}
+
+/* the first E columns of a padded (B, R, Dp) result, dense */
+static lm_tensor *unpad_cols(lm_scope *s, lm_tensor *t, int64_t E) {
+  if (!t || t->shape_[2] == E) return t;
+  int64_t shape[3] = {t->shape_[0], t->shape_[1], E};
+  return lm_s_contig(s, lm_s(s, lm_view_of(t, 3, shape, t->stride_, t->offset)));
+}
+
+static int sdpa_fw_fused_at(const lm_backend *be, const lm_call *c, int64_t Dp, lm_tensor **out) {
   lm_scope s = {0};
   lm_tensor *q = as_batch3(&s, c->in[0]), *k = as_batch3(&s, c->in[1]), *v = as_batch3(&s, c->in[2]);
+  int64_t Ev = v ? v->shape_[2] : 0;
+  q = pad_cols(&s, q, Dp), k = pad_cols(&s, k, Dp), v = pad_cols(&s, v, Dp);
   lm_tensor *o = NULL, *lse = NULL;
   if (q && k && v) {
     int64_t oshape[3] = {q->shape_[0], q->shape_[1], v->shape_[2]};
@@ -121,19 +153,29 @@ static int sdpa_fw_fused(const lm_backend *be, const lm_call *c, lm_tensor **out
   }
   int causal = c->a->ni >= 1 && c->a->i[0];
   int rc = o && lse ? be->attention(o, lse, q, k, v, sdpa_scale(c->in[0], c->a), causal) : -1;
-  lm_tensor *r0 = rc == 0 ? lm_s_reshape(&s, o, c->out[0].ndim, c->out[0].shape) : NULL;
+  lm_tensor *r0 = rc == 0 ? lm_s_reshape(&s, unpad_cols(&s, o, Ev), c->out[0].ndim, c->out[0].shape) : NULL;
   lm_tensor *r1 = r0 ? lm_s_reshape(&s, lse, c->out[1].ndim, c->out[1].shape) : NULL;
   if (r1) lm_retain(out[0] = r0), lm_retain(out[1] = r1);
   lm_scope_end(&s);
   return r1 ? 0 : rc == LM_UNSUPPORTED ? rc : -1;
 }
 
-static int sdpa_bw_fused(const lm_backend *be, const lm_saved *n, lm_tensor *g, lm_tensor **gin) {
+static int sdpa_fw_fused(const lm_backend *be, const lm_call *c, lm_tensor **out) {
+  int rc = sdpa_fw_fused_at(be, c, 0, out);
+  int64_t Dp = rc == LM_UNSUPPORTED ? sdpa_pad_dim(c->in[0], c->in[2]) : 0;
+  if (Dp) lm_clear_error(), rc = sdpa_fw_fused_at(be, c, Dp, out);
+  return rc;
+}
+
+static int sdpa_bw_fused_at(const lm_backend *be, const lm_saved *n, lm_tensor *g, int64_t Dp, lm_tensor **gin) {
   lm_scope s = {0};
   int dt = n->in[0]->dtype_;
   lm_tensor *q = as_batch3(&s, n->in[0]), *k = as_batch3(&s, n->in[1]), *v = as_batch3(&s, n->in[2]);
   lm_tensor *o = as_batch3(&s, lm_s_cast(&s, n->out[0], dt)), *g3 = as_batch3(&s, lm_s_cast(&s, g, dt));
   lm_tensor *lse = q ? lm_s_reshape(&s, lm_s_contig(&s, n->out[1]), 2, q->shape_) : NULL;
+  int64_t E[3] = {q ? q->shape_[2] : 0, k ? k->shape_[2] : 0, v ? v->shape_[2] : 0};
+  q = pad_cols(&s, q, Dp), k = pad_cols(&s, k, Dp), v = pad_cols(&s, v, Dp);
+  o = pad_cols(&s, o, Dp), g3 = pad_cols(&s, g3, Dp);
   lm_tensor *dq = NULL, *dk = NULL, *dv = NULL;
   if (q && k && v && o && g3 && lse) {
     dq = lm_s(&s, lm_empty_like(q)), dk = lm_s(&s, lm_empty_like(k)), dv = lm_s(&s, lm_empty_like(v));
@@ -141,10 +183,17 @@ static int sdpa_bw_fused(const lm_backend *be, const lm_saved *n, lm_tensor *g, 
   int causal = n->attrs.ni >= 1 && n->attrs.i[0];
   int rc = dq && dk && dv ? be->attention_bwd(dq, dk, dv, g3, q, k, v, o, lse, sdpa_scale(n->in[0], &n->attrs), causal) : -1;
   for (int i = 0; i < 3 && rc == 0; i++) {
-    lm_tensor *d = i == 0 ? dq : i == 1 ? dk : dv;
-    rc = lm_give(n, gin, i, lm_s_reshape(&s, d, n->in[i]->ndim, n->in[i]->shape_));
+    lm_tensor *d = unpad_cols(&s, i == 0 ? dq : i == 1 ? dk : dv, E[i]);
+    rc = d ? lm_give(n, gin, i, lm_s_reshape(&s, d, n->in[i]->ndim, n->in[i]->shape_)) : -1;
   }
   lm_scope_end(&s);
+  return rc;
+}
+
+static int sdpa_bw_fused(const lm_backend *be, const lm_saved *n, lm_tensor *g, lm_tensor **gin) {
+  int rc = sdpa_bw_fused_at(be, n, g, 0, gin);
+  int64_t Dp = rc == LM_UNSUPPORTED ? sdpa_pad_dim(n->in[0], n->in[2]) : 0;
+  if (Dp) lm_clear_error(), rc = sdpa_bw_fused_at(be, n, g, Dp, gin);
   return rc;
 }
 
@@ -236,17 +285,28 @@ static lm_tensor *rope_rotate(lm_scope *s, lm_tensor *x, lm_tensor *cos, lm_tens
 }
 
 /* the same in one pass of the backend's rope kernel, on x viewed as
- * (outer, T, H, D) */
-static lm_tensor *rope_fused(lm_scope *s, const lm_backend *be, lm_tensor *x, lm_tensor *cos,
-                             lm_tensor *sin, int sign, int cd) {
+ * (outer, T, H, D) in xdt, cos and sin in cd; -1 or LM_UNSUPPORTED (a
+ * kernel without xdt) in *rc when NULL */
+static lm_tensor *rope_fused_as(lm_scope *s, const lm_backend *be, lm_tensor *x, lm_tensor *cos,
+                                lm_tensor *sin, int sign, int xdt, int cd, int *rc) {
   int nd = x->ndim;
   int64_t T = x->shape_[nd - 3], H = x->shape_[nd - 2], D = x->shape_[nd - 1];
   int64_t inner = T * H * D, shape4[4] = {inner ? x->numel_ / inner : 0, T, H, D};
-  lm_tensor *x4 = lm_s_reshape(s, lm_s_contig(s, lm_s_cast(s, x, cd)), 4, shape4);
+  lm_tensor *x4 = lm_s_reshape(s, lm_s_contig(s, lm_s_cast(s, x, xdt)), 4, shape4);
   lm_tensor *c = lm_s_contig(s, lm_s_cast(s, cos, cd)), *sn = lm_s_contig(s, lm_s_cast(s, sin, cd));
   lm_tensor *o = x4 && c && sn ? lm_s(s, lm_empty_like(x4)) : NULL;
-  if (!o || be->rope(o, x4, c, sn, sign) < 0) return NULL;
-  return lm_s_reshape(s, o, nd, x->shape_);
+  *rc = o ? be->rope(o, x4, c, sn, sign) : -1;
+  return *rc == 0 ? lm_s_reshape(s, o, nd, x->shape_) : NULL;
+}
+
+/* bf16/f16 x rotates in its own dtype where the kernel takes it (no f32
+ * copy; the CUDA kernel computes in f32), else in cd */
+static lm_tensor *rope_fused(lm_scope *s, const lm_backend *be, lm_tensor *x, lm_tensor *cos,
+                             lm_tensor *sin, int sign, int cd) {
+  int rc, xdt = x->dtype_ == LM_BF16 || x->dtype_ == LM_F16 ? x->dtype_ : cd;
+  lm_tensor *r = rope_fused_as(s, be, x, cos, sin, sign, xdt, cd, &rc);
+  if (!r && rc == LM_UNSUPPORTED && xdt != cd) r = rope_fused_as(s, be, x, cos, sin, sign, cd, cd, &rc);
+  return r;
 }
 
 static lm_tensor *rope_any(lm_scope *s, lm_tensor *x, lm_tensor *cos, lm_tensor *sin, int sign, int cd) {

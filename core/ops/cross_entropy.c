@@ -154,13 +154,21 @@ static lm_tensor *ce_divisor(lm_scope *s, const ce_plan *p, const ce_parts *c) {
 /* ---- the fused path (class ids): one pass per row of logits ---- */
 
 /* dense operands in cd: x (N, C), target (N) i64, w (C) or NULL */
-static int ce_dense(lm_scope *s, const ce_plan *p, lm_tensor *const *in, int nin, lm_tensor **x,
+/* the dense operands of the fused kernels: logits in xdt (their own
+ * bf16/f16 where the kernel takes it: no N x C f32 copy), weights in cd */
+static int ce_dense(lm_scope *s, const ce_plan *p, lm_tensor *const *in, int nin, int xdt, lm_tensor **x,
                     lm_tensor **t, lm_tensor **w) {
   int64_t shape2[2] = {p->N, p->C};
-  *x = lm_s_reshape(s, lm_s_contig(s, lm_s_cast(s, in[0], p->cd)), 2, shape2);
+  *x = lm_s_reshape(s, lm_s_contig(s, lm_s_cast(s, in[0], xdt)), 2, shape2);
   *t = lm_s_reshape(s, lm_s_contig(s, lm_s_cast(s, in[1], LM_I64)), 1, &p->N);
   *w = nin == 3 ? lm_s_contig(s, lm_s_cast(s, in[2], p->cd)) : NULL;
   return *x && *t && (nin < 3 || *w) ? 0 : -1;
+}
+
+/* the dtype to try the fused kernels with first: the logits' own when low
+ * precision, then (a kernel answering LM_UNSUPPORTED) the compute dtype */
+static int ce_first_dtype(const ce_plan *p, const lm_tensor *x) {
+  return x->dtype_ == LM_BF16 || x->dtype_ == LM_F16 ? x->dtype_ : p->cd;
 }
 
 /* the divisor of reduction mean for class ids: the summed target weights */
@@ -171,24 +179,31 @@ static lm_tensor *ce_id_divisor(lm_scope *s, const ce_plan *p, lm_tensor *const 
   return lm_s1(s, LM_OP_SUM, wt);
 }
 
-static int ce_fw_fused(const lm_backend *be, const lm_call *call, const ce_plan *p, lm_tensor **out) {
+static int ce_fw_fused_as(const lm_backend *be, const lm_call *call, const ce_plan *p, int xdt, lm_tensor **out) {
   lm_tensor *const *in = call->in;
   lm_scope s = {0};
   lm_tensor *x, *t, *w, *loss = NULL, *lse = NULL, *r = NULL;
-  if (ce_dense(&s, p, in, call->nin, &x, &t, &w) == 0) {
+  if (ce_dense(&s, p, in, call->nin, xdt, &x, &t, &w) == 0) {
     loss = lm_s(&s, lm_empty(1, &p->N, p->cd, x->device_));
     lse = lm_s(&s, lm_empty(1, &p->N, p->cd, x->device_));
   }
-  if (loss && lse && be->cross_entropy(loss, lse, x, t, w, p->ignore, p->eps) == 0) {
+  int rc = loss && lse ? be->cross_entropy(loss, lse, x, t, w, p->ignore, p->eps) : -1;
+  if (rc == 0) {
     if (p->red == 0) r = lm_s_reshape(&s, loss, call->out[0].ndim, call->out[0].shape);
     else r = lm_s1(&s, LM_OP_SUM, loss);
-    if (r && p->red == 1) r = lm_s2(&s, LM_OP_DIV, r, ce_id_divisor(&s, p, in, call->nin, x));
+    if (r && p->red == 1) r = lm_s2(&s, LM_OP_DIV, r, ce_id_divisor(&s, p, in, call->nin, loss)); /* in cd */
   }
   lm_tensor *l1 = r ? lm_s_reshape(&s, lse, call->out[1].ndim, call->out[1].shape) : NULL;
   out[0] = l1 ? lm_cast(r, in[0]->dtype_) : NULL;
   if (out[0]) lm_retain(out[1] = l1);
   lm_scope_end(&s);
-  return out[0] ? 0 : -1;
+  return out[0] ? 0 : rc == LM_UNSUPPORTED ? rc : -1;
+}
+
+static int ce_fw_fused(const lm_backend *be, const lm_call *call, const ce_plan *p, lm_tensor **out) {
+  int xdt = ce_first_dtype(p, call->in[0]);
+  int rc = ce_fw_fused_as(be, call, p, xdt, out);
+  return rc == LM_UNSUPPORTED && xdt != p->cd ? ce_fw_fused_as(be, call, p, p->cd, out) : rc;
 }
 
 /* the loss's gradient per row, (N) dense in cd, from g (the reduced or
@@ -200,16 +215,23 @@ static lm_tensor *ce_row_grad(lm_scope *s, const ce_plan *p, const lm_saved *n, 
   return g ? lm_s_contig(s, lm_s(s, lm_broadcast_to("cross_entropy", "gradient", g, 1, &p->N))) : NULL;
 }
 
-static int ce_bw_fused(const lm_backend *be, const lm_saved *n, const ce_plan *p, lm_tensor *g, lm_tensor **gin) {
+static int ce_bw_fused_as(const lm_backend *be, const lm_saved *n, const ce_plan *p, lm_tensor *g, int xdt,
+                          lm_tensor **gin) {
   lm_scope s = {0};
   lm_tensor *x, *t, *w, *dx = NULL;
   lm_tensor *lse = lm_s_reshape(&s, lm_s_contig(&s, lm_s_cast(&s, n->out[1], p->cd)), 1, &p->N);
-  lm_tensor *gr = lse && ce_dense(&s, p, n->in, n->nin, &x, &t, &w) == 0 ? ce_row_grad(&s, p, n, g, x) : NULL;
+  lm_tensor *gr = lse && ce_dense(&s, p, n->in, n->nin, xdt, &x, &t, &w) == 0 ? ce_row_grad(&s, p, n, g, lse) : NULL;
   if (gr) dx = lm_s(&s, lm_empty_like(x));
-  if (dx && be->cross_entropy_bwd(dx, gr, x, t, w, lse, p->ignore, p->eps) < 0) dx = NULL;
-  int rc = dx ? lm_give(n, gin, 0, lm_s_reshape(&s, dx, n->in[0]->ndim, n->in[0]->shape_)) : -1;
+  int rc = dx ? be->cross_entropy_bwd(dx, gr, x, t, w, lse, p->ignore, p->eps) : -1;
+  if (rc == 0) rc = lm_give(n, gin, 0, lm_s_reshape(&s, dx, n->in[0]->ndim, n->in[0]->shape_));
   lm_scope_end(&s);
   return rc;
+}
+
+static int ce_bw_fused(const lm_backend *be, const lm_saved *n, const ce_plan *p, lm_tensor *g, lm_tensor **gin) {
+  int xdt = ce_first_dtype(p, n->in[0]);
+  int rc = ce_bw_fused_as(be, n, p, g, xdt, gin);
+  return rc == LM_UNSUPPORTED && xdt != p->cd ? ce_bw_fused_as(be, n, p, g, p->cd, gin) : rc;
 }
 
 int lm_fw_cross_entropy(const lm_call *call, lm_tensor **out) {

@@ -67,6 +67,8 @@ int lm_shape_matmul(int op, int nin, const lm_meta *in, const lm_attrs *at, lm_m
   if (!lm_is_float(a->dtype) || !lm_is_float(b->dtype))
     return lm_error("matmul: expected floating point tensors, got %s and %s",
                     lm_dtype_name(a->dtype), lm_dtype_name(b->dtype));
+  static const char *const names[2] = {"input", "other"};
+  LM_TRY(lm_need_same_low("matmul", 2, in, names));
   int64_t K = a->shape[a->ndim - 1], Kb = b->ndim == 1 ? b->shape[0] : b->shape[b->ndim - 2];
   if (K != Kb)
     return lm_error("matmul: argument #1 has %lld columns but argument #2 has %lld rows "

@@ -133,6 +133,9 @@ int lm_broadcast_metas(const char *op, int n, const lm_meta *in, lm_meta *out);
 int lm_need_float(const char *op, int k, const char *arg, const lm_meta *m);
 /* error unless attrs carry at least n ints (what: their names, for the message) */
 int lm_need_ints(const char *op, const lm_attrs *a, int n, const char *what);
+/* error when a bf16/f16 operand of a GEMM meets another dtype (names: the
+ * arguments' names) */
+int lm_need_same_low(const char *op, int n, const lm_meta *in, const char *const *names);
 /* error unless the ids of idx (any integer dtype) lie in [0, n), or equal
  * skip when skip_ok; argument #k named arg, its values called `what` */
 int lm_check_ids(const char *op, int k, const char *arg, lm_tensor *idx, int64_t n, int skip_ok,

@@ -53,7 +53,24 @@ const lm_backend *lm_backend_of(int device) {
   return b;
 }
 
-int lm_device_available(int device) { return lm_backend_of(device) != NULL; }
+/* Asks the backend's count, selecting no device: init_device_mesh and
+ * train.lua ask on every rank, and selecting would make a context on each
+ * GPU asked about (the review's item 1). */
+int lm_device_available(int device) {
+  int kind = lm_device_kind(device);
+  const lm_backend *b = kind >= 0 ? backends[kind] : NULL;
+  if (!b || !b->count) return lm_backend_of(device) != NULL; /* no device to select */
+  int n = b->count(), k = device - LM_CUDA0;
+  if (n <= 0) return 0; /* count said why */
+  if (k >= n) return lm_error("cuda:%d: expected a device in cuda:0..cuda:%d", k, n - 1), 0;
+  return 1;
+}
+
+int lm_cuda_device_count(void) {
+  const lm_backend *b = backends[LM_KIND_CUDA];
+  if (!b) return lm_error("device cuda: this build of loom has no kernels for it"), 0;
+  return b->count ? b->count() : 1;
+}
 
 int lm_device_from_name(const char *name) {
   if (!name) return lm_error("device: expected \"cpu\", \"cuda\", \"cuda:N\" or \"meta\", got nil");

@@ -99,6 +99,15 @@ static bool drop(int32_t *rc) {
          __atomic_sub_fetch(rc, 1, __ATOMIC_ACQ_REL) == 0;
 }
 
+/* Hands s's buffer back to its backend. Freeing selects no device (a
+ * failed select, e.g. after an earlier CUDA error, must not turn into a
+ * NULL call); a device kind without a backend cannot have made the buffer,
+ * so there is nothing to hand back. */
+static void free_data(lm_storage *s) {
+  const lm_backend *b = lm_backend_registered(s->device);
+  if (b && b->free) b->free(s->data);
+}
+
 /* The last reference frees the buffer, and the block holding the storage
  * (its owner tensor's, dead by then: it held a reference) unless the owner
  * was freed early while Lua still holds it: its lm_release frees the block. */
@@ -106,7 +115,7 @@ static void release_storage(lm_storage *s) {
   if (!drop(&s->refcount)) return;
   s->refcount = 0;
   if (s->data) { /* NULL: its buffer was released (lm_release_data), bytes uncounted then */
-    if (!s->data_inline) lm_backend_of(s->device)->free(s->data);
+    if (!s->data_inline) free_data(s);
     live_bytes -= (int64_t)s->nbytes;
   }
   live_storages--;
@@ -223,7 +232,7 @@ int lm_release_data(lm_tensor *t) {
   LM_TRY(check_live("release_data", t, "tensor"));
   lm_storage *s = t->storage;
   if (!s || !s->data || s->data_inline || t->device_ == LM_META) return 0;
-  lm_backend_of(s->device)->free(s->data);
+  free_data(s);
   live_bytes -= (int64_t)s->nbytes;
   s->data = NULL;
   return 0;

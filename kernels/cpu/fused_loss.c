@@ -94,7 +94,9 @@ int lm_cpu_cross_entropy(lm_tensor *loss, lm_tensor *lse, const lm_tensor *x, co
   switch (x->dtype_) {
   case LM_F32: ce_f32(ARGS(f32)); return 0;
   case LM_F64: ce_f64(ARGS(f64)); return 0;
-  default: return lm_error("cross_entropy kernel: no kernel for dtype %s", lm_dtype_name(x->dtype_));
+  default: /* bf16/f16 logits: the op casts them to f32 and calls again */
+    return lm_error("unsupported: cross_entropy kernel: no kernel for dtype %s", lm_dtype_name(x->dtype_)),
+           LM_UNSUPPORTED;
   }
 #undef ARGS
 }
@@ -109,7 +111,9 @@ int lm_cpu_cross_entropy_bwd(lm_tensor *dx, const lm_tensor *gloss, const lm_ten
   switch (x->dtype_) {
   case LM_F32: ce_bwd_f32(ARGS(f32)); return 0;
   case LM_F64: ce_bwd_f64(ARGS(f64)); return 0;
-  default: return lm_error("cross_entropy_bwd kernel: no kernel for dtype %s", lm_dtype_name(x->dtype_));
+  default:
+    return lm_error("unsupported: cross_entropy_bwd kernel: no kernel for dtype %s", lm_dtype_name(x->dtype_)),
+           LM_UNSUPPORTED;
   }
 #undef ARGS
 }

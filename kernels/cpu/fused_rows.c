@@ -153,7 +153,8 @@ int lm_cpu_rope(lm_tensor *out, const lm_tensor *x, const lm_tensor *cos, const 
   switch (x->dtype_) {
   case LM_F32: rope_f32(ARGS(f32)); return 0;
   case LM_F64: rope_f64(ARGS(f64)); return 0;
-  default: return lm_error("rope kernel: no kernel for dtype %s", lm_dtype_name(x->dtype_));
+  default: /* bf16/f16: the op casts to f32 and calls again */
+    return lm_error("unsupported: rope kernel: no kernel for dtype %s", lm_dtype_name(x->dtype_)), LM_UNSUPPORTED;
   }
 #undef ARGS
 }

@@ -24,7 +24,21 @@ static int blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs,
   return 0;
 }
 
+/* K = 0: no products, c = beta * c; beta 0 writes zeros (never 0 * NaN of
+ * a fresh buffer), as BLAS defines it */
+static int gemm_empty_k(lm_tensor *c, double beta) {
+  int es = lm_dtype_size(c->dtype_);
+  for (int64_t i = 0; i < c->shape_[0]; i++)
+    for (int64_t m = 0; m < c->shape_[1]; m++)
+      for (int64_t n = 0; n < c->shape_[2]; n++) {
+        char *p = lm_ptr(c) + (i * c->stride_[0] + m * c->stride_[1] + n * c->stride_[2]) * es;
+        lm_store(p, c->dtype_, beta == 0 ? 0 : beta * lm_load(p, c->dtype_));
+      }
+  return 0;
+}
+
 int lm_cpu_gemm(lm_tensor *c, const lm_tensor *a, const lm_tensor *b, double alpha, double beta) {
+  if (a->shape_[2] == 0) return gemm_empty_k(c, beta);
   if (a->dtype_ == LM_BF16 || a->dtype_ == LM_F16) return lm_cpu_gemm_half(c, a, b, alpha, beta);
   int64_t B = c->shape_[0], M = c->shape_[1], N = c->shape_[2], K = a->shape_[2];
   enum CBLAS_TRANSPOSE ta, tb;

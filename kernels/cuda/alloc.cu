@@ -5,6 +5,14 @@
  * step that repeats the previous one's sizes asks the driver for nothing.
  * Reuse needs no synchronisation: work that used a block was queued on its
  * stream before the free, work that reuses it is queued after.
+ * The rule that makes that true, checked by spec/cuda_streams_spec.lua:
+ * every kernel, copy and cuBLAS call runs on LM_STREAM (the legacy default
+ * stream), so every block is keyed by that one stream; NCCL's side stream
+ * (core/comm/nccl.c) is a blocking stream, which the legacy default stream
+ * waits for, and each collective also makes it wait on its event. A
+ * non-blocking stream, or a kernel on another stream, would need a block
+ * keyed by its stream and an event before reuse elsewhere (PyTorch's
+ * record_stream): add that before adding such a stream.
  * Out of memory, the cache of the device is handed back to the driver and
  * the request tried once more; failing again it returns NULL with an error
  * naming the requested and the free bytes, and the process goes on. */

@@ -12,6 +12,7 @@ template <typename T, int D> struct FwdCfg {
   static const int LD = D + lm_tile_pad<T>::value; /* pitch of the Q, K, V tiles */
   static const int LDP = BC + lm_tile_pad<T>::value;
   static const size_t smem = ((size_t)(BR + 2 * BC) * LD + (size_t)ATTN_WARPS * 16 * LDP) * sizeof(T);
+  static_assert(smem <= ATTN_SMEM_MAX, "attention tiles exceed sm_80's shared memory per block");
 };
 
 struct FwdArgs {

@@ -16,6 +16,10 @@
 
 #define ATTN_WARPS 4
 #define ATTN_THREADS (32 * ATTN_WARPS)
+/* the most dynamic shared memory a block may opt into on sm_80 (163 KiB;
+ * sm_90: 227 KiB): each kernel's tiles are checked against it when built
+ * (scripts/check_cuda_resources.sh checks the static part) */
+#define ATTN_SMEM_MAX (163 * 1024)
 
 struct AttnDims {
   int64_t B, L, S;

@@ -21,7 +21,7 @@ struct BwdArgs {
 };
 
 /* ---- Dd: a warp per row ---- */
-template <typename T, int D> __global__ void attn_dot_kernel(BwdArgs a) {
+template <typename T, int D> __global__ void __launch_bounds__(LM_THREADS) attn_dot_kernel(BwdArgs a) {
   int lane = threadIdx.x & 31;
   int64_t rows = a.B * a.L, w = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
   for (int64_t r = w; r < rows; r += ((int64_t)gridDim.x * blockDim.x) >> 5) {
@@ -40,6 +40,7 @@ template <typename T, int D> struct DkdvCfg {
   static const int LDP = BQ + lm_tile_pad<T>::value; /* pitch of P^T and dS^T */
   static const size_t smem = ((size_t)(2 * BK + 2 * BQ) * LD + (size_t)2 * ATTN_WARPS * 16 * LDP) * sizeof(T) +
                              2 * BQ * sizeof(float);
+  static_assert(smem <= ATTN_SMEM_MAX, "attention tiles exceed sm_80's shared memory per block");
 };
 
 template <typename T, int D> __global__ void __launch_bounds__(ATTN_THREADS) attn_dkdv_kernel(BwdArgs a) {
@@ -114,6 +115,7 @@ template <typename T, int D> struct DqCfg {
   static const int LD = D + lm_tile_pad<T>::value;
   static const int LDP = BK + lm_tile_pad<T>::value;
   static const size_t smem = ((size_t)(2 * BQ + 2 * BK) * LD + (size_t)ATTN_WARPS * 16 * LDP) * sizeof(T);
+  static_assert(smem <= ATTN_SMEM_MAX, "attention tiles exceed sm_80's shared memory per block");
 };
 
 template <typename T, int D> __global__ void __launch_bounds__(ATTN_THREADS) attn_dq_kernel(BwdArgs a) {

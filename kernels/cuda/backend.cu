@@ -104,6 +104,7 @@ __attribute__((constructor)) static void register_cuda(void) {
   static lm_backend b;
   b.name = "cuda";
   b.select = cuda_select;
+  b.count = devices;
   b.alloc = lm_cuda_alloc;
   b.free = lm_cuda_free;
   b.copy = lm_cuda_copy;
@@ -120,6 +121,7 @@ __attribute__((constructor)) static void register_cuda(void) {
   b.index_add = lm_cuda_index_add;
   b.adamw = lm_cuda_adamw;
   b.memory_stats = lm_cuda_memory_stats;
+  b.check_ids = lm_cuda_check_ids;
   b.info = cuda_info;
   b.unary_grad = lm_cuda_unary_grad;
   b.swiglu = lm_cuda_swiglu;

@@ -13,6 +13,10 @@
 /* Every kernel runs on the legacy default stream of the current device. */
 #define LM_STREAM ((cudaStream_t)0)
 #define LM_THREADS 256
+/* Row kernels (one block per row) take up to this many threads. Every
+ * kernel states its block size in __launch_bounds__ (LM_THREADS or this),
+ * so ptxas fits its registers to it (scripts/check_cuda_resources.sh). */
+#define LM_ROW_THREADS 1024
 
 /* A launch, written LM_LAUNCH(grid, block, smem, kernel)(args) (the kernel
  * last: its template arguments may hold commas), and a kernel's dynamic
@@ -188,7 +192,7 @@ LM_UNROLL
 }
 
 template <int N, typename I, typename F>
-__global__ void lm_pointwise_kernel(lm_walk w, I n, F f) {
+__global__ void __launch_bounds__(LM_THREADS) lm_pointwise_kernel(lm_walk w, I n, F f) {
   for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (I)gridDim.x * blockDim.x) {
     char *p[N];
     lm_walk_at<N, I>(w, i, p);
@@ -252,10 +256,10 @@ template <typename T> __device__ inline T lm_block_reduce(T v, bool is_max, T *s
   return smem[0];
 }
 
-/* Threads for a row kernel over n elements: 32..1024, a multiple of 32. */
+/* Threads for a row kernel over n elements: 32..LM_ROW_THREADS, a power of 2. */
 static inline int lm_row_threads(int64_t n) {
   int t = 32;
-  while (t < 1024 && t < n) t *= 2;
+  while (t < LM_ROW_THREADS && t < n) t *= 2;
   return t;
 }
 

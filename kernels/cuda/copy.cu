@@ -110,6 +110,8 @@ static int device_to_host(lm_tensor *dst, const lm_tensor *src) {
       /* the caller wants the values now: this waits for the GPU */
       cudaError_t e = cudaMemcpy(hp, dp, n, cudaMemcpyDeviceToHost);
       if (e != cudaSuccess) rc = lm_cuda_fail("copy from the GPU", e);
+      /* the queue drained: raise a bad id an earlier op's check found */
+      else rc = lm_cuda_ids_report(src->device_ - LM_CUDA0);
     }
     if (rc == 0 && !direct) {
       lm_tensor h = dense(&hs, host, dst, dst->dtype_, LM_CPU);

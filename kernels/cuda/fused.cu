@@ -47,7 +47,7 @@ int lm_cuda_unary_grad(int kind, lm_tensor *gx, const lm_tensor *g, const lm_ten
 }
 
 /* ---- swiglu: out = silu(a) * b; da = g * b * silu'(a), db = g * silu(a) ---- */
-template <typename T> __global__ void swiglu_kernel(T *out, const T *a, const T *b, int64_t n) {
+template <typename T> __global__ void __launch_bounds__(LM_THREADS) swiglu_kernel(T *out, const T *a, const T *b, int64_t n) {
   typedef typename lm_acc<T>::type C;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
     C x = lm_to_acc(a[i]);
@@ -56,7 +56,7 @@ template <typename T> __global__ void swiglu_kernel(T *out, const T *a, const T 
 }
 
 template <typename T>
-__global__ void swiglu_bwd_kernel(T *da, T *db, const T *g, const T *a, const T *b, int64_t n) {
+__global__ void __launch_bounds__(LM_THREADS) swiglu_bwd_kernel(T *da, T *db, const T *g, const T *a, const T *b, int64_t n) {
   typedef typename lm_acc<T>::type C;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
     C x = lm_to_acc(a[i]), gi = lm_to_acc(g[i]), e = exp(-x), sig = 1 / (1 + e);
@@ -113,7 +113,7 @@ static void rows_of(const lm_tensor *x, int64_t *rows, int64_t *n) {
 
 /* softmax: gx = y * (g - sum(g * y)); log_softmax: gx = g - exp(y) * sum(g) */
 template <typename T>
-__global__ void softmax_bwd_kernel(T *gx, const T *g, const T *y, int64_t rows, int64_t n, int log) {
+__global__ void __launch_bounds__(LM_ROW_THREADS) softmax_bwd_kernel(T *gx, const T *g, const T *y, int64_t rows, int64_t n, int log) {
   typedef typename lm_acc<T>::type C;
   __shared__ C sm[32];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -162,7 +162,7 @@ template <typename T, typename C> __device__ inline C norm_xhat(const T *xr, int
   return (lm_to_acc(xr[j]) - mu) * rstd;
 }
 
-template <typename T> __global__ void norm_dx_kernel(NormBwd a) {
+template <typename T> __global__ void __launch_bounds__(LM_ROW_THREADS) norm_dx_kernel(NormBwd a) {
   typedef typename lm_acc<T>::type C;
   __shared__ C sm[32];
   int es = lm_dtype_size_dev(a.wdt);
@@ -191,7 +191,7 @@ template <typename T> __global__ void norm_dx_kernel(NormBwd a) {
  * into part[chunk][j] (dw) and part[chunks + chunk][j] (db) */
 #define NORM_CHUNK 64
 template <typename T>
-__global__ void norm_dwdb_partial(NormBwd a, typename lm_acc<T>::type *part, int64_t chunks) {
+__global__ void __launch_bounds__(LM_THREADS) norm_dwdb_partial(NormBwd a, typename lm_acc<T>::type *part, int64_t chunks) {
   typedef typename lm_acc<T>::type C;
   __shared__ C sw[8][33], sb[8][33];
   int tx = threadIdx.x, ty = threadIdx.y;
@@ -217,7 +217,7 @@ __global__ void norm_dwdb_partial(NormBwd a, typename lm_acc<T>::type *part, int
 
 /* dw[j], db[j] = the sums of the chunks' partials, in a fixed order */
 template <typename C>
-__global__ void norm_dwdb_final(const C *part, int64_t chunks, int64_t n, char *dw, int dwt,
+__global__ void __launch_bounds__(LM_THREADS) norm_dwdb_final(const C *part, int64_t chunks, int64_t n, char *dw, int dwt,
                                 int64_t dws, char *db, int dbt, int64_t dbs) {
   for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < n; j += (int64_t)gridDim.x * blockDim.x) {
     C sw = 0, sb = 0;
@@ -281,7 +281,7 @@ struct Rope {
   int sign;
 };
 
-template <typename T> __global__ void rope_kernel(T *out, const T *x, Rope r, int64_t pairs) {
+template <typename T> __global__ void __launch_bounds__(LM_THREADS) rope_kernel(T *out, const T *x, Rope r, int64_t pairs) {
   typedef typename lm_acc<T>::type C;
   int ce = lm_dtype_size_dev(r.cdt), se = lm_dtype_size_dev(r.sdt);
   for (int64_t p = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; p < pairs; p += (int64_t)gridDim.x * blockDim.x) {

@@ -195,6 +195,27 @@ static cublasStatus_t run_blas(gemm_dev *d, const problem *p, const void *A, con
                                     p->sc, (int)p->batch, p->compute, CUBLAS_GEMM_DEFAULT);
 }
 
+/* K = 0: no products, c = beta * c (beta 0 writes zeros, never 0 * NaN of
+ * a fresh buffer); cuBLASLt takes no k = 0 and cuBLAS wants lda >= 1 */
+__global__ void __launch_bounds__(LM_THREADS)
+gemm_empty_k_kernel(char *c, int dt, int64_t M, int64_t N, int64_t s0, int64_t s1, int64_t total, double beta) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t b = i / (M * N), m = i / N % M, n = i % N;
+    char *p = c + (b * s0 + m * s1 + n) * lm_dtype_size_dev(dt);
+    lm_dev_store(p, dt, beta == 0 ? 0.0 : beta * lm_dev_load(p, dt));
+  }
+}
+
+static int gemm_empty_k(lm_tensor *c, double beta) {
+  int64_t B = c->shape_[0], M = c->shape_[1], N = c->shape_[2], total = B * M * N;
+  if (total == 0) return 0;
+  if (lm_cuda_use(c) < 0) return -1;
+  LM_LAUNCH(lm_blocks(total), LM_THREADS, 0, gemm_empty_k_kernel)(
+      lm_ptr(c), c->dtype_, M, N, c->stride_[0], c->stride_[1], total, beta);
+  return lm_cuda_launched("gemm (K = 0)");
+}
+
 static cudaDataType_t cuda_type(int dtype) {
   return dtype == LM_F64 ? CUDA_R_64F : dtype == LM_F32 ? CUDA_R_32F : dtype == LM_BF16 ? CUDA_R_16BF : CUDA_R_16F;
 }
@@ -213,6 +234,7 @@ int lm_cuda_gemm(lm_tensor *c, const lm_tensor *a, const lm_tensor *b, double al
     return lm_error("gemm: expected operands of one float dtype and c of theirs (or f32 for bf16/f16), "
                     "got %s, %s and %s", lm_dtype_name(ab), lm_dtype_name(b->dtype_), lm_dtype_name(cd));
   if (M == 0 || N == 0 || B == 0) return 0;
+  if (K == 0) return gemm_empty_k(c, beta);
   if (M > INT_MAX || N > INT_MAX || K > INT_MAX || p.lda > INT_MAX || p.ldb > INT_MAX ||
       p.ldc > INT_MAX || B > INT_MAX)
     return lm_error("gemm: sizes beyond 2^31 are not supported on CUDA");

@@ -34,6 +34,8 @@ lm_norm_fn lm_cuda_norm;
 lm_embedding_fn lm_cuda_embedding;
 lm_index_add_fn lm_cuda_index_add;
 lm_adamw_fn lm_cuda_adamw;
+lm_check_ids_fn lm_cuda_check_ids;       /* check.cu */
+int lm_cuda_ids_report(int index);       /* after a wait on device index: -1 raising a bad id */
 
 /* fused kernels (fused.cu, loss.cu, attention.cu): core/backend.h's slots */
 lm_unary_grad_fn lm_cuda_unary_grad;

@@ -62,7 +62,7 @@ template <typename T, typename C> __device__ inline C ce_w(const CeArgs &a, int6
   return a.w ? lm_ld<C>(a.w + c * a.ws * lm_dtype_size_dev(a.wdt), a.wdt) : (C)1;
 }
 
-template <typename T> __global__ void ce_fwd_kernel(CeArgs a) {
+template <typename T> __global__ void __launch_bounds__(LM_ROW_THREADS) ce_fwd_kernel(CeArgs a) {
   typedef typename lm_acc<T>::type C;
   __shared__ MaxSum<C> sm[32];
   __shared__ C sc[32];
@@ -95,7 +95,7 @@ template <typename T> __global__ void ce_fwd_kernel(CeArgs a) {
   }
 }
 
-template <typename T> __global__ void ce_bwd_kernel(CeArgs a) {
+template <typename T> __global__ void __launch_bounds__(LM_ROW_THREADS) ce_bwd_kernel(CeArgs a) {
   typedef typename lm_acc<T>::type C;
   __shared__ C sc[32];
   const bool smooth = a.eps > 0;

@@ -5,7 +5,7 @@
 
 /* ---- softmax / log_softmax over the last dim ---- */
 template <typename T>
-__global__ void softmax_kernel(T *out, const T *x, int64_t rows, int64_t n, int is_log) {
+__global__ void __launch_bounds__(LM_ROW_THREADS) softmax_kernel(T *out, const T *x, int64_t rows, int64_t n, int is_log) {
   __shared__ double sm[32];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T *p = x + r * n;
@@ -67,7 +67,7 @@ template <typename T> struct NormArgs {
 };
 
 /* Statistics and the normalised value in double, as on the CPU. */
-template <typename T> __global__ void norm_kernel(NormArgs<T> a) {
+template <typename T> __global__ void __launch_bounds__(LM_ROW_THREADS) norm_kernel(NormArgs<T> a) {
   __shared__ double sm[32];
   for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) {
     const T *p = a.x + r * a.n;
@@ -128,7 +128,7 @@ int lm_cuda_norm(lm_tensor *out, lm_tensor *mean, lm_tensor *rstd, const lm_tens
 /* ---- embedding: out[r, :] = w[idx[r], :]. The op checks the ids; should
  * one slip through, its row reads as zeros rather than out of bounds. ---- */
 template <typename E>
-__global__ void embedding_kernel(E *out, const E *w, const int64_t *idx, int64_t rows, int64_t d,
+__global__ void __launch_bounds__(LM_THREADS) embedding_kernel(E *out, const E *w, const int64_t *idx, int64_t rows, int64_t d,
                                  int64_t vocab, int64_t ws0, int64_t ws1) {
   int64_t n = rows * d;
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
@@ -164,7 +164,7 @@ int lm_cuda_embedding(lm_tensor *out, const lm_tensor *w, const lm_tensor *idx) 
 /* ---- index_add: out[idx[r], :] += src[r, :] (embedding's gradient).
  * Atomic adds: rows sharing an id add up in no fixed order. ---- */
 template <typename T>
-__global__ void index_add_kernel(T *out, const int64_t *idx, const T *src, int64_t rows,
+__global__ void __launch_bounds__(LM_THREADS) index_add_kernel(T *out, const int64_t *idx, const T *src, int64_t rows,
                                  int64_t d, int64_t vocab) {
   int64_t n = rows * d;
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;

@@ -3,7 +3,7 @@
 #include "kernels.cuh"
 
 template <typename T>
-__global__ void adamw_kernel(T *p, const T *g, T *m, T *v, int64_t n, T b1, T b2, T eps,
+__global__ void __launch_bounds__(LM_THREADS) adamw_kernel(T *p, const T *g, T *m, T *v, int64_t n, T b1, T b2, T eps,
                              T decay, T step, T rbc2) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
        i += (int64_t)gridDim.x * blockDim.x) {

@@ -14,7 +14,7 @@ struct Rnd {
   uint64_t seed, offset;
 };
 
-__global__ void random_kernel(Rnd r, int64_t n) {
+__global__ void __launch_bounds__(LM_THREADS) random_kernel(Rnd r, int64_t n) {
   int es = lm_dtype_size_dev(r.dtype);
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
        i += (int64_t)gridDim.x * blockDim.x) {

@@ -43,7 +43,7 @@ template <typename T> __device__ inline void put(int kind, char *out, int64_t k,
 
 /* inner == 1: a block per row, threads stride along it. */
 template <typename T>
-__global__ void reduce_rows(int kind, char *out, const T *x, int64_t rows, int64_t n) {
+__global__ void __launch_bounds__(LM_ROW_THREADS) reduce_rows(int kind, char *out, const T *x, int64_t rows, int64_t n) {
   __shared__ Acc<T> sm[256];
   int tid = threadIdx.x;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -64,7 +64,7 @@ __global__ void reduce_rows(int kind, char *out, const T *x, int64_t rows, int64
 /* inner > 1: a block per 32 columns of one outer slice; threadIdx.x picks
  * the column (coalesced), threadIdx.y splits n eight ways. */
 template <typename T>
-__global__ void reduce_cols(int kind, char *out, const T *x, int64_t outer, int64_t n,
+__global__ void __launch_bounds__(LM_THREADS) reduce_cols(int kind, char *out, const T *x, int64_t outer, int64_t n,
                             int64_t inner) {
   __shared__ Acc<T> sm[8][32];
   int tx = threadIdx.x, ty = threadIdx.y;

@@ -7,6 +7,18 @@ local C = require("loom.lib").C
 
 local M = {}
 
+-- Tokenizer.from_file("tokenizer.json"): Hugging Face tokenizers (BPE),
+-- loaded on first use (loom.text.tokenizer)
+M.Tokenizer = setmetatable({}, { __index = function(_, k) return require("loom.text.tokenizer")[k] end })
+
+-- TokenFile("train.bin", {dtype = "uint16"|"uint32"}): nanoGPT's token
+-- files, memory-mapped (loom.text.token_file); Sampler draws from them too
+function M.TokenFile(path, opts) return require("loom.text.token_file").open(path, opts) end
+local function is_token_file(x)
+  local tf = package.loaded["loom.text.token_file"]
+  return tf ~= nil and type(x) == "table" and getmetatable(x) == tf.TokenFile
+end
+
 local Tokenizer = {}
 Tokenizer.__index = Tokenizer
 
@@ -71,8 +83,9 @@ Sampler.__index = Sampler
 -- resumed run draws the same batches. With world > 1 each rank takes its
 -- slice of a global batch of batch * world rows (data parallelism).
 function M.Sampler(ids, opts)
-  T.check_tensor(ids, "Sampler", "ids")
-  if ids.dtype ~= "i64" or ids:dim() ~= 1 or not ids:is_contiguous() or ids.device ~= "cpu" then
+  if not is_token_file(ids) then T.check_tensor(ids, "Sampler", "ids") end
+  if is_token_file(ids) then -- read row by row from the map
+  elseif ids.dtype ~= "i64" or ids:dim() ~= 1 or not ids:is_contiguous() or ids.device ~= "cpu" then
     T.argerror("Sampler", "ids", "a contiguous 1-D i64 CPU tensor",
                string.format("a %d-D %s tensor on %s", ids:dim(), ids.dtype, ids.device))
   end
@@ -107,13 +120,17 @@ function Sampler:next()
   local b, t = self.batch, self.seq
   local x = loom.empty({ b, t }, { dtype = "i64" })
   local y = loom.empty({ b, t }, { dtype = "i64" })
-  local src = ffi.cast("int64_t*", C.lm_data(self.ids))
+  local file = is_token_file(self.ids) and self.ids
+  local src = not file and ffi.cast("int64_t*", C.lm_data(self.ids))
   local px, py = ffi.cast("int64_t*", C.lm_data(x)), ffi.cast("int64_t*", C.lm_data(y))
   local span = self.ids:numel() - t - 1
-  for row = 0, b * self.world - 1 do
+  for row = 0, b * self.world - 1 do   -- every rank draws every offset: its rows are its slice
     local off = draw(self.seed, self.counter + row, span)
     local r = row - self.rank * b
-    if r >= 0 and r < b then
+    if r >= 0 and r < b and file then
+      file:copy_ids(px + r * t, off, t)
+      file:copy_ids(py + r * t, off + 1, t)
+    elseif r >= 0 and r < b then
       ffi.copy(px + r * t, src + off, 8 * t)
       ffi.copy(py + r * t, src + off + 1, 8 * t)
     end
@@ -126,8 +143,32 @@ end
 function Sampler:state() return { counter = self.counter, seed = self.seed } end
 function Sampler:set_state(s) self.counter, self.seed = s.counter, s.seed end
 
--- split(ids, 0.9) -> train, val (views)
+-- corpus(path, tokenizer_path) -> tokenizer, train ids, val ids (examples/train.lua):
+-- a text file, tokenized by characters or by tokenizer.json, split 90/10;
+-- or a token file (.bin, its dtype by the vocabulary: uint16 up to 65536
+-- ids) with val.bin beside it as the validation set (else its last 10%)
+function M.corpus(path, tokenizer_path)
+  local tok = tokenizer_path ~= "" and tokenizer_path and M.Tokenizer.from_file(tokenizer_path)
+  if not path:match("%.bin$") then
+    local text = M.read_file(path)
+    tok = tok or M.CharTokenizer(text)
+    local ids = tok:encode(text, { add_special_tokens = false })
+    if type(ids) == "table" then ids = loom.tensor(ids, { dtype = "i64" }) end
+    return tok, M.split(ids, 0.9)
+  end
+  if not tok then error("data: " .. path .. " is a token file: pass the tokenizer that made it (--tokenizer)", 0) end
+  local dtype = tok.vocab_size <= 65536 and "uint16" or "uint32"
+  local train = M.TokenFile(path, { dtype = dtype })
+  local val_path = path:gsub("[^/]*$", "val.bin")
+  if val_path ~= path and require("loom.fs").is_file(val_path) then
+    return tok, train, M.TokenFile(val_path, { dtype = dtype })
+  end
+  return tok, train:split(0.9)
+end
+
+-- split(ids, 0.9) -> train, val (views; of a TokenFile too)
 function M.split(ids, frac)
+  if is_token_file(ids) then return ids:split(frac) end
   local n = ids:numel()
   local k = math.floor(n * (frac or 0.9))
   return ids:narrow(1, 1, k), ids:narrow(1, k + 1, n - k)

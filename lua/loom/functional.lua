@@ -13,8 +13,12 @@ function F.linear(x, w, b)
   check(x, "linear", "input")
   check(w, "linear", "weight")
   local y = x:matmul(w:t())
-  if b ~= nil then y = y + check(b, "linear", "bias") end
-  return y
+  if b == nil then return y end
+  check(b, "linear", "bias")
+  -- under autocast the bias joins the GEMM's dtype (PyTorch's linear is one
+  -- autocast op); a recorded cast, so its gradient reaches it in f32
+  if b.dtype ~= y.dtype and C.lm_autocast_dtype() >= 0 and b.dtype ~= "f64" then b = b:to(y.dtype) end
+  return y + b
 end
 
 function F.relu(x) return check(x, "relu", "input"):relu() end

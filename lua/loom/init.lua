@@ -80,11 +80,8 @@ end
 -- loom.cuda: the CUDA devices this process sees
 loom.cuda = {}
 function loom.cuda.is_available() return (loom.device_available("cuda:0")) end
-function loom.cuda.device_count()
-  local n = 0
-  while n < 64 and lib.C.lm_device_available(lib.C.LM_CUDA0 + n) == 1 do n = n + 1 end
-  return n
-end
+-- device_count asks cudaGetDeviceCount only: no GPU gets a context from it
+function loom.cuda.device_count() return (lib.C.lm_cuda_device_count()) end
 -- the device "cuda" names (0-based index), as torch.cuda.set_device
 function loom.cuda.set_device(k)
   if lib.C.lm_set_cuda_device(k) < 0 then T.c_error() end
@@ -106,6 +103,10 @@ function loom.set_num_threads(n)
   end
   lib.C.lm_set_num_threads(n)
 end
+
+-- generate(model, tokenizer, prompt, opts) -> the text the model continues
+-- the prompt with (loom.models.generate)
+function loom.generate(model, tok, prompt, opts) return require("loom.models.generate").text(model, tok, prompt, opts) end
 
 -- Submodules load lazily so `require "loom"` stays cheap.
 function loom.autocast(dtype, fn, ...) return require("loom.amp").autocast(dtype, fn, ...) end

@@ -1,6 +1,7 @@
 /* test_comm.c: the collectives of core/comm/ on every dtype, even and
  * uneven, on dims 0 and 1, against references computed from rank-determined
  * inputs. Runs as a world of one, or under mpirun -n 2 / -n 4. */
+#include "comm/comm.h"
 #include "dtensor/dtensor.h"
 #include <math.h>
 #include <stdio.h>
@@ -245,6 +246,20 @@ static void test_errors(lm_comm *c) {
   lm_release(x);
 }
 
+/* the agreement NCCL's setup uses: one rank's failure (rank 0's unique id,
+ * the last rank's device) raises on every rank instead of a hang */
+static void test_agree(lm_comm *c) {
+  expect(lm_comm_agree(c, 1, "setup") == 0, "agree when all are ok", LM_I32, 0, 0);
+  for (int bad = 0; bad < world; bad += world > 1 ? world - 1 : 1) {
+    if (rank == bad) lm_error("my own reason");
+    int rc = lm_comm_agree(c, rank != bad, "setup");
+    const char *e = lm_last_error();
+    expect(rc < 0, "every rank fails when one does", LM_I32, rc, -1);
+    expect(rank == bad ? strstr(e, "my own reason") != NULL : strstr(e, "failed, so every rank stops") != NULL,
+           "the failing rank keeps its reason, the others name it", LM_I32, 0, 0);
+  }
+}
+
 int main(void) {
   if (lm_dist_init() < 0 || lm_dist_init() < 0) {
     fprintf(stderr, "init: %s\n", lm_last_error());
@@ -263,6 +278,7 @@ int main(void) {
   test_non_contiguous(c);
   test_async(c);
   test_errors(c);
+  test_agree(c);
   /* a split communicator: even and odd ranks */
   lm_comm *half = lm_comm_split(c, rank % 2, rank);
   expect(half && lm_comm_size(half) == (world + 1 - rank % 2) / 2, "split size", LM_I32,

@@ -140,6 +140,21 @@ static void test_shard_layout(void) {
   lm_mesh_release(mm);
 }
 
+/* a GEMM with K = 0 (review item 8): c = beta * c, and zeros for beta 0
+ * even where c held NaN */
+static void test_gemm_empty_k(void) {
+  int64_t sa[3] = {2, 3, 0}, sb[3] = {2, 0, 4}, sc[3] = {2, 3, 4};
+  lm_tensor *a = lm_empty(3, sa, LM_F32, LM_CPU), *b = lm_empty(3, sb, LM_F32, LM_CPU);
+  lm_tensor *c = lm_empty(3, sc, LM_F32, LM_CPU);
+  const lm_backend *be = lm_backend_of(LM_CPU);
+  float *p = lm_data(c);
+  for (int i = 0; i < 24; i++) p[i] = 3;
+  CHECK(be->gemm(c, a, b, 1, 2) == 0 && p[0] == 6 && p[23] == 6);
+  for (int i = 0; i < 24; i++) p[i] = 0.0f / 0.0f;
+  CHECK(be->gemm(c, a, b, 1, 0) == 0 && p[0] == 0 && p[23] == 0);
+  lm_release(a), lm_release(b), lm_release(c);
+}
+
 int main(void) {
   test_philox();
   test_random_shards();
@@ -147,6 +162,7 @@ int main(void) {
   test_refcount();
   test_errors();
   test_shard_layout();
+  test_gemm_empty_k();
   printf("%d passed, %d failed\n", passed, failed);
   return failed != 0;
 }

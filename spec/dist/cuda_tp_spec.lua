@@ -8,6 +8,11 @@ local tr = loom.models.transformer
 
 local ngpu = loom.cuda.device_count()
 local ws = dist.world_size()
+local G = require "support.cuda"
+if ngpu == 0 and G.gpu_here() then -- a GPU is here but loom cannot use it: fail, never skip
+  G.skip(describe, it, "tensor parallelism on GPUs")
+  return
+end
 if ngpu < ws then -- NCCL needs a GPU of its own for each rank
   local why = ngpu == 0 and "no GPU here (" .. tostring(select(2, loom.device_available("cuda:0"))) .. ")"
               or string.format("%d GPUs for %d ranks", ngpu, ws)

@@ -117,7 +117,7 @@ local V = 4 * ws
 local parallel = {
   { "loss_parallel of a number", function() tp.loss_parallel(3) end, "loss_parallel", "fn", "function" },
   { "loss_parallel with class 0", function() ce(long({ 1, 0 })) end, "loss_parallel", "class 0", "[1, " .. V .. "]" },
-  { "loss_parallel with a class past the vocabulary", function() ce(long({ V + 1, 1 })) end, "loss_parallel", "class " .. (V + 1), "global vocabulary" },
+  { "loss_parallel with a class past the vocabulary", function() ce(long({ V + 1, 1 })) end, "loss_parallel", "holds class " .. (V + 1), "outside [1, " .. V .. "]" },
   { "loss_parallel with a negative class", function() ce(long({ 1, -5 })) end, "loss_parallel", "class -5", "ignore_index" },
   { "loss_parallel with float targets", function() ce(loom.ones(2)) end, "loss_parallel", "class ids" },
   { "loss_parallel with too many targets", function() ce(long({ 1, 2, 3 })) end, "loss_parallel", "3 targets for 2 rows" },

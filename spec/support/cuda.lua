@@ -9,11 +9,38 @@ local G = {}
 G.ok, G.why = loom.device_available("cuda")
 G.device = "cuda" -- what results must be on (a dry run of the specs' Lua may change it)
 
--- Without a GPU: prints why, and makes one spec that checks the reason is
--- the one expected (no device, or a build without the CUDA backend).
--- Returns true when the caller should stop there.
+-- Whether this machine has a GPU, asked apart from loom's backend (which
+-- may be what is broken): LOOM_EXPECT_GPU=1 or 0 says so; else the
+-- driver's count (cudaGetDeviceCount, in a build with CUDA) or the NVIDIA
+-- driver's list of GPUs in /proc. Returns the answer and what said it.
+function G.gpu_here()
+  local env = os.getenv("LOOM_EXPECT_GPU")
+  if env == "1" or env == "0" then return env == "1", "LOOM_EXPECT_GPU=" .. env end
+  local n = loom.C.lm_cuda_device_count()
+  if n > 0 then return true, "cudaGetDeviceCount found " .. n end
+  local p = io.popen("ls /proc/driver/nvidia/gpus 2>/dev/null")
+  local list = p and p:read("*a") or ""
+  if p then p:close() end
+  if list:match("%S") then return true, "/proc/driver/nvidia/gpus lists a GPU" end
+  return false, "no GPU found"
+end
+
+-- Without a usable GPU: on a machine without one, prints why and makes one
+-- spec that checks the reason is the one expected (no device, or a build
+-- without the CUDA backend); on a machine with one (G.gpu_here), makes a
+-- spec that fails, so a broken load is never green. Returns true when the
+-- caller should stop there.
 function G.skip(describe, it, name)
   if G.ok then return false end
+  local here, how = G.gpu_here()
+  if here then
+    describe(name, function()
+      it("runs: a GPU is here (" .. how .. ")", function()
+        error(("a GPU is here (%s) but loom cannot use it: %s"):format(how, tostring(G.why)), 0)
+      end)
+    end)
+    return true
+  end
   print(("no GPU: skipping %s (%s)"):format(name, tostring(G.why)))
   describe(name, function()
     it("is skipped because there is no GPU", function()

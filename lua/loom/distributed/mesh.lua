@@ -146,7 +146,12 @@ function M.init_device_mesh(device_type, mesh_shape, opts)
   for i = 1, world do ranks[i] = i - 1 end
   if device_type == "cuda" then -- each rank on its own GPU: local rank modulo the GPUs here
     local n = loom.cuda.device_count()
-    loom.cuda.set_device(C.lm_dist_local_rank() % n)
+    local k = C.lm_dist_local_rank() % n
+    loom.cuda.set_device(k)
+    -- NCCL communicators now, collectively, in dim order on every rank
+    for d = 1, #shape do
+      if C.lm_comm_nccl_init(groups[d].comm, C.LM_CUDA0 + k) < 0 then cerr(2) end
+    end
   end
   return M.new(device_type, shape, names, ranks, coord, groups)
 end

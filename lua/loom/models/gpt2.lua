@@ -38,12 +38,20 @@ function Attention:__init(c)
   self.v = nn.Linear(c.n_embd, c.n_embd)
   self.c_proj = nn.Linear(c.n_embd, c.n_embd)
 end
-function Attention:forward(x)
+-- cache (generation): {k, v} of (B, heads of this rank, T, hd) so far, as
+-- the Llama model's (loom.models.transformer)
+function Attention:forward(x, cache)
   local b, t, hd = x:size(1), x:size(2), self.head_dim
   local q = self.q(x):view(b, t, -1, hd):transpose(2, 3)   -- -1: the heads of this rank
   local k = self.k(x):view(b, t, -1, hd):transpose(2, 3)
   local v = self.v(x):view(b, t, -1, hd):transpose(2, 3)
-  local o = F.scaled_dot_product_attention(q, k, v, { is_causal = true })
+  if cache then
+    if cache.k then k, v = loom.cat({ cache.k, k }, 3), loom.cat({ cache.v, v }, 3) end
+    cache.k, cache.v = k, v
+  end
+  local causal = k:size(3) == t
+  if not causal and t > 1 then error("GPT2Attention: a cached step takes one token at a time", 3) end
+  local o = F.scaled_dot_product_attention(q, k, v, { is_causal = causal })
   return self.c_proj(o:transpose(2, 3):reshape(b, t, -1))
 end
 
@@ -64,8 +72,8 @@ function Block:__init(c)
   self.mlp = MLP(c)
   if c.dropout > 0 then self.drop = nn.Dropout(c.dropout) end
 end
-function Block:forward(x)
-  local a = self.attn(self.ln_1(x))
+function Block:forward(x, cache)
+  local a = self.attn(self.ln_1(x), cache)
   if self.drop then a = self.drop(a) end
   local h = x + a
   local m = self.mlp(self.ln_2(h))
@@ -88,18 +96,27 @@ function GPT2:__init(cfg)
   self.lm_head.weight = self.wte.weight   -- tied, as in GPT-2
 end
 
--- forward(ids (B, T) i64, 1-based) -> logits (B, T, vocab)
-function GPT2:forward(ids)
+-- forward(ids (B, T) i64, 1-based[, cache]) -> logits (B, T, vocab); with a
+-- cache ({pos = 0}, then as this leaves it) ids continue the cached sequence
+function GPT2:forward(ids, cache)
   T.check_tensor(ids, "GPT2", "ids")
-  local t = ids:size(2)
-  if t > self.config.n_positions then
-    error(string.format("GPT2: sequence length %d exceeds n_positions %d", t, self.config.n_positions), 2)
+  local t, start = ids:size(2), cache and cache.pos or 0
+  if start + t > self.config.n_positions then
+    error(string.format("GPT2: sequence length %d exceeds n_positions %d", start + t, self.config.n_positions), 2)
   end
-  local pos = loom.arange(1, t + 1, 1, { dtype = "i64", device = ids.device }):reshape(1, t)
+  local pos = loom.arange(start + 1, start + t + 1, 1, { dtype = "i64", device = ids.device }):reshape(1, t)
   local x = self.wte(ids) + self.wpe(pos)
-  for _, block in self.h:ipairs() do x = block(x) end
+  for i, block in self.h:ipairs() do
+    local c
+    if cache then cache[i] = cache[i] or {} c = cache[i] end
+    x = block(x, c)
+  end
+  if cache then cache.pos = start + t end
   return self.lm_head(self.ln_f(x))
 end
+
+-- generate(ids, opts): see loom.models.generate
+function GPT2:generate(ids, opts) return require("loom.models.generate").generate(self, ids, opts) end
 
 function M.new(cfg) return GPT2(cfg) end
 

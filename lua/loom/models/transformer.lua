@@ -56,7 +56,11 @@ local function repeat_kv(x, n_rep)
   return x:unsqueeze(4):expand(b, t, kv, n_rep, hd):reshape(b, t, kv * n_rep, hd)
 end
 
-function Attention:forward(x, cos, sin)
+-- cache (generation): this layer's keys and values so far, {k, v} of
+-- (B, T, heads of this rank, hd), extended here; then attention is causal
+-- only when the queries are the whole sequence (a prefill), and a decoded
+-- token attends to every cached position.
+function Attention:forward(x, cos, sin, cache)
   local b, t = x:size(1), x:size(2)
   local hd = self.head_dim
   -- -1: the heads this rank holds, whatever the TP degree
@@ -64,9 +68,15 @@ function Attention:forward(x, cos, sin)
   local k = self.wk(x):view(b, t, -1, hd)
   local v = self.wv(x):view(b, t, -1, hd)
   q, k = F.apply_rotary_emb(q, cos, sin), F.apply_rotary_emb(k, cos, sin)
+  if cache then
+    if cache.k then k, v = loom.cat({ cache.k, k }, 2), loom.cat({ cache.v, v }, 2) end
+    cache.k, cache.v = k, v
+  end
+  local causal = k:size(2) == t
+  if not causal and t > 1 then error("Attention: a cached step takes one token at a time", 3) end
   k, v = repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep)
   q, k, v = q:transpose(2, 3), k:transpose(2, 3), v:transpose(2, 3)
-  local o = F.scaled_dot_product_attention(q, k, v, { is_causal = true })
+  local o = F.scaled_dot_product_attention(q, k, v, { is_causal = causal })
   return self.wo(o:transpose(2, 3):reshape(b, t, -1))
 end
 
@@ -91,8 +101,8 @@ function Block:__init(c)
     self.ffn_dropout = nn.Dropout(c.dropout)
   end
 end
-function Block:forward(x, cos, sin)
-  local a = self.attention(self.attention_norm(x), cos, sin)
+function Block:forward(x, cos, sin, cache)
+  local a = self.attention(self.attention_norm(x), cos, sin, cache)
   if self.attention_dropout then a = self.attention_dropout(a) end
   local h = x + a
   local f = self.feed_forward(self.ffn_norm(h))
@@ -127,18 +137,29 @@ function Transformer:reset_parameters()
   self.rope_cos, self.rope_sin = cos, sin
 end
 
--- forward(ids (B, T) i64, 1-based) -> logits (B, T, vocab)
-function Transformer:forward(ids)
+-- forward(ids (B, T) i64, 1-based[, cache]) -> logits (B, T, vocab). With
+-- a cache ({pos = 0}, then as this leaves it) ids continue the cached
+-- sequence: the rotary angles start at cache.pos (see loom.models.generate).
+function Transformer:forward(ids, cache)
   T.check_tensor(ids, "Transformer", "ids")
-  local t = ids:size(2)
-  if t > self.config.max_seq_len then
-    error(string.format("Transformer: sequence length %d exceeds max_seq_len %d", t, self.config.max_seq_len), 2)
+  local t, pos = ids:size(2), cache and cache.pos or 0
+  if pos + t > self.config.max_seq_len then
+    error(string.format("Transformer: sequence length %d exceeds max_seq_len %d", pos + t, self.config.max_seq_len), 2)
   end
-  local cos, sin = self.rope_cos:narrow(1, 1, t), self.rope_sin:narrow(1, 1, t)
+  local cos, sin = self.rope_cos:narrow(1, pos + 1, t), self.rope_sin:narrow(1, pos + 1, t)
   local h = self.tok_embeddings(ids)
-  for _, layer in self.layers:ipairs() do h = layer(h, cos, sin) end
+  for i, layer in self.layers:ipairs() do
+    local c
+    if cache then cache[i] = cache[i] or {} c = cache[i] end
+    h = layer(h, cos, sin, c)
+  end
+  if cache then cache.pos = pos + t end
   return self.output(self.norm(h))
 end
+
+-- generate(ids, {max_new_tokens, temperature, top_k, top_p, seed, ...}):
+-- see loom.models.generate (a KV cache; greedy unless sampling is asked)
+function Transformer:generate(ids, opts) return require("loom.models.generate").generate(self, ids, opts) end
 
 -- new(cfg): the model; build it inside loom.device("meta"):use(...) to get
 -- its shapes without memory, then parallelise, to_empty and init_weights.

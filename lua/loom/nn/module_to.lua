@@ -57,7 +57,9 @@ function Module:to(what)
   if dtype ~= nil and not T.is_float_dtype(dtype) then
     T.argerror("Module:to", "dtype", "a floating point dtype (f32, f64, bf16, f16)", T.describe(dtype))
   end
-  if device ~= nil then T.device_id(device, "Module:to") end
+  -- by device number: "cuda" is the current cuda:k, and a tensor on
+  -- another cuda:j moves to it (as torch's module.to("cuda") does)
+  local did = device ~= nil and T.device_id(device, "Module:to") or nil
   return convert(self, function(t, fqn)
     local md = mesh_device(t)
     if device and md and not device:match("^" .. md) then
@@ -70,7 +72,7 @@ function Module:to(what)
     end
     local y = t
     if dtype and T.is_float_dtype(t.dtype) and t.dtype ~= dtype then y = y:to(dtype) end
-    if device and y.device ~= device and not (device == "cuda" and y.device:match("^cuda")) then y = y:to(device) end
+    if did and y.device_ ~= did then y = y:to(device) end
     return y
   end)
 end

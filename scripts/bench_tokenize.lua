@@ -1,0 +1,96 @@
+-- bench_tokenize.lua: encoding speed (MB/s of UTF-8 text) of loom's
+-- tokenizers next to Hugging Face's `tokenizers` (when python3 can import
+-- it) on the same tokenizer.json and the same text, in the same run, one
+-- thread each: one encode call over the whole text (its ids compared too),
+-- then line by line. The text: tinyshakespeare with multilingual lines (accents, CJK,
+-- emoji) mixed in. Usage:
+--   luajit scripts/bench_tokenize.lua [--bytes 1000000 --reps 3 --json FILE]
+local root = debug.getinfo(1, "S").source:match("^@(.*)scripts/bench_tokenize%.lua$") or "./"
+package.path = root .. "lua/?.lua;" .. root .. "lua/?/init.lua;" .. package.path
+local bench = require "loom.bench"
+local Tokenizer = require "loom.text.tokenizer"
+
+local o = bench.args(arg, { bytes = 1000000, reps = 3, json = "" }, "bench_tokenize.lua")
+local DIR = root .. "spec/fixtures/tokenizers/"
+local f = assert(io.open(root .. "examples/data/tinyshakespeare.txt", "rb"))
+local shakespeare = f:read("*a")
+f:close()
+local extra = "Café déjà vu, naïve façade. 東京は日本の首都です。中文测试 🦀🚀 ❤️ Ελληνικά русский.\n"
+local parts, n, i = {}, 0, 0
+while n < o.bytes do   -- a multilingual line after every 2 KB of English
+  local chunk = shakespeare:sub(i % #shakespeare + 1, i % #shakespeare + 2048)
+  parts[#parts + 1] = chunk .. extra
+  n, i = n + #chunk + #extra, i + 2048
+end
+local text = table.concat(parts):sub(1, o.bytes)
+text = text:sub(1, (text:find("[\128-\191]*$") or #text + 1) - 1)   -- end on a whole character
+text = text:gsub("[\192-\255][\128-\191]*$", "")
+local path = os.tmpname()
+f = assert(io.open(path, "wb")) f:write(text) f:close()
+
+-- HF's time and ids (a digest), or nil when tokenizers is not importable
+local function hf(json)
+  local py = string.format([[
+import sys, time, hashlib
+try:
+    from tokenizers import Tokenizer
+except ImportError:
+    print("none"); sys.exit(0)
+t = Tokenizer.from_file(%q); s = open(%q, encoding="utf-8").read()
+t.encode(s[:1000]); best = lbest = 1e9
+lines = s.splitlines(keepends=True)
+for _ in range(%d):
+    t0 = time.perf_counter(); ids = t.encode(s, add_special_tokens=False).ids; best = min(best, time.perf_counter() - t0)
+    t0 = time.perf_counter(); t.encode_batch(lines, add_special_tokens=False); lbest = min(lbest, time.perf_counter() - t0)
+print(best, len(ids), hashlib.sha1(",".join(str(i + 1) for i in ids).encode()).hexdigest(), lbest)
+]], json, path, o.reps)
+  local pf = io.open(path .. ".py", "w") pf:write(py) pf:close()
+  local p = io.popen("TOKENIZERS_PARALLELISM=false RAYON_NUM_THREADS=1 python3 " .. path .. ".py 2>/dev/null")
+  local out = p and p:read("*a") or ""
+  if p then p:close() end
+  local t, count, digest, lines = out:match("^(%S+) (%d+) (%x+) (%S+)")
+  return t and tonumber(t), tonumber(count), digest, tonumber(lines)
+end
+
+local function sha1_of(ids)   -- through sha1sum, so the digest matches Python's
+  local tmp = os.tmpname()
+  local g = assert(io.open(tmp, "wb")) g:write(table.concat(ids, ",")) g:close()
+  local p = io.popen("sha1sum " .. tmp)
+  local d = p:read("*a"):match("^(%x+)")
+  p:close()
+  os.remove(tmp)
+  return d
+end
+
+local rows, results = {}, {}
+for _, kind in ipairs { "gpt2", "llama3", "llama2", "metaspace" } do
+  local tok = Tokenizer.from_file(DIR .. kind .. ".json")
+  tok:encode(text:sub(1, 1000))
+  local best, ids = math.huge, nil
+  for _ = 1, o.reps do
+    local t0 = bench.now()
+    ids = tok:encode(text, { add_special_tokens = false })
+    best = math.min(best, bench.now() - t0)
+  end
+  local lines, lbest = {}, math.huge
+  for line in text:gmatch("[^\n]*\n?") do if line ~= "" then lines[#lines + 1] = line end end
+  for _ = 1, o.reps do
+    local t0 = bench.now()
+    for _, line in ipairs(lines) do tok:encode(line, { add_special_tokens = false }) end
+    lbest = math.min(lbest, bench.now() - t0)
+  end
+  local ht, hcount, hdigest, hlines = hf(DIR .. kind .. ".json")
+  local mb = #text / 1e6
+  local same = hdigest and ((hcount == #ids and hdigest == sha1_of(ids)) and "yes" or "NO") or "n/a"
+  rows[#rows + 1] = { kind, tostring(#ids), string.format("%.2f", mb / best),
+                      ht and string.format("%.2f", mb / ht) or "n/a", same, string.format("%.2f", mb / lbest),
+                      hlines and string.format("%.2f", mb / hlines) or "n/a" }
+  results[kind] = { loom_mb_s = mb / best, hf_mb_s = ht and mb / ht, ids = #ids, same_ids = same,
+                    loom_lines_mb_s = mb / lbest, hf_lines_mb_s = hlines and mb / hlines }
+end
+os.remove(path)
+os.remove(path .. ".py")
+print(string.format("encode %.2f MB of text (best of %d), one thread: as one string, and line by line "
+                    .. "(HF: encode_batch, TOKENIZERS_PARALLELISM=false)", #text / 1e6, o.reps))
+bench.table({ "tokenizer", "ids", "loom MB/s", "HF MB/s", "same ids", "loom lines MB/s", "HF lines MB/s" }, rows)
+if o.json ~= "" then bench.write_json(o.json, results) end
