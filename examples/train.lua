@@ -92,7 +92,7 @@ local function now()
   return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
 end
 
--- The world: pp x dp x tp ranks on a {pp, dp, tp} mesh (loom.parallel.layout).
+-- The world: pp x dp x cp x tp ranks on a {pp, dp, cp, tp} mesh (loom.parallel.layout).
 local L = require "loom.parallel.layout"
 local function layout(o, dist)
   local device = o.device
