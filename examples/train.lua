@@ -287,6 +287,7 @@ local function main(argv)
                     o.seq, L.describe(w, o),
                     o["sequence-parallel"] and ", sequence parallel" or "",
                     o.lp and ", loss parallel" or "", o.dtype .. " on " .. w.device))
+  say(require("loom.parallel.predict").before(cfg, w, o))
   -- progress: on a terminal, a live line rewritten with \r and kept at each
   -- eval; otherwise (a pipe, a file, under loomrun) whole lines at each
   -- eval, every --print-every steps and at the last step
@@ -312,7 +313,7 @@ local function main(argv)
     if o["grad-clip"] > 0 then L.clip_grad_norm_(model:parameters(), o["grad-clip"], w, dist) end
     opt:step()
     tokens = tokens + o.batch * o.seq
-    if step == start_step + 1 then say(memory_line(model, opt, nparams)) end
+    if step == start_step + 1 then say(memory_line(model, opt, nparams)) say(require("loom.parallel.predict").after(cfg, w, o, model, opt, w.sent_bytes)) end
     local elapsed = now() - t0
     local tps = tokens / elapsed
     local entry = { step = step, loss = last_loss, tokens_per_s = math.floor(tps) }

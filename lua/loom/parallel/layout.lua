@@ -136,7 +136,9 @@ function M.pipeline_loss(sched, x, y, backward, w, dist)
   local v
   if backward then
     local losses = {}
-    sched:step(x, { target = y, losses = losses })
+    -- the first step's p2p bytes, for the prediction check (predict.lua)
+    local cm = dist.comm_mode(function() sched:step(x, { target = y, losses = losses }) end)
+    w.sent_bytes = w.sent_bytes or cm.bytes.send
     if #losses > 0 then
       v = 0
       for _, l in ipairs(losses) do v = v + l end
