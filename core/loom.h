@@ -233,7 +233,8 @@ typedef struct lm_work lm_work;   /* a collective in flight */
 enum lm_reduce_op { LM_RED_SUM = 0, LM_RED_AVG = 1, LM_RED_MAX = 2, LM_RED_MIN = 3 };
 enum lm_coll_kind { LM_COLL_ALL_REDUCE = 0, LM_COLL_ALL_GATHER = 1,
                     LM_COLL_REDUCE_SCATTER = 2, LM_COLL_ALL_TO_ALL = 3,
-                    LM_COLL_BROADCAST = 4, LM_COLL_BARRIER = 5, LM_NCOLL = 6 };
+                    LM_COLL_BROADCAST = 4, LM_COLL_BARRIER = 5,
+                    LM_COLL_SEND = 6, LM_COLL_RECV = 7, LM_NCOLL = 8 };
 int lm_dist_init(void);               /* idempotent */
 int lm_dist_is_initialized(void);
 int lm_dist_rank(void);
@@ -287,6 +288,20 @@ int lm_work_wait(lm_work *w);
 int lm_work_test(lm_work *w);         /* 1 done, 0 pending, -1 error */
 lm_tensor *lm_work_result(lm_work *w);
 void lm_work_free(lm_work *w);        /* waits first if still pending */
+
+/* Point-to-point (core/comm/p2p.c), for pipeline stages and ring attention.
+ * Peers are ranks of c (0-based); tag in [0, 32767] tells apart messages
+ * between one pair. A header (dtype and shape) travels first, so recv
+ * fails naming both shapes when the sender's tensor is not out's shape.
+ * One receive at a time per (c, peer, tag): a second is refused while the
+ * first is in flight (it could take the first one's header).
+ * recv writes into out (contiguous, CPU) and returns 0 or -1. The async
+ * forms: lm_work_result gives out back (a new reference) for a recv;
+ * lm_irecv with out NULL makes out from the sender's header. */
+int lm_send(lm_comm *c, lm_tensor *t, int dst, int tag);
+int lm_recv(lm_comm *c, lm_tensor *out, int src, int tag);
+lm_work *lm_isend(lm_comm *c, lm_tensor *t, int dst, int tag);
+lm_work *lm_irecv(lm_comm *c, lm_tensor *out, int src, int tag);
 
 /* Collectives issued so far, by enum lm_coll_kind: counts and bytes of the
  * local input tensors (arrays of LM_NCOLL). */

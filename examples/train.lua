@@ -38,6 +38,13 @@ local FLAGS = {
   { "dp", 0, "data-parallel degree (0: the world size over --tp); tp * dp = world size" },
   { "fsdp", false, "shard parameters, gradients and AdamW state over dp (fully_shard on each block, then the root) "
                    .. "instead of replicating them" },
+  { "pp", 1, "pipeline-parallel degree: the layers cut into pp stages (loom.distributed.pipelining); "
+               .. "pp * dp * tp = world size" },
+  { "async-tp", false, "with --sequence-parallel: reduce-scatter after wo and w2 in chunks overlapped with the matmul" },
+  { "cp", 1, "context-parallel degree: the sequence sharded over cp ranks (load-balanced causal attention)" },
+  { "cp-rotate", "allgather", "with --cp: how keys and values reach every rank: allgather or alltoall (a p2p ring)" },
+  { "microbatches", 0, "with --pp: microbatches per step (0: pp); they must divide the batch over dp" },
+  { "schedule", "1F1B", "with --pp: 1F1B or gpipe" },
   { "no-reshard", false, "with --fsdp: keep each block's gathered parameters from forward to backward" },
   { "sequence-parallel", false, "shard norms and residuals on the sequence (with --tp > 1)" },
   { "loss-parallel", true, "cross entropy on vocabulary-sharded logits (with --tp > 1)" },
@@ -86,25 +93,17 @@ local function now()
   return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
 end
 
--- The world: tp x dp ranks on a {dp, tp} mesh.
+-- The world: pp x dp x cp x tp ranks on a {pp, dp, cp, tp} mesh (loom.parallel.layout).
+local L = require "loom.parallel.layout"
 local function layout(o, dist)
-  local world = dist.world_size()
-  local tp, dp = o.tp, o.dp
-  if tp == 0 and dp == 0 then tp, dp = world, 1
-  elseif tp == 0 then tp = world / dp
-  elseif dp == 0 then dp = world / tp end
-  if tp * dp ~= world or tp < 1 or dp < 1 or tp % 1 ~= 0 or dp % 1 ~= 0 then
-    error(string.format("train.lua: --tp %s x --dp %s must equal the world size %d", o.tp, o.dp, world), 0)
-  end
-  if o.batch % dp ~= 0 then error(string.format("train.lua: --batch %d must divide by --dp %d", o.batch, dp), 0) end
   local device = o.device
   if device == "auto" then device = loom.cuda.is_available() and "cuda" or "cpu" end
   if device ~= "cpu" and device ~= "cuda" then
     error("train.lua: --device expects cpu, cuda or auto, got " .. tostring(o.device), 0)
   end
-  local mesh = dist.init_device_mesh(device, { dp, tp }, { mesh_dim_names = { "dp", "tp" } })
-  return { world = world, tp = tp, dp = dp, mesh = mesh, dp_rank = mesh:get_local_rank("dp"),
-           rank = dist.rank(), device = device }
+  local w = L.world(o, dist, device)
+  if o.batch % w.dp ~= 0 then error(string.format("train.lua: --batch %d must divide by --dp %d", o.batch, w.dp), 0) end
+  return w
 end
 
 -- the model on its device (f32: with --dtype bf16 autocast runs its GEMMs
@@ -113,11 +112,13 @@ local function build_model(o, cfg, w, dist)
   local tp = require "loom.parallel"
   loom.manual_seed(o.seed)   -- the same full weights on every rank, at any layout
   local model = loom.device(w.device):use(transformer.new, cfg)
+  model = L.split(model, w, { microbatches = o.microbatches > 0 and o.microbatches or nil, schedule = o.schedule })
   if w.tp > 1 then
-    tp.parallelize_module(model, w.mesh["tp"], transformer.tp_plan(
-      { sequence_parallel = o["sequence-parallel"], loss_parallel = o.lp, tp = w.tp }, model), { src_data_rank = false })
+    tp.parallelize_module(model, w.mesh["tp"], L.plan_for(L.async_tp(transformer.tp_plan(
+      { sequence_parallel = o["sequence-parallel"], loss_parallel = o.lp, tp = w.tp }, model), o, w), model), { src_data_rank = false })
   end
   if w.dp > 1 and not o.fsdp then tp.replicate(model, w.mesh["dp"]) end
+  L.replicate_cp(model, w)
   return model
 end
 
@@ -185,8 +186,7 @@ local function main(argv)
   local model = build_model(o, cfg, w, dist)
   if hf then hf.load_weights(model, o["init-from"]) say("initialised from " .. o["init-from"]) end
   shard_model(o, model, w)
-  local nparams = 0
-  for _, p in ipairs(model:parameters()) do nparams = nparams + p:numel() end
+  local nparams = L.count_params(model, w, dist)
   local opt = loom.optim.AdamW(model:parameters(), { lr = o.lr, betas = { 0.9, 0.95 },
                                                      weight_decay = o["weight-decay"] })
   local local_batch = o.batch / w.dp
@@ -197,16 +197,21 @@ local function main(argv)
   -- the loss of a batch on this layout (loss_parallel keeps logits sharded),
   -- with backward when asked; returns the loss averaged over dp ranks
   local tpmod = require "loom.parallel"
+  local pp_sched = w.pp > 1 and L.schedule(w, function(out, yy) return loom.F.cross_entropy(out, yy) end)
   local function step_loss(x, y, backward)
     if w.device ~= "cpu" then x, y = x:to(w.device), y:to(w.device) end
     local function forward() return loom.F.cross_entropy(model(x), y) end
+    if pp_sched then forward = function() return L.pipeline_loss(pp_sched, x, y, backward, w, dist) end end
     local function run()
       local loss = o.dtype == "bf16" and loom.autocast("bf16", forward) or forward()
-      if backward then loss:backward() end
+      if backward and not pp_sched then loss:backward() end
       return loss
     end
-    local loss = o.lp and tpmod.loss_parallel(run) or run()
-    local v = loss:detach():to("f64"):reshape(1)
+    local loss = L.with_cp(w, model, x, y, function(cx, cy)
+      x, y = cx, cy
+      return o.lp and tpmod.loss_parallel(run) or run()
+    end)
+    local v = L.cp_avg(w, dist, loss:detach():to("f64"):reshape(1))
     if w.dp > 1 then v = dist.all_reduce(v, "avg", w.mesh, "dp") end
     return v:item()
   end
@@ -282,10 +287,11 @@ local function main(argv)
                           "threads_per_rank" }), "\n")
   end
   say(string.format("model: %d layers, dim %d, %d heads, %d parameters; %d steps of %dx%d tokens; "
-                    .. "world %d = tp %d x dp %d%s%s%s, %s", o.layers, o.dim, o.heads, nparams, o.steps, o.batch,
-                    o.seq, w.world, w.tp, w.dp, o.fsdp and w.dp > 1 and " (FSDP)" or "",
+                    .. "%s%s%s, %s", o.layers, o.dim, o.heads, nparams, o.steps, o.batch,
+                    o.seq, L.describe(w, o),
                     o["sequence-parallel"] and ", sequence parallel" or "",
                     o.lp and ", loss parallel" or "", o.dtype .. " on " .. w.device))
+  say(require("loom.parallel.predict").before(cfg, w, o))
   -- progress: on a terminal, a live line rewritten with \r and kept at each
   -- eval; otherwise (a pipe, a file, under loomrun) whole lines at each
   -- eval, every --print-every steps and at the last step
@@ -315,13 +321,13 @@ local function main(argv)
                           .. "--grad-clip on, or pass --skip-nonfinite to skip such steps", last_loss, step, o.lr), 0)
     end
     if finite then
-      if o["grad-clip"] > 0 then loom.nn.utils.clip_grad_norm_(model:parameters(), o["grad-clip"]) end
+      if o["grad-clip"] > 0 then L.clip_grad_norm_(model:parameters(), o["grad-clip"], w, dist) end
       opt:step()
     else
       say(string.format("step %d: loss %s, optimizer step skipped (--skip-nonfinite)", step, last_loss))
     end
     tokens = tokens + o.batch * o.seq
-    if step == start_step + 1 then say(memory_line(model, opt, nparams)) end
+    if step == start_step + 1 then say(memory_line(model, opt, nparams)) say(require("loom.parallel.predict").after(cfg, w, o, model, opt, w.sent_bytes)) end
     local elapsed = now() - t0
     local tps = tokens / elapsed
     local entry = { step = step, loss = last_loss, tokens_per_s = math.floor(tps) }
@@ -343,7 +349,7 @@ local function main(argv)
                     fmt_time(wall), tokens / math.max(wall, 1e-9), last_loss or 0 / 0,
                     last_val and string.format("%.4f", last_val) or "n/a"))
   if main_rank and o.log ~= "" then plot(o.log) end
-  if o.sample > 0 then   -- every rank runs the model; rank 0 prints
+  if o.sample > 0 and w.pp == 1 then   -- every rank runs the model; rank 0 prints
     loom.manual_seed(o.seed)
     local start = tok.stoi and (tok.stoi["\n"] or 1) or tok:encode("\n", { add_special_tokens = false })[1]
     local out = transformer.generate(model, loom.tensor({ { start } }, { dtype = "i64" }), o.sample,

@@ -7,7 +7,7 @@
 #include <string.h>
 
 static const char *names[LM_NCOLL] = {"all_reduce", "all_gather", "reduce_scatter",
-                                      "all_to_all", "broadcast", "barrier"};
+                                      "all_to_all", "broadcast", "barrier", "send", "recv"};
 static int64_t stat_count[LM_NCOLL], stat_bytes[LM_NCOLL];
 
 void lm_comm_stats(int64_t *counts, int64_t *bytes) {
@@ -65,7 +65,7 @@ static int64_t prod(int ndim, const int64_t *shape, int skip1, int skip2) {
   return n;
 }
 
-static lm_work *new_work(lm_comm *c, int kind, const lm_transport *tr, int blocking) {
+lm_work *lm_work_new(lm_comm *c, int kind, const lm_transport *tr, int blocking) {
   lm_work *w = calloc(1, sizeof *w);
   int n = c->size;
   if (w) {
@@ -107,7 +107,7 @@ void lm_work_free(lm_work *w) {
 }
 
 /* Starts w, or frees it and returns NULL. Counts what was issued. */
-static lm_work *launch(lm_work *w, const lm_tensor *t) {
+lm_work *lm_work_launch(lm_work *w, const lm_tensor *t) {
   if (!w) return NULL;
   for (int q = 1; q < w->comm->size; q++) {
     w->sdispls[q] = w->sdispls[q - 1] + w->scounts[q - 1];
@@ -209,7 +209,7 @@ static lm_work *all_reduce_w(lm_comm *c, lm_tensor *t, int op, int blocking) {
   if (check_args(name, c, t, 0) < 0 || check_op(name, op, t->dtype_) < 0) return NULL;
   const lm_transport *tr = transport_for(name, t);
   if (!tr || lm_check_fingerprint(c, LM_COLL_ALL_REDUCE, op, t, -1, -1, -1, 0) < 0) return NULL;
-  lm_work *w = new_work(c, LM_COLL_ALL_REDUCE, tr, blocking);
+  lm_work *w = lm_work_new(c, LM_COLL_ALL_REDUCE, tr, blocking);
   if (!w) return NULL;
   w->op = op;
   w->dtype = wire_dtype(tr, t->dtype_);
@@ -225,7 +225,7 @@ static lm_work *all_reduce_w(lm_comm *c, lm_tensor *t, int op, int blocking) {
   }
   w->finish = finish_reduce;
   if (!w->out || !w->send) { lm_work_free(w); return NULL; }
-  return launch(w, t);
+  return lm_work_launch(w, t);
 }
 
 /* Sizes of each rank's block on dim: t's own size everywhere (full < 0), or
@@ -254,7 +254,7 @@ static lm_work *all_gather_w(lm_comm *c, lm_tensor *t, int dim, int64_t full, in
   int d = lm_wrap_dim(name, "dim", dim, t->ndim);
   const lm_transport *tr = transport_for(name, t);
   if (d < 0 || !tr) return NULL;
-  lm_work *w = new_work(c, LM_COLL_ALL_GATHER, tr, blocking);
+  lm_work *w = lm_work_new(c, LM_COLL_ALL_GATHER, tr, blocking);
   if (!w) return NULL;
   if (rank_sizes(name, c, t, d, full, w->fsizes) < 0 ||
       lm_check_fingerprint(c, LM_COLL_ALL_GATHER, -1, t, d, full, full >= 0 ? d : -1, full) < 0) {
@@ -281,7 +281,7 @@ static lm_work *all_gather_w(lm_comm *c, lm_tensor *t, int dim, int64_t full, in
     w->finish = finish_unpack;
   }
   if (!w->out || !w->send || !w->recv) { lm_work_free(w); return NULL; }
-  return launch(w, t);
+  return lm_work_launch(w, t);
 }
 
 static lm_work *reduce_scatter_w(lm_comm *c, lm_tensor *t, int op, int dim, int blocking) {
@@ -291,7 +291,7 @@ static lm_work *reduce_scatter_w(lm_comm *c, lm_tensor *t, int op, int dim, int 
   const lm_transport *tr = transport_for(name, t);
   if (d < 0 || !tr || lm_check_fingerprint(c, LM_COLL_REDUCE_SCATTER, op, t, d, -1, -1, 0) < 0)
     return NULL;
-  lm_work *w = new_work(c, LM_COLL_REDUCE_SCATTER, tr, blocking);
+  lm_work *w = lm_work_new(c, LM_COLL_REDUCE_SCATTER, tr, blocking);
   if (!w) return NULL;
   int64_t sh[LM_MAX_DIMS], other = prod(t->ndim, t->shape_, d, -1);
   for (int q = 0; q < c->size; q++) {
@@ -318,7 +318,7 @@ static lm_work *reduce_scatter_w(lm_comm *c, lm_tensor *t, int op, int dim, int 
   }
   w->finish = finish_reduce;
   if (!w->out || !w->send || !w->recv) { lm_work_free(w); return NULL; }
-  return launch(w, t);
+  return lm_work_launch(w, t);
 }
 
 static lm_work *all_to_all_w(lm_comm *c, lm_tensor *t, int split_dim, int cat_dim,
@@ -337,7 +337,7 @@ static lm_work *all_to_all_w(lm_comm *c, lm_tensor *t, int split_dim, int cat_di
              (long long)n, (long long)full);
     return NULL;
   }
-  lm_work *w = new_work(c, LM_COLL_ALL_TO_ALL, tr, blocking);
+  lm_work *w = lm_work_new(c, LM_COLL_ALL_TO_ALL, tr, blocking);
   if (!w) return NULL;
   int64_t *send_sizes = calloc((size_t)k, sizeof(int64_t));
   if (!send_sizes ||
@@ -378,7 +378,7 @@ static lm_work *all_to_all_w(lm_comm *c, lm_tensor *t, int split_dim, int cat_di
   }
   free(send_sizes);
   if (!w->out || !w->send || !w->recv) { lm_work_free(w); return NULL; }
-  return launch(w, t);
+  return lm_work_launch(w, t);
 }
 
 static lm_work *broadcast_w(lm_comm *c, lm_tensor *t, int root, int blocking) {
@@ -390,7 +390,7 @@ static lm_work *broadcast_w(lm_comm *c, lm_tensor *t, int root, int blocking) {
   }
   const lm_transport *tr = transport_for(name, t);
   if (!tr || lm_check_fingerprint(c, LM_COLL_BROADCAST, -1, t, root, -1, -1, 0) < 0) return NULL;
-  lm_work *w = new_work(c, LM_COLL_BROADCAST, tr, blocking);
+  lm_work *w = lm_work_new(c, LM_COLL_BROADCAST, tr, blocking);
   if (!w) return NULL;
   w->root = root;
   w->dtype = t->dtype_;
@@ -399,14 +399,14 @@ static lm_work *broadcast_w(lm_comm *c, lm_tensor *t, int root, int blocking) {
   if (!w->out) { lm_work_free(w); return NULL; }
   w->send = w->recv = w->out; /* one reference for both */
   lm_retain(w->out);
-  return launch(w, t);
+  return lm_work_launch(w, t);
 }
 
 static lm_work *barrier_w(lm_comm *c, int blocking) {
   if (lm_dist_ensure("barrier") < 0) return NULL;
   if (!c) { lm_error("barrier: comm is NULL"); return NULL; }
   if (lm_check_fingerprint(c, LM_COLL_BARRIER, -1, NULL, -1, -1, -1, 0) < 0) return NULL;
-  return launch(new_work(c, LM_COLL_BARRIER, &lm_mpi_transport, blocking), NULL);
+  return lm_work_launch(lm_work_new(c, LM_COLL_BARRIER, &lm_mpi_transport, blocking), NULL);
 }
 
 /* ---- completion ---- */

@@ -39,6 +39,7 @@ struct lm_work {
   int started, done, failed;
   MPI_Request req;      /* the MPI transport's request */
   void *event;          /* the NCCL transport's cuda event */
+  void *p2p;            /* p2p.c's state (peer, tag, requests, header) */
   /* after the transport completes: recv -> out */
   int (*finish)(lm_work *w);
   int fdim;             /* dim the blocks are concatenated on, for unpack */
@@ -69,12 +70,18 @@ int lm_comm_bcast_bytes(lm_comm *c, void *buf, int n, int root);
 int lm_comm_agree(lm_comm *c, int ok, const char *what);
 int lm_debug_collectives(void);
 
+/* collectives.c, shared with p2p.c: a work of `kind`, and its start
+ * (counted in lm_comm_stats; frees w and returns NULL when it fails) */
+lm_work *lm_work_new(lm_comm *c, int kind, const lm_transport *tr, int blocking);
+lm_work *lm_work_launch(lm_work *w, const lm_tensor *t);
+
 /* watchdog.c: ends the job when ranks can no longer meet; waits that sleep */
 int lm_watch_start(int rank, int size, int thread_level);
 void lm_watch_finish(void);  /* announces this rank's end, waits for all */
 uint64_t lm_watch_key(const int *world_ranks, int size);
 void lm_watch_comm(const lm_comm *c, int alive); /* a comm made (1) or freed (0) */
 int lm_watch_check(const lm_comm *c, const char *what); /* -1 when a member finished */
+int lm_watch_finished(int world_rank); /* 1 once that rank has finished its script */
 /* async collectives in flight (+1 started, -1 done): while some are, the
  * watchdog thread calls into MPI often, so they progress during compute */
 void lm_progress_hold(int delta);

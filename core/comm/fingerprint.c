@@ -11,7 +11,8 @@ enum { FP_RANK, FP_CALL, FP_KIND, FP_OP, FP_DTYPE, FP_NDIM, FP_A1, FP_A2, FP_FUL
        FP_LEN = FP_SHAPE + LM_MAX_DIMS };
 
 static const char *kinds[LM_NCOLL] = {"all_reduce", "all_gather", "reduce_scatter",
-                                      "all_to_all", "broadcast", "barrier"};
+                                      "all_to_all", "broadcast", "barrier",
+                                      "send", "recv"};
 static const char *ops[] = {"sum", "avg", "max", "min"};
 
 /* e.g. "call #3 all_gather(dim 2, full 5) of f32 [2, *]"; dims 1-based as in Lua */

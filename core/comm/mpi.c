@@ -18,7 +18,8 @@ static MPI_Op mpi_op(int op) {
 }
 
 static const char *kind_name[LM_NCOLL] = {"all_reduce", "all_gather", "reduce_scatter",
-                                          "all_to_all", "broadcast", "barrier"};
+                                          "all_to_all", "broadcast", "barrier",
+                                      "send", "recv"};
 
 /* Blocking calls for synchronous collectives (OpenMPI's tuned algorithms
  * beat its nonblocking ones), MPI_I* for async handles. */

@@ -130,6 +130,15 @@ static int gone_member(const lm_comm *c, int64_t call) {
   return -1;
 }
 
+/* 1 when world rank r has finished its script (a p2p peer that never will send) */
+int lm_watch_finished(int r) {
+  if (!W.on || r < 0 || r >= W.size) return 0;
+  pthread_mutex_lock(&W.lock);
+  int f = W.finished[r] != 0;
+  pthread_mutex_unlock(&W.lock);
+  return f;
+}
+
 int lm_watch_check(const lm_comm *c, const char *what) {
   if (!W.on) return 0;
   pthread_mutex_lock(&W.lock);

@@ -46,7 +46,9 @@ local M = {}
 local function address(t) return tostring(ffi.cast("void*", t)) end
 
 -- what one backward has under way, across all units
-local G = { queued = false, pending = {}, touched = {}, pre = {} }
+-- (sync false: backwards accumulate into the gathered leaves and reduce
+-- nothing, for pipeline microbatches; see set_requires_gradient_sync)
+local G = { queued = false, pending = {}, touched = {}, pre = {}, sync = true }
 
 -- units with gathered data or a gather in flight, in the order they got it
 local function touch(unit)
@@ -160,6 +162,7 @@ end
 
 local function grad_ready(unit)
   ensure_queued()
+  if not G.sync then return end
   local live = unit.live
   live.ready = live.ready + 1
   if live.ready == live.ngrad and not live.launched then launch_reduce(unit) end
@@ -183,6 +186,7 @@ end
 -- end of backward: the last reductions, then every unit back to sharded
 function finish()
   G.queued = false
+  if not G.sync then return end   -- more backwards of this step to come
   local touched = G.touched
   G.touched, G.pre = {}, {}
   for _, unit in ipairs(touched) do
@@ -319,7 +323,9 @@ local function forward_post(unit, out)
     unit.temp = nil
     return
   end
-  if unit.reshard and unit.parent and #unit.entries > 0 then
+  -- without sync (pipeline microbatches) the data stays: a backward's end
+  -- forgets the pre-backward hooks of graphs still to come, which would re-gather it
+  if unit.reshard and unit.parent and #unit.entries > 0 and G.sync then
     release(unit.live.u)
     unit.live.released = true
   end
@@ -340,6 +346,15 @@ function M.fully_shard(module, opts)
   module:register_forward_hook(function(_, _, out) forward_post(unit, out) end)
   return module
 end
+
+-- set_requires_gradient_sync(false): the forwards and backwards that
+-- follow (of every unit) keep the gathered parameters (no reshard after
+-- forward) and their gradients in them, accumulating, and reduce-scatter
+-- nothing; the first backward after set_requires_gradient_sync(true)
+-- reduces what all of them accumulated. Pipeline schedules use it so that
+-- several microbatches' forwards can precede their backwards (PyTorch has
+-- it per module; here it holds for all units).
+function M.set_requires_gradient_sync(flag) G.sync = flag and true or false end
 
 -- the unit fully_shard made of module (nil if none), for inspection:
 -- unit.entries[i] = {fqn, sharded, placements, mesh, ...}

@@ -210,6 +210,64 @@ function M.barrier(mesh, mesh_dim, opts)
   if C.lm_barrier(c) < 0 then cerr(2) end
 end
 
+---------------------------------------------------------------------------
+-- point-to-point: peers are ranks of the group (coordinates on mesh_dim;
+-- world ranks without a mesh), 0-based like src in broadcast.
+
+local function p2p_args(f, t, peer, pname, mesh, mesh_dim, opts)
+  if t ~= nil or f == "send" then T.check_tensor(t, f, "tensor") end
+  local async, o = opts_of(f, opts)
+  local c = comm_for(f, t, mesh, mesh_dim)
+  if type(peer) ~= "number" or peer ~= math.floor(peer) then
+    error(string.format("%s: %s expected a rank (an integer), got %s", f, pname, describe(peer)), 3)
+  end
+  local tag = o and o.tag or 0
+  if type(tag) ~= "number" or tag ~= math.floor(tag) then
+    error(string.format("%s: tag expected an integer in [0, 32767], got %s", f, describe(tag)), 3)
+  end
+  return c, async, tag
+end
+
+-- send(t, dst, mesh, mesh_dim, {tag, async_op}): t to rank dst of the group.
+-- With async_op a Work (wait() returns nil); else it returns once t's bytes
+-- are out of t (t may be reused then).
+function M.send(t, dst, mesh, mesh_dim, opts)
+  local c, async, tag = p2p_args("send", t, dst, "dst", mesh, mesh_dim, opts)
+  if async then return finish(C.lm_isend(c, t, dst, tag), true, 2) end
+  if C.lm_send(c, t, dst, tag) < 0 then cerr(2) end
+end
+
+-- recv(t, src, mesh, mesh_dim, {tag, async_op}): fills t (contiguous, the
+-- sender's dtype and shape) from rank src and returns it (async: a Work
+-- whose wait() returns t). t nil: a new tensor of the sender's shape.
+function M.recv(t, src, mesh, mesh_dim, opts)
+  local c, async, tag = p2p_args("recv", t, src, "src", mesh, mesh_dim, opts)
+  if async or t == nil then
+    local w = finish(C.lm_irecv(c, t, src, tag), true, 2)
+    return async and w or w:wait()
+  end
+  if C.lm_recv(c, t, src, tag) < 0 then cerr(2) end
+  return t
+end
+function M.isend(t, dst, mesh, mesh_dim, opts)
+  opts = opts or {}
+  return M.send(t, dst, mesh, mesh_dim, { tag = opts.tag, async_op = true })
+end
+function M.irecv(t, src, mesh, mesh_dim, opts)
+  opts = opts or {}
+  return M.recv(t, src, mesh, mesh_dim, { tag = opts.tag, async_op = true })
+end
+
+-- sendrecv(t, dst, src, mesh, mesh_dim, {tag}): sends t to dst while
+-- receiving a tensor of t's shape and dtype from src (one step of a ring).
+function M.sendrecv(t, dst, src, mesh, mesh_dim, opts)
+  local out = loom.empty(t:size(), { dtype = t.dtype })
+  local r = M.irecv(out, src, mesh, mesh_dim, opts)
+  local s = M.isend(t, dst, mesh, mesh_dim, opts)
+  s:wait()
+  return r:wait()
+end
+
 -- torch.chunk sizes: rows of chunk i (1-based) when n rows split in k.
 function M.chunk_size(n, k, i) return tonumber(C.lm_chunk_size(n, k, i - 1)) end
 function M.chunk_offset(n, k, i) return tonumber(C.lm_chunk_offset(n, k, i - 1)) end
@@ -217,7 +275,8 @@ function M.chunk_offset(n, k, i) return tonumber(C.lm_chunk_offset(n, k, i - 1))
 ---------------------------------------------------------------------------
 -- counting, like PyTorch's CommDebugMode
 
-local KINDS = { "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "barrier" }
+local KINDS = { "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "barrier",
+                "send", "recv" }
 M.collective_kinds = KINDS
 
 local function pack(...) return { n = select("#", ...), ... } end

@@ -41,11 +41,21 @@ function M.ColwiseParallel:__init(o)
   self.input_layouts = S.layout("ColwiseParallel", "input_layouts", o.input_layouts, Replicate())
   self.output_layouts = S.layout("ColwiseParallel", "output_layouts", o.output_layouts, Shard(-1))
   self.use_local_output = o.use_local_output ~= false
+  self.async_tp = o.async_tp == true or nil   -- nil: the repr stays PyTorch's
+  if self.async_tp and not (self.input_layouts == Shard(2) and self.output_layouts == Shard(-1) and self.use_local_output) then
+    error("ColwiseParallel: async_tp needs input_layouts=Shard(2) (sequence shards), output_layouts=Shard(-1) "
+          .. "and use_local_output", 3)
+  end
 end
 function M.ColwiseParallel:apply(module, mesh, fqn)
   local k = kind(module)
   if k ~= "Linear" and k ~= "Embedding" then unsupported(self, module, fqn or "") end
   S.shard_parameters(module, distribute(self, mesh, k == "Embedding" and Shard(2) or Shard(1)), self.__name)
+  if self.async_tp then   -- the all-gather overlapped with the matmul (async_tp.lua)
+    if k ~= "Linear" then unsupported(self, module, fqn or "") end
+    module.forward = require("loom.parallel.async_tp").colwise_forward(mesh)
+    return module
+  end
   module:register_forward_pre_hook(input_hook(mesh, self.input_layouts, Replicate()))
   module:register_forward_hook(output_hook(mesh, self.output_layouts, self.use_local_output))
   return module
@@ -61,6 +71,10 @@ function M.RowwiseParallel:__init(o)
   self.input_layouts = S.layout("RowwiseParallel", "input_layouts", o.input_layouts, nil)
   self.output_layouts = S.layout("RowwiseParallel", "output_layouts", o.output_layouts, Replicate())
   self.use_local_output = o.use_local_output ~= false
+  self.async_tp = o.async_tp == true or nil   -- nil: the repr stays PyTorch's
+  if self.async_tp and not (self.output_layouts == Shard(2) and self.use_local_output) then
+    error("RowwiseParallel: async_tp needs output_layouts=Shard(2) (sequence shards) and use_local_output", 3)
+  end
 end
 function M.RowwiseParallel:repr()
   return string.format("RowwiseParallel(input_layouts=%s, output_layouts=%s, use_local_output=%s)",
@@ -75,6 +89,11 @@ function M.RowwiseParallel:apply(module, mesh, fqn)
     local pl = linear and (name == "bias" and Replicate() or Shard(2)) or Shard(1)
     return distribute(self, mesh, pl)(name, p)
   end, self.__name)
+  if self.async_tp then   -- the reduce-scatter overlapped with the matmul (async_tp.lua)
+    if not linear then unsupported(self, module, fqn or "") end
+    module.forward = require("loom.parallel.async_tp").rowwise_forward(mesh)
+    return module
+  end
   local from = self.input_layouts or (linear and Shard(-1) or Replicate())
   module:register_forward_pre_hook(input_hook(mesh, from, linear and Shard(-1) or Replicate()))
   module:register_forward_hook(output_hook(mesh, self.output_layouts, self.use_local_output))

@@ -1,0 +1,123 @@
+-- async_tp.lua: asynchronous tensor parallelism (PyTorch's "micro-pipeline
+-- TP"): the all-gather of sequence shards before a column-wise matmul and
+-- the reduce-scatter after a row-wise one are cut into one chunk per rank
+-- and moved by p2p while the matmuls of the chunks already there run.
+--
+--   all_gather_matmul(x, w, g):    (B, T/tp, in) shard -> (B, T, out/tp):
+--     this rank's chunk first, then each other rank's as it arrives.
+--   matmul_reduce_scatter(x, w, g): (B, T, in/tp) -> (B, T/tp, out): the
+--     partial product of each other rank's chunk is computed and sent at
+--     once; this rank's own is computed while they travel.
+-- Forward values are those of the plain plan (chunks of one GEMM; partial
+-- sums added in rank order). Gradients go through differentiable
+-- collectives in backward (not overlapped): the gathered input's through a
+-- sum over ranks, the scattered output's through an all-gather.
+local loom = require "loom"
+local dist = require "loom.distributed"
+local T = require "loom.tensor"
+local C = loom.C
+
+local M = {}
+local TAG_AG, TAG_RS = 30000, 30001
+
+local function chunks(fname, n, tp)
+  if n % tp ~= 0 then
+    error(string.format("%s: the sequence length (%d) must divide by the tensor-parallel degree (%d) for async TP",
+                        fname, n, tp), 4)
+  end
+  return n / tp
+end
+
+-- g: {group = Group of the tp dim, size, rank}
+function M.all_gather_matmul(x, w, g)
+  local tp, me = g.size, g.rank
+  local c = x:size(2)
+  -- receive every other rank's chunk, send ours to every other rank
+  local recvs = {}
+  for s = 1, tp - 1 do
+    recvs[s] = dist.irecv(nil, (me - s) % tp, g.group, nil, { tag = TAG_AG })
+  end
+  local xd = x:detach():contiguous()
+  local sends = {}
+  for s = 1, tp - 1 do sends[s] = dist.isend(xd, (me + s) % tp, g.group, nil, { tag = TAG_AG }) end
+  -- pad(x) carries the gradient: zeros but x's rows; summed over ranks in
+  -- backward, each rank's rows of it are the gradient of its shard
+  -- (without gradients the chunks are used as they are)
+  local grad = loom.is_grad_enabled() and x.requires_grad
+  local pad
+  if grad then
+    local parts = {}
+    for r = 0, tp - 1 do parts[r + 1] = r == me and x or loom.zeros(x:size(), { dtype = x.dtype }) end
+    pad = T.op(C.LM_OP_DIST_GRAD_REDUCE, { loom.cat(parts, 2) }, nil, nil, { g.group.comm })
+  end
+  local out = {}
+  local wt = w:t()
+  out[me + 1] = (grad and pad:narrow(2, me * c + 1, c) or x):matmul(wt)
+  for s = 1, tp - 1 do
+    local r = (me - s) % tp
+    local got = recvs[s]:wait()
+    out[r + 1] = (grad and pad:narrow(2, r * c + 1, c) + got or got):matmul(wt)
+  end
+  for _, s in ipairs(sends) do s:wait() end
+  return loom.cat(out, 2)
+end
+
+function M.matmul_reduce_scatter(x, w, g)
+  local tp, me = g.size, g.rank
+  local c = chunks("matmul_reduce_scatter", x:size(2), tp)
+  local recvs = {}
+  for r = 0, tp - 1 do
+    if r ~= me then recvs[r] = dist.irecv(nil, r, g.group, nil, { tag = TAG_RS }) end
+  end
+  local wt = w:t()
+  local z, sends = {}, {}
+  for s = 1, tp - 1 do   -- the other ranks' chunks first: they travel while ours computes
+    local r = (me + s) % tp
+    z[r + 1] = x:narrow(2, r * c + 1, c):matmul(wt)
+    sends[#sends + 1] = dist.isend(z[r + 1]:detach(), r, g.group, nil, { tag = TAG_RS })
+  end
+  z[me + 1] = x:narrow(2, me * c + 1, c):matmul(wt)
+  -- this rank's chunk of the partial product, whose backward all-gathers
+  -- the output's gradient (as reduce-scatter's does)
+  local y = z[me + 1]
+  if loom.is_grad_enabled() and y.requires_grad then
+    y = T.op(C.LM_OP_DIST_SLICE, { loom.cat(z, 2) }, { 1 }, nil, { g.group.comm })
+  end
+  local acc
+  for r = 0, tp - 1 do   -- partial sums in rank order
+    local term = r == me and y or recvs[r]:wait()
+    acc = acc and acc + term or term
+  end
+  for _, s in ipairs(sends) do s:wait() end
+  return acc
+end
+
+local function group_of(mesh)
+  return { group = mesh:get_group(1), size = mesh:size(), rank = mesh:get_local_rank(1) }
+end
+
+local function local_of(t) return dist.is_dtensor(t) and t:to_local() or t end
+
+-- forwards for Linear modules parallelized Colwise (input Shard(2)) and
+-- Rowwise (output Shard(2)); installed by the styles' async_tp option
+function M.colwise_forward(mesh)
+  local g = group_of(mesh)
+  return function(self, x)
+    local y = M.all_gather_matmul(local_of(x), local_of(self.weight), g)
+    if self.bias ~= nil then y = y + local_of(self.bias) end
+    return y
+  end
+end
+
+function M.rowwise_forward(mesh)
+  local g = group_of(mesh)
+  return function(self, x)
+    local y = M.matmul_reduce_scatter(local_of(x), local_of(self.weight), g)
+    -- the replicated bias through DTensor, so its gradient is summed over
+    -- the sequence shards of every rank
+    if self.bias ~= nil then y = (dist.from_local(y, mesh, { dist.Shard(2) }) + self.bias):to_local() end
+    return y
+  end
+end
+
+return M
