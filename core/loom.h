@@ -299,6 +299,14 @@ void lm_dtensor_rule_cache_clear(void);
  * threads, e.g. "OpenBLAS 0.3.21 ... DYNAMIC_ARCH ...; core Zen, 2 threads" */
 const char *lm_blas_info(void);
 
+/* ---- Ctrl-C for interactive sessions (the REPL, core/entry/interrupt.c) ----
+ * install: SIGINT and SIGUSR1 set a flag instead of ending the process;
+ * the next op call fails with "interrupted" (and clears it). */
+int lm_interrupt_install(void);
+int lm_interrupt_pending(void);
+void lm_interrupt_clear(void);
+int lm_interrupt_take(void);   /* 1 and cleared when one was pending */
+
 #ifdef __cplusplus
 }
 #endif
