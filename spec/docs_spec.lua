@@ -9,6 +9,7 @@ local sys = require "support.sys"
 
 local root = (debug.getinfo(1, "S").source:match("^@(.*)spec/docs_spec%.lua$") or "./")
 if root == "" then root = "./" end
+root = io.popen("cd " .. root .. " && pwd"):read("*l") .. "/"   -- blocks run in a scratch directory
 
 local function pages()
   local list = { "README.md" }
@@ -101,6 +102,19 @@ describe("the guide's tour pasted into the REPL", function()
     local rc, out = sys.sh(root .. "scripts/loom < " .. input)
     os.remove(input)
     assert.equal(0, rc, out)
-    assert.truthy(out:find("loom.Size{3, 4}\t4\tf32\tcpu", 1, true), out)
+    assert.truthy(out:find("loom.Size{3, 4}\t3\tf32\tcpu", 1, true), out)
+  end)
+
+  it("its DTensor part runs in `loomrun -n 4 --repl`, printing sizes and the sharding once", function()
+    local mesh_block = blocks(sys.read(root .. "docs/guide.md"))[2].code
+    local input = os.tmpname()
+    sys.write(input, mesh_block)
+    local rc, out = sys.sh(root .. "scripts/loomrun -n 4 --timeout 120 --repl < " .. input)
+    os.remove(input)
+    assert.equal(0, rc, out)
+    assert.truthy(out:find("[ranks 0-3] loom.Size{8, 6}\tloom.Size{2, 6}", 1, true), out)
+    local _, n = out:gsub("2%-D of size 8x6", "")
+    assert.equal(1, n, out)   -- rank 0 prints it, once
+    assert.truthy(out:find("[ranks 0-3] 1\n", 1, true), out)   -- one all_gather
   end)
 end)

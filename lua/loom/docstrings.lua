@@ -52,7 +52,7 @@ return {
   ["nn.Module"] = "nn.Module:extend(\"Name\") -> a class; define __init and forward(x); model(x) calls forward.\n"
     .. "  m:parameters(), m:named_parameters(), m:to(device), m:train(), m:eval(), m:state_dict()",
   ["nn.Linear"] = "nn.Linear(in, out [, bias=true]) -> y = x @ weight:t() + bias; weight is out x in",
-  ["nn.Embedding"] = "nn.Embedding(n, dim) -> rows of weight by index (0-based ids, as PyTorch)",
+  ["nn.Embedding"] = "nn.Embedding(n, dim) -> rows of weight by index (ids 1..n, 1-based as Lua)",
   ["nn.LayerNorm"] = "nn.LayerNorm(dim [, eps]) -> layer normalization over the last dim",
   ["nn.RMSNorm"] = "nn.RMSNorm(dim [, eps]) -> RMS normalization over the last dim",
   ["nn.Sequential"] = "nn.Sequential(m1, m2, ...) -> the modules in order; children are named 1, 2, ... (1-based)",
