@@ -46,6 +46,32 @@ local FLAGS = {
   { "init-from", "", "start from a Hugging Face Llama checkpoint (DIR or .safetensors; its config sets the model)" },
 }
 
+-- what each number may be: {least, most (nil: no bound), integer}
+local RANGES = {
+  steps = { 1, nil, true }, batch = { 1, nil, true }, seq = { 1, nil, true }, dim = { 1, nil, true },
+  layers = { 1, nil, true }, heads = { 1, nil, true }, ["kv-heads"] = { 0, nil, true }, dropout = { 0, 0.99 },
+  lr = { 0 }, warmup = { 0, nil, true }, ["weight-decay"] = { 0 }, ["grad-clip"] = { 0 }, seed = { 0, nil, true },
+  ["eval-every"] = { 1, nil, true }, ["eval-iters"] = { 1, nil, true }, ["stop-after"] = { 0, nil, true },
+  sample = { 0, nil, true }, ["print-every"] = { 0, nil, true }, tp = { 0, nil, true }, dp = { 0, nil, true },
+}
+
+-- refuses numbers out of range, naming the flag, the range and the value
+local function check_ranges(o)
+  for _, f in ipairs(FLAGS) do
+    local r, v = RANGES[f[1]], o[f[1]]
+    if r and (v < r[1] or (r[2] and v > r[2]) or (r[3] and v % 1 ~= 0) or v ~= v) then
+      local want = (r[3] and "an integer " or "a number ") .. (r[2] and string.format("in [%g, %g]", r[1], r[2])
+                                                              or string.format(">= %g", r[1]))
+      error(string.format("train.lua: --%s expects %s, got %s", f[1], want, tostring(v)), 0)
+    end
+  end
+  if o.lr == 0 then error("train.lua: --lr expects a learning rate > 0, got 0", 0) end
+  if o["kv-heads"] > 0 and o.heads % o["kv-heads"] ~= 0 then
+    error(string.format("train.lua: --kv-heads %d must divide --heads %d", o["kv-heads"], o.heads), 0)
+  end
+  if o.dim % o.heads ~= 0 then error(string.format("train.lua: --heads %d must divide --dim %d", o.heads, o.dim), 0) end
+end
+
 local json = require "dkjson"
 
 -- one JSON object per line, keys in the given order; numbers with %.17g
@@ -84,21 +110,63 @@ local function now()
 end
 
 -- The world: tp x dp ranks on a {dp, tp} mesh.
-local function layout(o, dist)
-  local world = dist.world_size()
+-- tp and dp from the flags and the world, or an error that says what to do
+local function degrees(o, world)
   local tp, dp = o.tp, o.dp
+  local asked = math.max(tp, 1) * math.max(dp, 1)
+  if world == 1 and asked > 1 then
+    error(string.format("train.lua: --tp %d x --dp %d needs %d ranks and this is one process: launch with "
+                        .. "scripts/loomrun -n %d examples/train.lua ...", math.max(tp, 1), math.max(dp, 1), asked, asked), 0)
+  end
+  if tp > 0 and world % tp ~= 0 then
+    error(string.format("train.lua: --tp must divide the world size %d, got --tp %d (or launch with scripts/loomrun -n %d)",
+                        world, tp, tp * math.max(dp, 1)), 0)
+  end
+  if dp > 0 and world % dp ~= 0 then
+    error(string.format("train.lua: --dp must divide the world size %d, got --dp %d", world, dp), 0)
+  end
   if tp == 0 and dp == 0 then tp, dp = world, 1
   elseif tp == 0 then tp = world / dp
   elseif dp == 0 then dp = world / tp end
-  if tp * dp ~= world or tp < 1 or dp < 1 or tp % 1 ~= 0 or dp % 1 ~= 0 then
-    error(string.format("train.lua: --tp %s x --dp %s must equal the world size %d", o.tp, o.dp, world), 0)
+  if tp * dp ~= world then
+    error(string.format("train.lua: --tp %d x --dp %d must equal the world size %d (launch with scripts/loomrun -n %d)",
+                        tp, dp, world, tp * dp), 0)
   end
-  if o.batch % dp ~= 0 then error(string.format("train.lua: --batch %d must divide by --dp %d", o.batch, dp), 0) end
+  return tp, dp
+end
+
+-- flags that cannot apply at this layout are errors, not silently ignored
+local function check_applies(o, tp, dp)
+  if o.fsdp and dp == 1 then
+    error("train.lua: --fsdp shards over data-parallel ranks and --dp is 1: launch more ranks "
+          .. "(scripts/loomrun -n 2 examples/train.lua --fsdp --tp 1) or leave --fsdp out", 0)
+  end
+  if o["no-reshard"] and not o.fsdp then error("train.lua: --no-reshard applies with --fsdp only", 0) end
+  if o["sequence-parallel"] and tp == 1 then
+    error("train.lua: --sequence-parallel needs --tp > 1 (launch with scripts/loomrun -n 2)", 0)
+  end
+end
+
+-- the device: cpu, cuda (refused with the reason when there is none) or auto
+local function pick_device(o)
   local device = o.device
   if device == "auto" then device = loom.cuda.is_available() and "cuda" or "cpu" end
   if device ~= "cpu" and device ~= "cuda" then
     error("train.lua: --device expects cpu, cuda or auto, got " .. tostring(o.device), 0)
   end
+  if device == "cuda" then
+    local ok, why = loom.device_available("cuda")
+    if not ok then error("train.lua: --device cuda: " .. why .. " (use --device cpu)", 0) end
+  end
+  return device
+end
+
+local function layout(o, dist)
+  local world = dist.world_size()
+  local tp, dp = degrees(o, world)
+  check_applies(o, tp, dp)
+  if o.batch % dp ~= 0 then error(string.format("train.lua: --batch %d must divide by --dp %d", o.batch, dp), 0) end
+  local device = pick_device(o)
   local mesh = dist.init_device_mesh(device, { dp, tp }, { mesh_dim_names = { "dp", "tp" } })
   return { world = world, tp = tp, dp = dp, mesh = mesh, dp_rank = mesh:get_local_rank("dp"),
            rank = dist.rank(), device = device }
@@ -163,6 +231,7 @@ local function main(argv)
   local o = require("loom.cli").parse("train.lua", FLAGS, argv, "Trains a Llama-style transformer on a text file.")
   if o.version then loom.show_config() return end
   if o.dtype ~= "f32" and o.dtype ~= "bf16" then error("train.lua: --dtype expects f32 or bf16, got " .. o.dtype, 0) end
+  check_ranges(o)
   local dist = require "loom.distributed"
   local w = layout(o, dist)
   o.lp = w.tp > 1 and o["loss-parallel"] and not o["no-loss-parallel"]
@@ -281,7 +350,7 @@ local function main(argv)
   say(string.format("model: %d layers, dim %d, %d heads, %d parameters; %d steps of %dx%d tokens; "
                     .. "world %d = tp %d x dp %d%s%s%s, %s", o.layers, o.dim, o.heads, nparams, o.steps, o.batch,
                     o.seq, w.world, w.tp, w.dp, o.fsdp and w.dp > 1 and " (FSDP)" or "",
-                    o["sequence-parallel"] and ", sequence parallel" or "",
+                    o["sequence-parallel"] and w.tp > 1 and ", sequence parallel" or "",
                     o.lp and ", loss parallel" or "", o.dtype .. " on " .. w.device))
   -- progress: on a terminal, a live line rewritten with \r and kept at each
   -- eval; otherwise (a pipe, a file, under loomrun) whole lines at each
@@ -339,4 +408,4 @@ local function main(argv)
   return { loss = last_loss, val_loss = last_val }
 end
 
-main(arg or {})
+require("loom.cli").run("train.lua", main, arg or {})
