@@ -55,13 +55,44 @@ function M.parse(prog, flags, argv, description)
     local first, tip = res:gsub("^unknown option '([^']*)'", "unknown argument %1"):match("^([^\n]*)(.*)$")
     error(prog .. ": " .. first .. " (see --help)" .. tip, 0)
   end
-  local out = {}
+  local out, given = {}, {}
   for _, f in ipairs(flags) do
     local v = res[f[1]]
-    if v == nil then v = f[2] end
+    if v == nil then v = f[2] else given[f[1]] = true end
     out[f[1]] = v
   end
-  return out
+  return out, given
+end
+
+-- apply_config(prog, flags, o, given, path): the values of a config file
+-- (a Lua table: `return { steps = 1000, dim = 256, ["weight-decay"] = 0.1 }`,
+-- names with - or _) into o, except the flags given on the command line,
+-- which override it. The file runs with no globals and a bounded budget.
+function M.apply_config(prog, flags, o, given, path)
+  local f, err = io.open(path, "rb")
+  if not f then error(prog .. ": --config: cannot read " .. tostring(err), 0) end
+  local src = f:read(1048577) or ""
+  f:close()
+  if #src > 1048576 then error(prog .. ": --config: " .. path .. " is over 1 MB", 0) end
+  local chunk, perr = loadstring(src, "@" .. path)
+  if not chunk then error(prog .. ": --config: " .. perr, 0) end
+  setfenv(chunk, {})
+  jit.off(chunk, true)   -- compiled loops call no hooks: the budget would not hold
+  debug.sethook(function() error("runs too long (a config is a table of values)", 0) end, "", 1e7)
+  local ok, t = pcall(chunk)
+  debug.sethook()
+  if not ok then error(prog .. ": --config: " .. path .. ": " .. tostring(t), 0) end
+  if type(t) ~= "table" then error(prog .. ": --config: " .. path .. " must return a table of flag values", 0) end
+  local kind = {}
+  for _, fl in ipairs(flags) do kind[fl[1]] = type(fl[2]) end
+  for k, v in pairs(t) do
+    local name = type(k) == "string" and k:gsub("_", "-") or tostring(k)
+    if not kind[name] then error(prog .. ": --config: " .. path .. ": no flag --" .. name .. " (see --help)", 0) end
+    if type(v) ~= kind[name] then
+      error(string.format("%s: --config: %s: %s expects a %s, got %s", prog, path, name, kind[name], type(v)), 0)
+    end
+    if not given[name] then o[name] = v end
+  end
 end
 
 -- run(prog, main, ...): main(...), with the errors of its user (errors
