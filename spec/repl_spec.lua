@@ -138,7 +138,7 @@ describe("loom (the REPL command) under a terminal", function()
       "expect interrupted", "expect loom> ",
       "send print('half a line')\\x03", "expect loom> ",
       "send 'alive'\\r", "expect alive", "expect loom> ",
-      "send ?loom.zeros\\r", "expect a tensor of zeros", "expect loom> ",
+      "send ?loom.ze\\t\\r", "expect a tensor of zeros", "expect loom> ",
       "eof",
     }, "HOME=" .. home)
     assert.equal(0, rc, out)

@@ -76,8 +76,8 @@ function M.open(opts)
   local self = setmetatable({ rl = rl, history = opts.history, interrupted = false }, Reader)
   rl.rl_readline_name = "loom"
   rl.rl_catch_signals = 0   -- loom's handler takes SIGINT; readline's own would end the read
-  -- a word is a dotted name (loom.nn.Lin, x:si): . and : do not break it
-  self.breaks = ffi.new("char[?]", 64, " \t\n\"\\'`@$><=;|&{(,+-*/%^~#[]}")
+  -- a word is a dotted name (loom.nn.Lin, x:si, ?loom.ze): . and : do not break it
+  self.breaks = ffi.new("char[?]", 64, " \t\n\"\\'`@$><=;|&{(,+-*/%^~#[]}?")
   rl.rl_basic_word_break_characters = self.breaks
   self.complete_cb = ffi.cast("loom_rl_completion_func*", function(text, start, stop)
     rl.rl_attempted_completion_over = 1   -- no file names
