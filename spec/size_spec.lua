@@ -26,6 +26,15 @@ describe("loom.Size", function()
     assert.is_nil(getmetatable(s:totable()))
   end)
 
+  it("compares equal across a reload of loom.size (one metatable per process)", function()
+    local before = loom.ones(2, 3):size()
+    local saved = package.loaded["loom.size"]
+    package.loaded["loom.size"] = nil
+    local again = require "loom.size"
+    package.loaded["loom.size"] = saved
+    assert.is_true(before == again.new({ 2, 3 }))
+  end)
+
   it("goes back into the functions that take sizes", function()
     local x = loom.randn(4, 5)
     assert.is_true(loom.zeros(x:size()):size() == x:size())

@@ -1,7 +1,11 @@
 -- size.lua: loom.Size, what x:size() returns (torch.Size): a list of the
 -- sizes that prints as loom.Size{8, 6}, compares with == against another
 -- Size, and is indexed and measured as a table (s[1], #s, ipairs, unpack).
-local Size = {}
+-- one metatable per process, even when a test reloads loom's modules:
+-- == compares Sizes only when both share their __eq (Lua 5.1)
+local registry = debug.getregistry()
+local Size = registry["loom.Size"] or {}
+registry["loom.Size"] = Size
 Size.__index = Size
 
 local M = { Size = Size }
