@@ -16,5 +16,5 @@ build = {
     LUADIR = "$(LUADIR)",
     LIBDIR = "$(LIBDIR)",
   },
-  install = { bin = { loomrun = "scripts/loomrun" } },
+  install = { bin = { loomrun = "scripts/loomrun", loom = "scripts/loom" } },
 }

@@ -384,6 +384,14 @@ int64_t lm_bpe_encode(const lm_bpe *b, const char *text, size_t start, size_t st
 int lm_cuda_emu_counters(int64_t *out, int n, int reset);
 const char *lm_cuda_emu_counter_name(int i);
 
+/* ---- Ctrl-C for interactive sessions (the REPL, core/entry/interrupt.c) ----
+ * install: SIGINT and SIGUSR1 set a flag instead of ending the process;
+ * the next op call fails with "interrupted" (and clears it). */
+int lm_interrupt_install(void);
+int lm_interrupt_pending(void);
+void lm_interrupt_clear(void);
+int lm_interrupt_take(void);   /* 1 and cleared when one was pending */
+
 #ifdef __cplusplus
 }
 #endif

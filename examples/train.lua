@@ -29,11 +29,16 @@ local FLAGS = {
   { "skip-nonfinite", false, "skip the optimizer step when the loss is NaN or inf (default: stop with an error)" },
   { "log", "", "write one JSON object per line (step, loss, val_loss, tokens_per_s)" },
   { "save", "", "save a checkpoint into this directory at the end (and at each eval)" },
-  { "resume", "", "resume from the checkpoint in this directory" },
+  { "resume", "", "resume from the checkpoint in this directory (its model settings and --steps come with it)" },
+  { "run-dir", "auto", "the run's folder: config.json, log.jsonl, the loss plot, checkpoints/ "
+                       .. "(auto: runs/<UTC date-time>; none: no folder)" },
+  { "config", "", "a Lua file returning a table of flag values; flags given here override it" },
   { "stop-after", 0, "stop after this step, as if interrupted, saving a checkpoint (0: run all steps)" },
   { "sample", 200, "characters to generate at the end (0: none)" },
   { "quiet", false, "no live progress line (only whole lines, as without a terminal)" },
   { "print-every", 0, "without a terminal, a progress line every N steps too (0: at each eval only)" },
+  { "progress-every-s", 10, "without a terminal (a pipe, loomrun), a progress line at least every this many "
+                            .. "seconds too (0: off)" },
   { "tp", 0, "tensor-parallel degree (0: the world size over --dp)" },
   { "dp", 0, "data-parallel degree (0: the world size over --tp); tp * dp = world size" },
   { "fsdp", false, "shard parameters, gradients and AdamW state over dp (fully_shard on each block, then the root) "
@@ -55,6 +60,33 @@ local FLAGS = {
   { "version", false, "print loom's build, BLAS and devices (loom.show_config) and exit" },
   { "init-from", "", "start from a Hugging Face Llama checkpoint (DIR or .safetensors; its config sets the model)" },
 }
+
+-- what each number may be: {least, most (nil: no bound), integer}
+local RANGES = {
+  steps = { 1, nil, true }, batch = { 1, nil, true }, seq = { 1, nil, true }, dim = { 1, nil, true },
+  layers = { 1, nil, true }, heads = { 1, nil, true }, ["kv-heads"] = { 0, nil, true }, dropout = { 0, 0.99 },
+  lr = { 0 }, warmup = { 0, nil, true }, ["weight-decay"] = { 0 }, ["grad-clip"] = { 0 }, seed = { 0, nil, true },
+  ["eval-every"] = { 1, nil, true }, ["eval-iters"] = { 1, nil, true }, ["stop-after"] = { 0, nil, true },
+  sample = { 0, nil, true }, ["print-every"] = { 0, nil, true }, tp = { 0, nil, true }, dp = { 0, nil, true },
+  ["progress-every-s"] = { 0 },
+}
+
+-- refuses numbers out of range, naming the flag, the range and the value
+local function check_ranges(o)
+  for _, f in ipairs(FLAGS) do
+    local r, v = RANGES[f[1]], o[f[1]]
+    if r and (v < r[1] or (r[2] and v > r[2]) or (r[3] and v % 1 ~= 0) or v ~= v) then
+      local want = (r[3] and "an integer " or "a number ") .. (r[2] and string.format("in [%g, %g]", r[1], r[2])
+                                                              or string.format(">= %g", r[1]))
+      error(string.format("train.lua: --%s expects %s, got %s", f[1], want, tostring(v)), 0)
+    end
+  end
+  if o.lr == 0 then error("train.lua: --lr expects a learning rate > 0, got 0", 0) end
+  if o["kv-heads"] > 0 and o.heads % o["kv-heads"] ~= 0 then
+    error(string.format("train.lua: --kv-heads %d must divide --heads %d", o["kv-heads"], o.heads), 0)
+  end
+  if o.dim % o.heads ~= 0 then error(string.format("train.lua: --heads %d must divide --dim %d", o.heads, o.dim), 0) end
+end
 
 local json = require "dkjson"
 
@@ -95,13 +127,64 @@ end
 
 -- The world: pp x dp x cp x tp ranks on a {pp, dp, cp, tp} mesh (loom.parallel.layout).
 local L = require "loom.parallel.layout"
-local function layout(o, dist)
+
+-- tp and dp from the flags and the world (the ranks left by pp x cp), or an
+-- error that says what to do
+local function degrees(o, world)
+  local tp, dp = o.tp, o.dp
+  local asked = math.max(tp, 1) * math.max(dp, 1) * math.max(o.pp, 1) * math.max(o.cp, 1)
+  if world == 1 and asked > 1 then
+    error(string.format("train.lua: --tp %d x --dp %d needs %d ranks and this is one process: launch with "
+                        .. "scripts/loomrun -n %d examples/train.lua ...", math.max(tp, 1), math.max(dp, 1), asked, asked), 0)
+  end
+  if tp > 0 and world % tp ~= 0 then
+    error(string.format("train.lua: --tp must divide the world size %d, got --tp %d (or launch with scripts/loomrun -n %d)",
+                        world, tp, tp * math.max(dp, 1)), 0)
+  end
+  if dp > 0 and world % dp ~= 0 then
+    error(string.format("train.lua: --dp must divide the world size %d, got --dp %d", world, dp), 0)
+  end
+  if tp == 0 and dp == 0 then tp, dp = world, 1
+  elseif tp == 0 then tp = world / dp
+  elseif dp == 0 then dp = world / tp end
+  if tp * dp ~= world then
+    error(string.format("train.lua: --tp %d x --dp %d must equal the world size %d (launch with scripts/loomrun -n %d)",
+                        tp, dp, world, tp * dp), 0)
+  end
+  return tp, dp
+end
+
+-- flags that cannot apply at this layout are errors, not silently ignored
+local function check_applies(o, tp, dp)
+  if o.fsdp and dp == 1 then
+    error("train.lua: --fsdp shards over data-parallel ranks and --dp is 1: launch more ranks "
+          .. "(scripts/loomrun -n 2 examples/train.lua --fsdp --tp 1) or leave --fsdp out", 0)
+  end
+  if o["no-reshard"] and not o.fsdp then error("train.lua: --no-reshard applies with --fsdp only", 0) end
+  if o["sequence-parallel"] and tp == 1 then
+    error("train.lua: --sequence-parallel needs --tp > 1 (launch with scripts/loomrun -n 2)", 0)
+  end
+end
+
+-- the device: cpu, cuda (refused with the reason when there is none) or auto
+local function pick_device(o)
   local device = o.device
   if device == "auto" then device = loom.cuda.is_available() and "cuda" or "cpu" end
   if device ~= "cpu" and device ~= "cuda" then
     error("train.lua: --device expects cpu, cuda or auto, got " .. tostring(o.device), 0)
   end
-  local w = L.world(o, dist, device)
+  if device == "cuda" then
+    local ok, why = loom.device_available("cuda")
+    if not ok then error("train.lua: --device cuda: " .. why .. " (use --device cpu)", 0) end
+  end
+  return device
+end
+
+local function layout(o, dist)
+  local world = dist.world_size()
+  local pc = math.max(o.pp, 1) * math.max(o.cp, 1)
+  if world % pc == 0 then check_applies(o, degrees(o, world / pc)) end   -- else L.world says why
+  local w = L.world(o, dist, pick_device(o))
   if o.batch % w.dp ~= 0 then error(string.format("train.lua: --batch %d must divide by --dp %d", o.batch, w.dp), 0) end
   return w
 end
@@ -131,6 +214,70 @@ local function shard_model(o, model, w)
   fsdp.fully_shard(model, { mesh = w.mesh["dp"] })
 end
 
+-- the run's folder, runs/<UTC date-time> (rank 0's clock, a suffix when
+-- taken: the same name on every rank); --log and --save default into it
+local function run_folder(o, w, dist)
+  if o["run-dir"] == "none" then return nil end
+  local dir, fs = o["run-dir"], require "loom.fs"
+  local resumed_run = o.resume:match("^(.+)/checkpoints/*$")
+  if dir == "auto" and resumed_run and fs.is_file(resumed_run .. "/config.json") then
+    dir = resumed_run   -- a resumed run goes on in its folder
+  elseif dir == "auto" then
+    local t, k = os.time(), 1
+    local function name() return "runs/" .. os.date("!%Y%m%d-%H%M%S", t) .. (k > 1 and "-" .. k or "") end
+    if w.rank == 0 then while fs.exists(name()) do k = k + 1 end end
+    if w.world > 1 then
+      local v = dist.broadcast(loom.tensor({ t, k }, { dtype = "i64" }), 0):totable()
+      t, k = v[1], v[2]
+    end
+    dir = name()
+  end
+  if o.log == "" then o.log = dir .. "/log.jsonl" end
+  if o.save == "" then o.save = dir .. "/checkpoints" end
+  if w.rank == 0 then fs.mkdir_p(dir) end
+  return dir
+end
+
+local function write_json(path, t)
+  local f = io.open(path, "w")
+  if not f then error("train.lua: cannot write " .. path, 0) end
+  f:write(json.encode(t, { indent = true }), "\n")
+  f:close()
+end
+
+-- the settings that make a checkpoint's model: --resume takes them
+local MODEL_FLAGS = { "dim", "layers", "heads", "kv-heads", "seq" }
+
+-- --resume: the checkpoint's model settings (DIR/model_config.json) and
+-- --steps replace the defaults; a model flag given that differs is refused
+-- in one line. Returns the checkpoint's settings, or nil (an older one).
+local function resume_settings(o, given)
+  local path = o.resume .. "/model_config.json"
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local text = f:read(65537) or ""
+  f:close()
+  local c = #text <= 65536 and json.decode(text) or nil
+  if type(c) ~= "table" or type(c.flags) ~= "table" or type(c.step) ~= "number" then
+    error("train.lua: --resume: " .. path .. " is not a train.lua model config", 0)
+  end
+  local diffs = {}
+  for _, name in ipairs(MODEL_FLAGS) do
+    local v = c.flags[name]
+    if type(v) == "number" and given[name] and o[name] ~= v then
+      diffs[#diffs + 1] = string.format("--%s %s (the checkpoint's: %s)", name, tostring(o[name]), tostring(v))
+    elseif type(v) == "number" then
+      o[name] = v
+    end
+  end
+  if #diffs > 0 then
+    error("train.lua: --resume " .. o.resume .. " has another model: " .. table.concat(diffs, ", ")
+          .. "; leave these flags out to use the checkpoint's", 0)
+  end
+  if not given.steps and type(c.flags.steps) == "number" then o.steps = c.flags.steps end
+  return c
+end
+
 -- parameters and AdamW state held by this rank, next to the whole model's
 local function memory_line(model, opt, nparams)
   local mem = require("loom.distributed.fsdp").memory(model, opt)
@@ -141,7 +288,7 @@ local function memory_line(model, opt, nparams)
 end
 
 -- the loss curve as a PNG next to the log, through gnuplot when it is there
-local function plot(log_path)
+local function plot(log_path, title)
   if os.execute("command -v gnuplot >/dev/null 2>&1") ~= 0 then
     print("gnuplot is not installed: skipping the loss plot (apt-get install gnuplot-nox)")
     return
@@ -156,22 +303,33 @@ local function plot(log_path)
     end
   end
   f:close()
-  local script = string.format([[set terminal png size 800,480; set output '%s'; set xlabel 'step'; set ylabel 'loss';
-set datafile missing 'NaN'; plot '%s' using 1:2 with lines title 'train', '' using 1:3 with linespoints title 'val']], png, csv)
+  local script = string.format([[set terminal png size 800,480; set output '%s'; set title '%s' noenhanced;
+set xlabel 'step'; set ylabel 'loss';
+set datafile missing 'NaN'; plot '%s' using 1:2 with lines title 'train', '' using 1:3 with linespoints title 'val']],
+    png, (title or ""):gsub("['\"\\]", ""), csv)
   local ok = os.execute("gnuplot -e \"" .. script:gsub("\n", " ") .. "\" 2>/dev/null")
   os.remove(csv)
   print(ok == 0 and "loss curve: " .. png or "gnuplot failed: no plot")
 end
 
 local function main(argv)
-  local o = require("loom.cli").parse("train.lua", FLAGS, argv, "Trains a Llama-style transformer on a text file.")
+  local cli = require "loom.cli"
+  local o, given = cli.parse("train.lua", FLAGS, argv, "Trains a Llama-style transformer on a text file.")
   if o.version then loom.show_config() return end
+  if o.config ~= "" then cli.apply_config("train.lua", FLAGS, o, given, o.config) end
+  local resumed = o.resume ~= "" and resume_settings(o, given)
   if o.dtype ~= "f32" and o.dtype ~= "bf16" then error("train.lua: --dtype expects f32 or bf16, got " .. o.dtype, 0) end
-  if o["eval-iters"] < 1 or o["eval-iters"] % 1 ~= 0 then
-    error("train.lua: --eval-iters expects an integer >= 1, got " .. o["eval-iters"], 0)
-  end
+  check_ranges(o)
   local dist = require "loom.distributed"
   local w = layout(o, dist)
+  if resumed and resumed.step >= o.steps then
+    if w.rank == 0 then
+      print(string.format("the run in %s finished: step %d of %d; nothing to train (pass --steps N > %d to go on)",
+                          o.resume, resumed.step, o.steps, resumed.step))
+    end
+    return
+  end
+  local run = run_folder(o, w, dist)
   o.lp = w.tp > 1 and o["loss-parallel"] and not o["no-loss-parallel"]
   local main_rank = w.rank == 0
   local say = main_rank and print or function() end
@@ -189,6 +347,10 @@ local function main(argv)
   local nparams = L.count_params(model, w, dist)
   local opt = loom.optim.AdamW(model:parameters(), { lr = o.lr, betas = { 0.9, 0.95 },
                                                      weight_decay = o["weight-decay"] })
+  if run and w.rank == 0 then
+    write_json(run .. "/config.json", { flags = o, model = cfg, parameters = nparams, world = w.world, tp = w.tp,
+                                        dp = w.dp, device = w.device })
+  end
   local local_batch = o.batch / w.dp
   local sampler = data.Sampler(train_ids, { batch = local_batch, seq = o.seq, seed = o.seed,
                                             rank = w.dp_rank, world = w.dp })
@@ -256,6 +418,12 @@ local function main(argv)
       sd.model, sd.optim = model:state_dict(), ckpt().optim_state_dict(opt)
       ckpt().save(sd, o.save)
     end
+    if main_rank then   -- what --resume reads first: the model's settings
+      local flags = { steps = o.steps }
+      for _, name in ipairs(MODEL_FLAGS) do flags[name] = o[name] end
+      write_json(o.save .. "/model_config.json", { flags = flags, step = step })
+    end
+    say(string.format("saved the checkpoint of step %d in %s", step, o.save))
   end
 
   local function val_loss()
@@ -289,7 +457,7 @@ local function main(argv)
   say(string.format("model: %d layers, dim %d, %d heads, %d parameters; %d steps of %dx%d tokens; "
                     .. "%s%s%s, %s", o.layers, o.dim, o.heads, nparams, o.steps, o.batch,
                     o.seq, L.describe(w, o),
-                    o["sequence-parallel"] and ", sequence parallel" or "",
+                    o["sequence-parallel"] and w.tp > 1 and ", sequence parallel" or "",
                     o.lp and ", loss parallel" or "", o.dtype .. " on " .. w.device))
   say(require("loom.parallel.predict").before(cfg, w, o))
   -- progress: on a terminal, a live line rewritten with \r and kept at each
@@ -297,13 +465,16 @@ local function main(argv)
   -- eval, every --print-every steps and at the last step
   local last_step = o["stop-after"] > 0 and math.min(o["stop-after"], o.steps) or o.steps
   local live, live_open = main_rank and not o.quiet and own_terminal(), false
+  local printed = now()
   local function progress(step, line, eval)
     if not main_rank then return end
+    local due = o["progress-every-s"] > 0 and now() - printed >= o["progress-every-s"]
     if live then
       io.write("\r", line, "   ", eval and "\n" or "")
       live_open = not eval
-    elseif eval or step == last_step or (o["print-every"] > 0 and step % o["print-every"] == 0) then
+    elseif eval or step == last_step or (o["print-every"] > 0 and step % o["print-every"] == 0) or due then
       io.write(line, "\n")
+      printed = now()
     end
     io.flush()
   end
@@ -348,7 +519,10 @@ local function main(argv)
   say(string.format("done: %d steps in %s, %.0f tokens/s, final loss %.4f, val loss %s", last_step - start_step,
                     fmt_time(wall), tokens / math.max(wall, 1e-9), last_loss or 0 / 0,
                     last_val and string.format("%.4f", last_val) or "n/a"))
-  if main_rank and o.log ~= "" then plot(o.log) end
+  if main_rank and o.log ~= "" then
+    plot(o.log, string.format("train.lua: %d layers, dim %d, %d heads, seq %d, batch %d, lr %g; %s, %s",
+                              o.layers, o.dim, o.heads, o.seq, o.batch, o.lr, L.describe(w, o), o.dtype))
+  end
   if o.sample > 0 and w.pp == 1 then   -- every rank runs the model; rank 0 prints
     loom.manual_seed(o.seed)
     local start = tok.stoi and (tok.stoi["\n"] or 1) or tok:encode("\n", { add_special_tokens = false })[1]
@@ -359,4 +533,4 @@ local function main(argv)
   return { loss = last_loss, val_loss = last_val }
 end
 
-main(arg or {})
+require("loom.cli").run("train.lua", main, arg or {})

@@ -38,6 +38,137 @@ local function repl_run(n, chunks, env)
   return rc, out
 end
 
+-- the `loom` command (scripts/loom), piped and under a pseudo-terminal
+local loom_cmd = root .. "scripts/loom"
+local sys = require "support.sys"
+
+-- plays keys (send/expect/sleep/eof lines) against `loom` in a pty
+local function pty(steps, env)
+  local script = write(table.concat(steps, "\n") .. "\n")
+  local rc, out = sh((env or "") .. " python3 " .. root .. "spec/support/pty_drive.py " .. script .. " -- " .. loom_cmd)
+  os.remove(script)
+  return rc, out, tonumber(out:match("@@status=(%-?%d+)"))
+end
+
+describe("loom (the REPL command), piped", function()
+  local function piped(src)
+    local input = write(src)
+    local rc, out = sh(loom_cmd .. " < " .. input)
+    os.remove(input)
+    return rc, out
+  end
+
+  it("keeps top-level locals, echoes expressions, prints sizes as sizes", function()
+    local rc, out = piped(table.concat({
+      "local x = loom.ones(8, 6)",
+      "local function twice(v) local y = v * 2 return y end",
+      "x:size()",
+      "twice(21), #x:size(), x:size()[2]",
+      "x:size() == loom.Size{8, 6}",
+      "{1, 2, a = 'b'}",
+      "",
+    }, "\n"))
+    assert.equal(0, rc, out)
+    assert.same({ "loom.Size{8, 6}", "42\t2\t6", "true", '{1, 2, a = "b"}' }, lines_of(out))
+    assert.is_nil(out:find("loom>", 1, true), "no prompts when stdin is no terminal")
+  end)
+
+  it("shows errors without loom's frames and exits 1 when a chunk failed", function()
+    local rc, out = piped(table.concat({
+      "function f() return loom.zeros(2, 3) + loom.zeros(3, 2) end",
+      "function g() local r = f() return r end",
+      "g()",
+      "print('after')",
+      "",
+    }, "\n"))
+    assert.equal(1, rc, out)
+    assert.truthy(out:find("error: ", 1, true), out)
+    assert.truthy(out:find("repl:1: in function 'f'", 1, true), out)
+    assert.truthy(out:find("after", 1, true), out)
+    for _, frame in ipairs { "tensor.lua", "tensor_ops.lua", "lua/loom/", "[C]", "xpcall", "session.lua" } do
+      assert.is_nil(out:find(frame, 1, true), frame .. " in:\n" .. out)
+    end
+    assert.equal(1, (piped("x = = 1\n")))
+    assert.equal(0, (piped("x = 1\n")))
+  end)
+
+  it("answers help(obj) and ?name from the docstrings, and quit() ends it", function()
+    local rc, out = piped("?loom.zeros\nhelp(loom.nn.Linear)\n?zeros\n?nosuchthing\nquit()\nprint('not reached')\n")
+    assert.equal(0, rc, out)
+    local ds = require "loom.docstrings"
+    assert.equal(2, count(out, ds["loom.zeros"], true), out)
+    assert.truthy(out:find(ds["nn.Linear"], 1, true), out)
+    assert.truthy(out:find("no help for nosuchthing", 1, true), out)
+    assert.is_nil(out:find("not reached", 1, true), out)
+  end)
+end)
+
+describe("loom (the REPL command) under a terminal", function()
+  local home
+  before_each(function() home = sys.tmpdir() end)
+  after_each(function() sys.rmtree(home) end)
+
+  it("edits lines, recalls history across sessions with Up, completes with Tab", function()
+    local env = "HOME=" .. home
+    local rc, out, code = pty({
+      "expect loom> ", "send local x = 21\\r", "expect loom> ",
+      "send x * 2\\r", "expect 42", "expect loom> ",
+      "send \\x1b[A\\r", "expect 42", "expect loom> ",          -- Up arrow: x * 2 again
+      "send z = loom.ze\\t", "expect zeros", "send (2, 3)\\r", "expect loom> ",
+      "send z:siz\\t", "expect size", "send ()\\r", "expect loom.Size{2, 3}", "expect loom> ",
+      "send quit()\\r",
+    }, env)
+    assert.equal(0, rc, out)
+    assert.equal(0, code, out)
+    assert.truthy(out:find("z = loom.zeros(2, 3)\r", 1, true), out)
+    assert.truthy(out:find("z:size()\r", 1, true), out)
+    local hist = sys.read(home .. "/.loom_history")
+    assert.truthy(hist:find("x * 2", 1, true), hist)
+    -- a new session recalls the last one's lines
+    rc, out, code = pty({ "expect loom> ", "send \\x1b[A\\x1b[A", "expect z:size()", "send \\x03", "expect loom> ",
+                          "eof" }, env)
+    assert.equal(0, rc, out)
+    assert.equal(0, code, out)
+  end)
+
+  it("Ctrl-C interrupts a long loop, and clears a line, without ending the session", function()
+    local rc, out, code = pty({
+      "expect loom> ",
+      "send for i = 1, 1e9 do y = loom.zeros(1) end\\r", "sleep 1", "send \\x03",
+      "expect interrupted", "expect loom> ",
+      "send print('half a line')\\x03", "expect loom> ",
+      "send 'alive'\\r", "expect alive", "expect loom> ",
+      "send ?loom.ze\\t\\r", "expect a tensor of zeros", "expect loom> ",
+      "eof",
+    }, "HOME=" .. home)
+    assert.equal(0, rc, out)
+    assert.equal(0, code, out)
+    assert.is_nil(out:find("half a line\r\n", 1, true), out)   -- dropped, never run
+    assert.truthy(out:find("error: interrupted", 1, true), out)
+  end)
+end)
+
+describe("loomrun --repl under a terminal", function()
+  it("edits rank 0's lines, completes, and Ctrl-C interrupts every rank or clears the line", function()
+    local home = sys.tmpdir()
+    local script = write(table.concat({
+      "expect loom> ", "send x = dist.rank()\\r", "expect loom> ", "send x\\r", "expect [rank 1] 1", "expect loom> ",
+      "send for i = 1, 1e9 do y = loom.zeros(1) end\\r", "sleep 2", "send \\x03",
+      "expect [ranks 0-1] error: interrupted (Ctrl-C)", "expect loom> ",
+      "send abc\\x03", "expect loom> ", "send dist.get_wo\\t", "expect world_size", "send ()\\r",
+      "expect [ranks 0-1] 2", "expect loom> ", "send quit()\\r",
+    }, "\n") .. "\n")
+    local rc, out = sh("HOME=" .. home .. " python3 " .. root .. "spec/support/pty_drive.py " .. script .. " -- "
+                       .. loomrun .. " -n 2 --timeout 60 --repl")
+    os.remove(script)
+    sys.rmtree(home)
+    assert.equal(0, rc, out)
+    assert.truthy(out:find("@@status=0", 1, true), out)
+    assert.is_nil(out:find("Forwarding signal", 1, true), out)
+    assert.is_nil(out:find("abc", out:find("abc", 1, true) + 3, true), "the cleared line ran:\n" .. out)
+  end)
+end)
+
 describe("the REPL's grouping", function()
   it("labels ranks by ranges", function()
     assert.equal("[rank 2]", repl.label({ 2 }))
@@ -89,7 +220,7 @@ describe("loomrun --repl", function()
       'print("still alive")',
       "",
     }, "\n"))
-    assert.equal(0, rc, out)
+    assert.equal(1, rc, out)   -- a piped REPL whose chunks failed exits 1
     assert.truthy(out:find("[rank 0] error: repl:1: boom 0\n[rank 1] error: repl:1: boom 1\n", 1, true), out)
     assert.truthy(out:find("[ranks 0-1] error: repl:1: deep\n[ranks 0-1] stack traceback:\n", 1, true), out)
     assert.truthy(out:find("[ranks 0-1] \trepl:1: in function 'outer'", 1, true), out)

@@ -16,6 +16,7 @@ local loom = {
   wrap = T.wrap,
   op = T.op,
   dtypes = T.dtypes,
+  Size = require("loom.size").Size,   -- what x:size() returns: loom.Size{8, 6}
 }
 
 for _, name in ipairs { "tensor", "empty", "zeros", "ones", "full", "arange", "rand", "randn",

@@ -4,6 +4,7 @@
 local ffi = require "ffi"
 local lib = require "loom.lib"
 local checks = require "loom.checks"
+local Size = require "loom.size"
 local C = lib.C
 
 local M = {}            -- the functions `loom` exports from this file
@@ -297,7 +298,7 @@ function Tensor.size(x, d)
   if d == nil then
     local s = {}
     for k = 0, x.ndim - 1 do s[k + 1] = tonumber(x.shape_[k]) end
-    return s
+    return Size.new(s)
   end
   return tonumber(x.shape_[dim_index("size", d, x.ndim)])
 end

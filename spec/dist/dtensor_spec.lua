@@ -111,6 +111,14 @@ describe("shard layout", function()
                  dist.visualize_sharding(r, { quiet = true }))
   end)
 
+  it("prints its global size as a loom.Size, and visualize_sharding prints once and returns nothing", function()
+    local d = dist.distribute_tensor(loom.ones(8, 6), world, { Shard(1) })
+    assert.equal("loom.Size{8, 6}", tostring(d:size()))
+    assert.is_true(d:size() == loom.Size{ 8, 6 })
+    assert.equal(8, d:size()[1])
+    assert.equal(0, select("#", dist.visualize_sharding(d)))   -- a REPL has nothing to echo a second time
+  end)
+
   if ws == 4 then
     it("visualize_sharding on a 2x2 mesh", function()
       local d = dist.distribute_tensor(H.randn(3, 4, 6), meshes[2].mesh, { Shard(1), Shard(2) })

@@ -6,6 +6,7 @@ local ffi = require "ffi"
 local loom = require "loom"
 local T = require "loom.tensor"
 local TC = require "loom.tensor_create"
+local Size = require "loom.size"
 local C = loom.C
 
 local M = {}
@@ -317,7 +318,7 @@ local plain_size, plain_dim, plain_numel = Tensor.size, Tensor.dim, Tensor.numel
 function Tensor.size(x, d)
   if x.dist == nil then return plain_size(x, d) end
   local _, size = spec(x)
-  if d == nil then return size end
+  if d == nil then return Size.new(size) end
   return size[T.dim_index("size", d, #size) + 1]
 end
 function Tensor.numel(x)
@@ -340,8 +341,10 @@ function T.format(x)
                        plain_format(T.wrap(C.lm_dtensor_to_local(x))))
 end
 
--- visualize_sharding(d): on rank 0, which ranks hold which rows/columns of
--- a 1-D or 2-D DTensor; returns the text on every rank.
+-- visualize_sharding(d): rank 0 prints which ranks hold which rows/columns
+-- of a 1-D or 2-D DTensor and it returns nothing, as PyTorch's (so a REPL
+-- does not echo it a second time); with {quiet = true} it prints nothing
+-- and returns the text on every rank.
 function M.visualize_sharding(x, opts)
   need_dtensor(x, "visualize_sharding")
   if x:dim() > 2 then error("visualize_sharding: expected a 1-D or 2-D DTensor, got " .. x:dim() .. " dims", 2) end
@@ -372,8 +375,8 @@ function M.visualize_sharding(x, opts)
     lines[#lines + 1] = string.format("  [%s]  ranks %s", key, table.concat(blocks[key], ", "))
   end
   local text = table.concat(lines, "\n")
-  if not (opts and opts.quiet) and C.lm_dist_rank() == 0 then print(text) end
-  return text
+  if opts and opts.quiet then return text end
+  if C.lm_dist_rank() == 0 then print(text) end
 end
 
 M.DTensor = { from_local = M.from_local }

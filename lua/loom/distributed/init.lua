@@ -24,6 +24,30 @@ function M.is_initialized() return C.lm_dist_is_initialized() == 1 end
 function M.rank() M.init() return C.lm_dist_rank() end
 function M.world_size() M.init() return C.lm_dist_world_size() end
 function M.local_world_size() return C.lm_dist_local_size() end
+-- PyTorch's names (torch.distributed): get_rank(group) is the rank in a
+-- Group when one is given, else in the world; init_process_group starts
+-- the runtime (the backend is MPI, and NCCL for CUDA tensors, whatever is
+-- asked); destroy_process_group has nothing to do (the runtime ends with
+-- the process).
+function M.get_rank(group)
+  if group ~= nil then
+    if getmetatable(group) ~= M.Group then T.argerror("get_rank", "group", "a dist.Group or nil", describe(group)) end
+    return group:rank()
+  end
+  return M.rank()
+end
+function M.get_world_size(group)
+  if group ~= nil then
+    if getmetatable(group) ~= M.Group then T.argerror("get_world_size", "group", "a dist.Group or nil", describe(group)) end
+    return group:size()
+  end
+  return M.world_size()
+end
+function M.get_local_rank() M.init() return tonumber(os.getenv("OMPI_COMM_WORLD_LOCAL_RANK") or os.getenv("MPI_LOCALRANKID") or 0) end
+function M.is_available() return true end
+function M.init_process_group() M.init() end
+function M.destroy_process_group() end
+function M.get_backend() return "mpi" end
 -- Ends the whole job now (MPI_Abort): no rank is left waiting in a collective.
 function M.abort(code) C.lm_abort(code or 1) end
 -- LOOM_DEBUG_COLLECTIVES: fingerprints checked before every collective.

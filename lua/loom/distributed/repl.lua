@@ -1,6 +1,7 @@
 -- repl.lua: the SPMD REPL behind `loomrun -n N --repl`. Rank 0 reads a
--- chunk (prompting "loom> ", and "...> " while the chunk is incomplete);
--- every rank runs it with its stdout captured; rank 0 prints what the ranks
+-- chunk (through readline on the terminal loomrun names, as the `loom`
+-- command does: lua/loom/repl/); every rank runs it in its session
+-- (lua/loom/repl/session.lua) with its stdout captured; rank 0 prints what the ranks
 -- wrote, in rank order, output identical on several ranks once, labelled
 -- with their ranks ("[ranks 0-3] ..."). Ranks waiting for the next chunk
 -- sleep (a non-blocking broadcast, polled) instead of spinning a core.
@@ -21,6 +22,9 @@ for _, decl in ipairs {
   "int fclose(FILE *f);",
   "long lseek(int fd, long offset, int whence);",
   "long read(int fd, void *buf, unsigned long n);",
+  "long write(int fd, const void *buf, unsigned long n);",
+  "int open(const char *path, int flags, ...);",
+  "FILE *fdopen(int fd, const char *mode);",
 } do pcall(ffi.cdef, decl) end
 
 local M = {}
@@ -112,48 +116,6 @@ local function capture(fn)
   return out
 end
 
--- the message and the user's frames of a traceback: frames from the REPL
--- itself (its xpcall and what runs it) are left out, and so is the whole
--- traceback when the chunk's main body is the only frame of the user's
-local function user_traceback(msg)
-  local tb = debug.traceback(tostring(msg), 2)
-  local lines, user = {}, false
-  for line in tb:gmatch("[^\n]+") do
-    if line:find("in function 'xpcall'", 1, true) or line:find("loom/distributed/repl.lua", 1, true) then break end
-    lines[#lines + 1] = line
-    if line:match("^\t") and not line:match("^\t%[C%]") and not line:match("^\t%[builtin#")
-       and not line:match("^\trepl:%d+: in main chunk") then
-      user = true
-    end
-  end
-  if not user then return tostring(msg) end
-  return table.concat(lines, "\n")
-end
-
--- compile(src) -> function, or nil and the error. An expression's values
--- go through the packer the function is called with (passed, not
--- returned: a returned call would be a tail call, which loses the
--- position of its errors).
-local function compile(src)
-  local f, err = loadstring("local pack_ = ... return pack_(" .. src .. "\n)", "=repl")
-  if not f then f, err = loadstring(src, "=repl") end
-  return f, err
-end
-local function pack_(...) return { n = select("#", ...), ... } end
-
-local function run(src, env)
-  local f, err = compile(src)
-  if not f then print("error: " .. err) return end
-  setfenv(f, env)
-  local ok, res = xpcall(f, user_traceback, pack_)
-  if not ok then print("error: " .. res) return end
-  if type(res) == "table" and res.n and res.n > 0 then
-    local parts = {}
-    for i = 1, res.n do parts[i] = tostring(res[i]) end
-    print(table.concat(parts, "\t"))
-  end
-end
-
 ---------------------------------------------------------------------------
 -- rank 0: reading and printing
 
@@ -195,47 +157,71 @@ function M.format(outs)
   return #lines > 0 and table.concat(lines, "\n") .. "\n" or ""
 end
 
--- read_chunk(prompt): lines from stdin until they compile (or cannot be
--- completed); nil at the end of input
-local function read_chunk(prompt)
-  local lines = {}
-  while true do
-    if prompt then
-      io.write(#lines == 0 and "loom> " or "...> ")
-      io.stdout:flush()
+-- the terminal rank 0 edits lines on: loomrun --repl names it
+-- (LOOM_REPL_TTY) when its stdin is one, as mpirun gives ranks pipes
+local function open_tty()
+  local path = os.getenv("LOOM_REPL_TTY")
+  if not path or path == "" then return nil end
+  local fd = C.open(path, 2 + 256)   -- O_RDWR | O_NOCTTY: loomrun keeps the Ctrl-C
+  if fd < 0 then return nil end
+  local f = C.fdopen(fd, "r+")
+  if f == nil then C.close(fd) return nil end
+  return f, fd
+end
+
+-- rank 0's line reader: readline on the terminal, else plain lines
+local function reader_for(env)
+  local top = require "loom.repl"
+  local f, fd = open_tty()
+  if f then
+    local r = top.reader(env, true)
+    if r.rl then
+      r.rl.rl_instream, r.rl.rl_outstream = f, f
+      r.tty_fd = fd
+      return r
     end
-    local line = io.read("*l")
-    if not line then break end
-    lines[#lines + 1] = line
-    local _, err = compile(table.concat(lines, "\n"))
-    if not (err and err:match("<eof>")) then break end
   end
-  return #lines > 0 and table.concat(lines, "\n") or nil
+  return (top.reader(env, false))
 end
 
-local function want_prompt()
-  local v = os.getenv("LOOM_REPL_PROMPT")
-  if v ~= nil and v ~= "" then return v ~= "0" end
-  return C.isatty(0) == 1
-end
-
--- run(): the loop, on every rank, until rank 0's input ends
+-- run(): the loop, on every rank, until rank 0's input ends (or quit())
 function M.run()
   local loom, D = require "loom", dist()
   D.init()
+  local session = require "loom.repl.session"
   local me = D.rank()
-  local prompt = me == 0 and want_prompt()
-  local env = setmetatable({ loom = loom, dist = D }, { __index = _G })
-  while true do
-    local src = share(me == 0 and read_chunk(prompt) or nil)
+  local s = session.new { env = { dist = D } }
+  session.install_interrupt()
+  local reader = me == 0 and reader_for(s.env)
+  local out = io.stdout
+  if reader and reader.tty_fd then   -- write where the prompts go, in order with them
+    out = { write = function(_, text) C.write(reader.tty_fd, text, #text) end, flush = function() end }
+  end
+  if reader and reader.tty_fd then out:write(require("loom.repl").BANNER .. "\n") end
+  local failed = 0
+  while not s.quit do
+    local src = share(me == 0 and require("loom.repl").read_chunk(reader) or nil)
     if not src then break end
-    local outs = gather(capture(function() run(src, env) end))
+    local before = s.failed
+    local outs = gather(capture(function() s:run(src) end))
+    local fails = gather(s.failed > before and "1" or "")
     if me == 0 then
-      io.write(M.format(outs))
-      io.stdout:flush()
+      out:write(M.format(outs))
+      out:flush()
+      if table.concat(fails) ~= "" then failed = failed + 1 end
     end
   end
-  if prompt then io.write("\n") end
+  if reader then
+    reader:close()
+    if reader.tty_fd and not s.quit then out:write("\n") end
+    -- loomrun --repl exits 1 when input was piped and a chunk failed
+    local status = os.getenv("LOOM_REPL_STATUS")
+    if status and status ~= "" and not reader.tty_fd and failed > 0 then
+      local f = io.open(status, "w")
+      if f then f:write("1\n") f:close() end
+    end
+  end
+  local _ = loom
 end
 
 return M

@@ -95,7 +95,10 @@ function M.parallelize_module(module, mesh, plan, opts)
   end
   local keys = {}
   for k, v in pairs(plan) do
-    if type(k) ~= "string" then T.argerror("parallelize_module", "parallelize_plan", "string keys (FQN patterns)", T.describe(k)) end
+    if type(k) ~= "string" then
+      T.argerror("parallelize_module", "parallelize_plan", "string keys (FQN patterns; nn.Sequential's children are "
+                 .. "named \"1\", \"2\", ... (1-based): write [\"1\"] = style)", T.describe(k))
+    end
     if not is_style(v) then T.argerror("parallelize_module", "parallelize_plan[" .. k .. "]", "a ParallelStyle", T.describe(v)) end
     keys[#keys + 1] = k
   end
@@ -104,7 +107,8 @@ function M.parallelize_module(module, mesh, plan, opts)
     local atoms = {}
     for atom in k:gmatch("[^.]+") do atoms[#atoms + 1] = atom end
     if walk(module, atoms, 1, plan[k], mesh, "", src) == 0 then
-      warn(string.format("parallelize_module: the plan key %q matches no submodule", k))
+      local zero = ("." .. k .. "."):find("%.0%.") and "; child indices are 1-based (PyTorch's \"0\" is \"1\")" or ""
+      warn(string.format("parallelize_module: the plan key %q matches no submodule%s", k, zero))
     end
   end
   return module

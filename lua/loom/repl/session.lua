@@ -1,0 +1,151 @@
+-- session.lua: running REPL chunks. A session has its own globals (an env
+-- over _G with `loom` preloaded); each chunk has its top-level locals made
+-- globals (chunk.lua), expressions echo their values, errors come back as
+-- a message with the user's frames only (loom's own files, the REPL and C
+-- frames left out), and Ctrl-C during a chunk ends the chunk.
+local ffi = require "ffi"
+local chunk = require "loom.repl.chunk"
+local help = require "loom.repl.help"
+
+local M = {}
+local Session = {}
+Session.__index = Session
+
+-- the directory of loom's Lua files (frames from there are loom's)
+local LOOM_DIR = debug.getinfo(1, "S").source:match("^@(.*/)repl/session%.lua$") or "loom/"
+
+-- compile(src) -> function, or nil and the error. An expression's values
+-- go through the packer the function is called with (passed, not returned:
+-- a returned call would be a tail call, which loses its error positions).
+function M.compile(src)
+  local f, err = loadstring("local pack_ = ... return pack_(" .. src .. "\n)", "=repl")
+  if not f then f, err = loadstring(chunk.globalize(src), "=repl") end
+  return f, err
+end
+local function pack_(...) return { n = select("#", ...), ... } end
+
+-- incomplete(src): true when more lines could complete it (`for i = 1, 2 do`)
+function M.incomplete(src)
+  local _, err = M.compile(src)
+  return err ~= nil and err:match("<eof>") ~= nil
+end
+
+local function internal(line)
+  return line:find(LOOM_DIR, 1, true) or line:match("^\t%[C%]") or line:match("^\t%[builtin#")
+      or line:match("^\trepl:%d+: in main chunk")
+end
+
+-- the message and the user's frames: loom's own files and the REPL's frames
+-- are left out, and the whole traceback when only the chunk's body is left
+function M.user_traceback(msg)
+  if type(msg) ~= "string" then msg = tostring(msg) end
+  msg = msg:gsub("^" .. LOOM_DIR:gsub("%p", "%%%0") .. "[^:]*:%d+: ", "")   -- raised inside loom: its message
+  local tb = debug.traceback(msg, 2)
+  local lines, frames = {}, 0
+  local body = tb:match("^(.-)\nstack traceback:\n") or tb
+  for line in (tb:match("\nstack traceback:\n(.*)$") or ""):gmatch("[^\n]+") do
+    if line:find("in function 'xpcall'", 1, true) or line:find("loom/repl/", 1, true)
+       or line:find("loom/distributed/repl.lua", 1, true) then break end
+    if not internal(line) then
+      lines[#lines + 1] = line
+      frames = frames + 1
+    end
+  end
+  if frames == 0 then return body end
+  return body .. "\nstack traceback:\n" .. table.concat(lines, "\n")
+end
+
+---------------------------------------------------------------------------
+-- showing values
+
+-- show(v): a value as the REPL echoes it: tostring, plain tables inline
+-- ({1, 2, x = 3}, nested to 2 levels, at most 20 entries)
+function M.show(v, depth)
+  depth = depth or 0
+  if type(v) == "string" then return depth == 0 and v or string.format("%q", v) end
+  if type(v) ~= "table" or getmetatable(v) then return tostring(v) end
+  if depth >= 2 then return tostring(v) end
+  local parts, n, len = {}, 0, #v
+  for i = 1, len do   -- the list part, then the other keys in order
+    n = n + 1
+    if n > 20 then parts[#parts + 1] = "..." break end
+    parts[#parts + 1] = M.show(v[i], depth + 1)
+  end
+  local keys = {}
+  for k in pairs(v) do
+    if not (type(k) == "number" and k >= 1 and k <= len and k % 1 == 0) then keys[#keys + 1] = k end
+  end
+  table.sort(keys, function(a, b) return tostring(a) < tostring(b) end)
+  for _, k in ipairs(keys) do
+    n = n + 1
+    if n > 20 then parts[#parts + 1] = "..." break end
+    local ks = type(k) == "string" and k:match("^[%a_][%w_]*$") and k or "[" .. M.show(k, depth + 1) .. "]"
+    parts[#parts + 1] = ks .. " = " .. M.show(v[k], depth + 1)
+  end
+  return "{" .. table.concat(parts, ", ") .. "}"
+end
+
+---------------------------------------------------------------------------
+-- Ctrl-C: the C flag (core/entry/interrupt.c) fails the next op; a count
+-- hook checks it in interpreted Lua between ops. (A loop the JIT compiled
+-- that calls no loom op runs on until it ends: LuaJIT's traces call no hooks.)
+
+local C
+local function lib() C = C or require("loom.lib").C return C end
+
+function M.install_interrupt()
+  if lib().lm_interrupt_install() < 0 then return false end
+  return true
+end
+
+local function hook()
+  if C.lm_interrupt_take() == 1 then error("interrupted (Ctrl-C)", 2) end
+end
+
+---------------------------------------------------------------------------
+
+-- new(opts): a session; opts.env: extra globals
+function M.new(opts)
+  local loom = require "loom"
+  local env = setmetatable({ loom = loom }, { __index = _G })
+  env.help = function(...) return help.help(env, ...) end
+  for k, v in pairs(opts and opts.env or {}) do env[k] = v end
+  return setmetatable({ env = env, failed = 0, quit = false }, Session)
+end
+
+-- s:run(src, write): runs one chunk; what it echoes and its errors go to
+-- write (io.write by default). Returns true, or false when it failed.
+function Session:run(src, write)
+  write = write or io.write
+  local q = src:match("^%s*%?%s*([%w_%.:]*)%s*$")
+  if q then write(help.text(self.env, q) .. "\n") return true end
+  local env = self.env
+  env.quit = function() self.quit = true end
+  env.exit = env.quit
+  local f, err = M.compile(src)
+  if not f then
+    write("error: " .. err .. "\n")
+    self.failed = self.failed + 1
+    return false
+  end
+  setfenv(f, env)
+  lib().lm_interrupt_clear()
+  debug.sethook(hook, "", 1000)
+  local ok, res = xpcall(f, M.user_traceback, pack_)
+  debug.sethook()
+  lib().lm_interrupt_clear()
+  if not ok then
+    write("error: " .. tostring(res) .. "\n")
+    self.failed = self.failed + 1
+    return false
+  end
+  if type(res) == "table" and res.n and res.n > 0 then
+    local parts = {}
+    for i = 1, res.n do parts[i] = M.show(res[i]) end
+    write(table.concat(parts, "\t") .. "\n")
+  end
+  return true
+end
+
+M.Session = Session
+return M
