@@ -17,7 +17,7 @@ end
 local CU = sources("kernels/cuda/*.cu kernels/cuda/*.cuh")
 
 describe("the CUDA stream rule", function()
-  it("launches every kernel on LM_STREAM", function()
+  it("launches every kernel on LM_STREAM (<<<...>>> or common.cuh's LM_LAUNCH)", function()
     local n = 0
     for _, f in ipairs(CU) do
       for args in f.text:gmatch("<<<(.-)>>>") do
@@ -25,6 +25,8 @@ describe("the CUDA stream rule", function()
         assert.is_truthy(args:match(",%s*LM_STREAM%s*$") or args:match("^%(grid%)"),
                          f.name .. ": a launch not on LM_STREAM: <<<" .. args .. ">>>")
       end
+      -- LM_LAUNCH(grid, block, smem, kernel) is common.cuh's launch on LM_STREAM
+      for _ in f.text:gmatch("LM_LAUNCH%(") do n = n + 1 end
     end
     assert.is_true(n > 10, "found only " .. n .. " launches")
   end)

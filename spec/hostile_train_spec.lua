@@ -10,7 +10,7 @@ local base = "luajit examples/train.lua --steps 6 --layers 1 --dim 32 --heads 4 
 describe("train.lua on a non-finite loss", function()
   it("stops at the first NaN loss, naming the step and the fix (it ran on and exited 0 with 'final loss nan')", function()
     local rc, out = sys.sh(base .. " --lr 1e30")
-    assert.equal(1, rc, out)
+    assert.equal(2, rc, out)   -- train.lua's one-line errors exit 2
     assert.truthy(out:find("train.lua: the loss is nan at step 2", 1, true), out)
     assert.truthy(out:find("--skip-nonfinite", 1, true), out)
     assert.is_nil(out:find("done:", 1, true), out)
@@ -32,7 +32,7 @@ describe("train.lua on a non-finite loss", function()
   it("--eval-iters 0 or 1.5 is refused before training (it reported 'val nan')", function()
     for _, v in ipairs { "0", "1.5" } do
       local rc, out = sys.sh(base .. " --eval-iters " .. v)
-      assert.equal(1, rc, out)
+      assert.equal(2, rc, out)   -- train.lua's one-line errors exit 2
       assert.truthy(out:find("--eval-iters expects an integer >= 1, got " .. v, 1, true), out)
     end
   end)
