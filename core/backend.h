@@ -146,6 +146,8 @@ typedef int lm_adamw_fn(lm_tensor *p, const lm_tensor *g, lm_tensor *m, lm_tenso
                         const double *h);
 /* the allocator's counters (enum lm_memory_stat); NULL: none kept */
 typedef int lm_memory_stats_fn(int index, int64_t *stats);
+/* hands the allocator's cached blocks back to the OS or driver; NULL: none kept */
+typedef void lm_empty_cache_fn(int index);
 /* what the backend is built with and sees (versions, devices), lines of
  * text for lm_build_info; NULL: just its name */
 typedef const char *lm_info_fn(void);
@@ -219,6 +221,7 @@ typedef struct lm_backend {
   lm_index_add_fn *index_add;
   lm_adamw_fn *adamw;
   lm_memory_stats_fn *memory_stats;
+  lm_empty_cache_fn *empty_cache;
   lm_info_fn *info;
   /* fused kernels */
   lm_unary_grad_fn *unary_grad;

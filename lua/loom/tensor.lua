@@ -88,16 +88,39 @@ end
 -- never let garbage grow past an eighth of the machine's memory over what
 -- was live (big dead tensors would otherwise pile up to the live size: 8 GB
 -- ones made in a loop ran a 24 GB machine out of memory). LOOM_GC_CAP_MB
--- sets that allowance.
+-- sets that allowance. A full collection walks every live Lua object: with
+-- many small tensors alive (a model's parameters, saved activations) one
+-- takes milliseconds, and collecting every second 64 MB output would cost
+-- more than computing it. So the allowance also grows with what the last
+-- collection took (GC_AMORTISE bytes per CPU second of it: at 10 GB/s of
+-- writing fresh outputs, a fifth of the time goes to collecting); the CPU
+-- allocator caches the blocks a collection frees, so the next outputs reuse
+-- resident pages.
 local gc_floor = 64 * 2^20
+local GC_AMORTISE = 50e9
 local cap_mb = tonumber(os.getenv("LOOM_GC_CAP_MB") or "")
 local gc_threshold, gc_cap = gc_floor, cap_mb and cap_mb * 2^20 or math.max(gc_floor, ram_bytes() / 8)
+pcall(ffi.cdef, [[
+typedef struct { long tv_sec; long tv_nsec; } loom_timespec;
+int clock_gettime(int clk, loom_timespec *ts);
+]])
+local gc_ts = ffi.new("loom_timespec")
+local function cpu_now()   -- this thread's CPU time: neighbours on a shared machine do not inflate it
+  ffi.C.clock_gettime(3, gc_ts)   -- CLOCK_THREAD_CPUTIME_ID
+  return tonumber(gc_ts.tv_sec) + tonumber(gc_ts.tv_nsec) * 1e-9
+end
+local gc_took = 0   -- the CPU seconds of the last collection
 local function gc_pressure()
   local live = tonumber(C.lm_allocated_bytes())
   if live > gc_threshold then
+    local t0 = cpu_now()
     collectgarbage()
+    -- the cheaper of the last two: one that swept a pile of dead objects is
+    -- followed by a cheap one, and says nothing of the next
+    local took = math.min(gc_took, cpu_now() - t0)
+    gc_took = cpu_now() - t0
     local after = tonumber(C.lm_allocated_bytes())
-    gc_threshold = after + math.max(gc_floor, math.min(after, gc_cap))
+    gc_threshold = after + math.max(gc_floor, math.min(math.max(after, took * GC_AMORTISE), gc_cap))
   end
 end
 
