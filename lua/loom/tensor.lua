@@ -234,6 +234,18 @@ local function op2(id, a, b)
 end
 M.op2 = op2
 
+-- one tensor and one real attribute: x (op) v for a Lua number v as the
+-- *_scalar ops take it (no 0-dim tensor, no table)
+local function op1f(id, x, v)
+  inbuf[0] = x
+  attrs.ni, attrs.nf, attrs.nh = 0, 1, 0
+  attrs.f[0] = v
+  if C.lm_op_call(id, 1, inbuf, attrs, 4, outbuf) < 0 then c_error(3) end
+  gc_pressure()
+  return ffi.gc(outbuf[0][0], C.lm_release)
+end
+M.op1f = op1f
+
 
 -- A 0-dim tensor for a Lua number mixed with tensor `like`.
 local function scalar_for(v, like)
