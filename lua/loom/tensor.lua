@@ -93,11 +93,14 @@ end
 -- takes milliseconds, and collecting every second 64 MB output would cost
 -- more than computing it. So the allowance also grows with what the last
 -- collection took (GC_AMORTISE bytes per CPU second of it: at 10 GB/s of
--- writing fresh outputs, a fifth of the time goes to collecting); the CPU
+-- writing outputs, a fifth of the time goes to collecting), and the CPU
 -- allocator caches the blocks a collection frees, so the next outputs reuse
--- resident pages.
+-- resident pages. Garbage in reused blocks costs memory only; garbage that
+-- makes the allocator take fresh pages from the OS costs their first touch
+-- (about 3 GB/s here): a collection runs once the fresh bytes since the last
+-- one would take longer to touch than it took (FRESH_RATE).
 local gc_floor = 64 * 2^20
-local GC_AMORTISE = 50e9
+local GC_AMORTISE, FRESH_RATE = 50e9, 3e9
 local cap_mb = tonumber(os.getenv("LOOM_GC_CAP_MB") or "")
 local gc_threshold, gc_cap = gc_floor, cap_mb and cap_mb * 2^20 or math.max(gc_floor, ram_bytes() / 8)
 pcall(ffi.cdef, [[
@@ -109,18 +112,32 @@ local function cpu_now()   -- this thread's CPU time: neighbours on a shared mac
   ffi.C.clock_gettime(3, gc_ts)   -- CLOCK_THREAD_CPUTIME_ID
   return tonumber(gc_ts.tv_sec) + tonumber(gc_ts.tv_nsec) * 1e-9
 end
-local gc_took = 0   -- the CPU seconds of the last collection
+local mem = ffi.new("int64_t[4]")
+local function cpu_reserved()
+  C.lm_device_memory_stats(0, mem)
+  return tonumber(mem[2])
+end
+local gc_took, took_eff = 0, 0   -- the CPU seconds of the last collection, the cheaper of the last two
+local seen_live, reserved_at_gc = 0, 0
+local function collect()
+  local t0 = cpu_now()
+  collectgarbage()
+  local t = cpu_now() - t0
+  -- one that swept a pile of dead objects is followed by a cheap one, and
+  -- says nothing of the next
+  took_eff, gc_took = math.min(gc_took, t), t
+  local after = tonumber(C.lm_allocated_bytes())
+  gc_threshold = after + math.max(gc_floor, math.min(math.max(after, took_eff * GC_AMORTISE), gc_cap))
+  reserved_at_gc, seen_live = cpu_reserved(), after
+end
 local function gc_pressure()
   local live = tonumber(C.lm_allocated_bytes())
-  if live > gc_threshold then
-    local t0 = cpu_now()
-    collectgarbage()
-    -- the cheaper of the last two: one that swept a pile of dead objects is
-    -- followed by a cheap one, and says nothing of the next
-    local took = math.min(gc_took, cpu_now() - t0)
-    gc_took = cpu_now() - t0
-    local after = tonumber(C.lm_allocated_bytes())
-    gc_threshold = after + math.max(gc_floor, math.min(math.max(after, took * GC_AMORTISE), gc_cap))
+  if live > gc_threshold then return collect() end
+  if live > seen_live + 2^20 then   -- a large block since the last look: fresh pages?
+    seen_live = live
+    if (cpu_reserved() - reserved_at_gc) / FRESH_RATE > took_eff then collect() end
+  elseif live < seen_live then
+    seen_live = live
   end
 end
 
