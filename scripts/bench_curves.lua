@@ -2,7 +2,8 @@
 -- to --out: the step time (slowest rank's median) and tokens/s of a
 -- Llama-style model at one size and one layout (--tp N: tensor parallel;
 -- --fsdp: fully sharded data parallel over every rank; neither on one rank:
--- plain), the CPU allocator's peak bytes per rank, and the bytes each rank's
+-- plain), the CPU allocator's live bytes after a step and peak bytes (the
+-- unsharded model built first included) per rank, and the bytes each rank's
 -- collectives took as input in one step, measured (dist.comm_mode) next to
 -- the count predicted from the layout. scripts/bench_curves.sh runs the
 -- sweep and draws the plots. Usage:
@@ -75,19 +76,23 @@ if multi then   -- the slowest rank's median
   step_s = t:totable()[1]
 end
 
--- bytes each rank's collectives take as input in a step, from the layout:
--- TP (Megatron's pattern, loss parallel): an all-reduce of the (batch, seq,
--- dim) activations after each attention and feed-forward block, forward and
--- backward, plus the embedding's; FSDP: each block's shard all-gathered for
+-- bytes each rank's collectives take as input in a step, from the layout.
+-- TP (loss parallel): an all-reduce of the (batch, seq, dim) activations
+-- after each row-parallel linear forward (wo, w2), and in backward one per
+-- column-parallel linear (wq, wk, wv, w1, w3: loom reduces each one's input
+-- gradient alone, where Megatron sums the three and the two first, which
+-- would make it 4 per layer), plus the embedding's forward and backward:
+-- (7 layers + 2) activations. FSDP: each block's shard all-gathered for
 -- forward and again for backward, the full gradients reduce-scattered.
 local act = c.batch * c.seq * c.dim * 4
 local predicted = 0
-if layout == "tp" then predicted = (4 * c.layers + 2) * act
+if layout == "tp" then predicted = (7 * c.layers + 2) * act
 elseif layout == "fsdp" then predicted = 2 * nparams * 4 / world + nparams * 4 end
 
-local mem = loom.memory_stats("cpu")
+collectgarbage()
+local mem = loom.memory_stats("cpu")   -- live after a step: parameters, gradients, optimizer state
 local rec = { size = o.size, params = nparams, layout = layout, ranks = world, step_ms = step_s * 1e3,
-              tokens_per_s = c.batch * c.seq / step_s, peak_bytes = mem.peak,
+              tokens_per_s = c.batch * c.seq / step_s, live_bytes = mem.allocated, peak_bytes = mem.peak,
               comm_bytes = comm_bytes, predicted_comm_bytes = predicted,
               cpu = (io.popen("lscpu | grep 'Model name' | sed 's/.*: *//'"):read("*l") or "?") }
 if rank == 0 then
