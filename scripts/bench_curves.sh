@@ -5,21 +5,25 @@
 # cores oversubscribed), collects the JSON lines, prints markdown tables and
 # draws docs/img/curves_size.png, curves_degree.png, curves_memory.png and
 # curves_comm.png with gnuplot. Each point runs alone, in turn.
-# Usage: bash scripts/bench_curves.sh [--quick]   (--quick: no 97M point)
+# Usage: bash scripts/bench_curves.sh [--quick | --plot-only]
+#   --quick: no 97M point; --plot-only: tables and plots from the last run's
+#   JSON lines ($LOOM_CURVES_OUT, default /tmp/loom_curves.jsonl)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${LOOM_CURVES_OUT:-/tmp/loom_curves.jsonl}
-: >"$out"
-sizes=(0.8M 10M 97M)
-[ "${1:-}" = "--quick" ] && sizes=(0.8M 10M)
-for s in "${sizes[@]}"; do
-  steps=3; [ "$s" = 97M ] && steps=2
-  luajit scripts/bench_curves.lua --size "$s" --steps $steps --out "$out" >/dev/null
-done
-for n in 2 4; do
-  scripts/loomrun -n $n --quiet-others scripts/bench_curves.lua --size 10M --tp $n --out "$out" >/dev/null
-  scripts/loomrun -n $n --quiet-others scripts/bench_curves.lua --size 10M --fsdp --out "$out" >/dev/null
-done
+if [ "${1:-}" != "--plot-only" ]; then
+  : >"$out"
+  sizes=(0.8M 10M 97M)
+  [ "${1:-}" = "--quick" ] && sizes=(0.8M 10M)
+  for s in "${sizes[@]}"; do
+    steps=3; [ "$s" = 97M ] && steps=2
+    luajit scripts/bench_curves.lua --size "$s" --steps $steps --out "$out" >/dev/null
+  done
+  for n in 2 4; do
+    scripts/loomrun -n $n --quiet-others scripts/bench_curves.lua --size 10M --tp $n --out "$out" >/dev/null
+    scripts/loomrun -n $n --quiet-others scripts/bench_curves.lua --size 10M --fsdp --out "$out" >/dev/null
+  done
+fi
 
 # the JSON lines into gnuplot's data files and markdown tables
 dat=$(mktemp -d)
@@ -69,6 +73,7 @@ set xlabel "ranks"; set ylabel "step ms"; set xtics 1
 plot "$dat/tp.dat" using 1:2 with linespoints title "TP", "$dat/fsdp.dat" using 1:2 with linespoints title "FSDP"
 set output "docs/img/curves_memory.png"
 set title "10M model: CPU allocator bytes per rank against layout"
+set xlabel "layout"
 set style data histograms; set style histogram clustered; set style fill solid 0.6
 set ylabel "MiB per rank"; set yrange [0:*]
 plot "$dat/mem.dat" using 3:xtic(2) title "live after a step", "" using 4 title "peak (unsharded model built first)"
