@@ -36,12 +36,12 @@ local function binary(name)
   local sc = SCALAR_OPS[name] or {}
   local right, left, negate = sc[1], sc[2], name == "sub"
   return function(a, b)
+    local tb = type(b)
+    if tb == "number" and right and is_tensor(a) and a.dtype_ <= LAST_FLOAT and a.dist == nil then
+      return op1f(right, a, negate and -b or b)
+    end
     if is_tensor(a) then
       if is_tensor(b) then return op2(id, a, b) end
-      local tb = type(b)
-      if tb == "number" and right and a.dtype_ <= LAST_FLOAT and a.dist == nil then
-        return op1f(right, a, negate and -b or b)
-      end
       if tb == "number" or tb == "boolean" then
         check_scalar(b, a, name, "argument #2")
         return op2n(id, a, b, false)
