@@ -89,11 +89,29 @@ local predicted = 0
 if layout == "tp" then predicted = (7 * c.layers + 2) * act
 elseif layout == "fsdp" then predicted = 2 * nparams * 4 / world + nparams * 4 end
 
+-- PyTorch eager on the same config and steps, one rank (scripts/bench_torch_train.py),
+-- where LOOM_BENCH_PYTHON (default python3) imports torch
+local torch_ms
+if layout == "plain" then
+  local py = os.getenv("LOOM_BENCH_PYTHON") or "python3"
+  if os.execute(py .. " -c 'import torch' >/dev/null 2>&1") == 0 then
+    local f = io.popen(string.format("OMP_WAIT_POLICY=PASSIVE %s %sscripts/bench_torch_train.py --layers %d --dim %d " ..
+                                     "--heads %d --seq %d --batch %d --steps %d --vocab %d --threads %d", py, root,
+                                     c.layers, c.dim, c.heads, c.seq, c.batch, o.steps + o.warmup, c.vocab,
+                                     loom.num_threads()))
+    local out = f:read("*a")
+    f:close()
+    local ok, r = pcall(require("dkjson").decode, out:match("{.*}") or "")
+    torch_ms = ok and type(r) == "table" and r.step_ms or nil
+  end
+end
+
 collectgarbage()
 local mem = loom.memory_stats("cpu")   -- live after a step: parameters, gradients, optimizer state
 local rec = { size = o.size, params = nparams, layout = layout, ranks = world, step_ms = step_s * 1e3,
               tokens_per_s = c.batch * c.seq / step_s, live_bytes = mem.allocated, peak_bytes = mem.peak,
               comm_bytes = comm_bytes, predicted_comm_bytes = predicted,
+              torch_step_ms = torch_ms, torch_tokens_per_s = torch_ms and c.batch * c.seq / (torch_ms / 1e3),
               cpu = (io.popen("lscpu | grep 'Model name' | sed 's/.*: *//'"):read("*l") or "?") }
 if rank == 0 then
   local line = require("dkjson").encode(rec)

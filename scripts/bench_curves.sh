@@ -34,13 +34,16 @@ for line in io.lines(arg[1]) do recs[#recs + 1] = json.decode(line) end
 local function w(name, lines) local f = assert(io.open(arg[2] .. "/" .. name, "w")) f:write(table.concat(lines, "\n"), "\n") f:close() end
 local size, tp, fsdp, mem, comm = {}, {}, {}, {}, {}
 print("CPU: " .. recs[1].cpu .. ", 2 vCPUs shared with other jobs while measured\n")
-print("| size | params | layout | ranks | step ms | tokens/s | live MiB/rank | peak MiB/rank | comm MB/step/rank measured | predicted |")
-print("|---|---|---|---|---|---|---|---|---|---|")
+print("| size | params | layout | ranks | step ms | tokens/s | PyTorch eager step ms | PyTorch tokens/s | live MiB/rank | peak MiB/rank | comm MB/step/rank measured | predicted |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 for _, r in ipairs(recs) do
-  print(string.format("| %s | %.2fM | %s | %d | %.1f | %.0f | %.0f | %.0f | %.2f | %.2f |", r.size, r.params / 1e6, r.layout,
-                      r.ranks, r.step_ms, r.tokens_per_s, r.live_bytes / 2^20, r.peak_bytes / 2^20, r.comm_bytes / 1e6,
+  local pt = r.torch_step_ms and string.format("%.1f | %.0f", r.torch_step_ms, r.torch_tokens_per_s) or "n/a | n/a"
+  print(string.format("| %s | %.2fM | %s | %d | %.1f | %.0f | %s | %.0f | %.0f | %.2f | %.2f |", r.size, r.params / 1e6, r.layout,
+                      r.ranks, r.step_ms, r.tokens_per_s, pt, r.live_bytes / 2^20, r.peak_bytes / 2^20, r.comm_bytes / 1e6,
                       r.predicted_comm_bytes / 1e6))
-  if r.layout == "plain" then size[#size + 1] = string.format("%g %g %g", r.params, r.step_ms, r.tokens_per_s) end
+  if r.layout == "plain" then
+    size[#size + 1] = string.format("%g %g %g %s", r.params, r.step_ms, r.tokens_per_s, r.torch_tokens_per_s or "NaN")
+  end
   if r.size == "10M" then
     local line = string.format("%d %g %g", r.ranks, r.step_ms, r.tokens_per_s)
     if r.layout ~= "fsdp" then tp[#tp + 1] = line end
@@ -65,7 +68,8 @@ set title "Step time and tokens/s against model size (1 rank, f32)"
 set logscale x
 set xlabel "parameters"
 set ylabel "step ms"; set y2label "tokens/s"; set y2tics; set logscale y; set logscale y2
-plot "$dat/size.dat" using 1:2 with linespoints title "step ms", "" using 1:3 axes x1y2 with linespoints title "tokens/s"
+plot "$dat/size.dat" using 1:2 with linespoints title "loom step ms", "" using 1:3 axes x1y2 with linespoints title "loom tokens/s", \
+     "" using 1:4 axes x1y2 with linespoints title "PyTorch eager tokens/s"
 unset logscale; unset y2tics; unset y2label
 set output "docs/img/curves_degree.png"
 set title "10M model: step time against degree (ranks beyond 2 share 2 cores)"
