@@ -157,6 +157,8 @@ typedef int lm_check_ids_fn(const lm_tensor *idx, int64_t n, int skip_ok, int64_
                             const char *head, const char *tail);
 /* the allocator's counters (enum lm_memory_stat); NULL: none kept */
 typedef int lm_memory_stats_fn(int index, int64_t *stats);
+/* hands the allocator's cached blocks back to the OS or driver; NULL: none kept */
+typedef void lm_empty_cache_fn(int index);
 /* what the backend is built with and sees (versions, devices), lines of
  * text for lm_build_info; NULL: just its name */
 typedef const char *lm_info_fn(void);
@@ -231,6 +233,7 @@ typedef struct lm_backend {
   lm_index_add_fn *index_add;
   lm_adamw_fn *adamw;
   lm_memory_stats_fn *memory_stats;
+  lm_empty_cache_fn *empty_cache;
   lm_info_fn *info;
   lm_check_ids_fn *check_ids;
   /* fused kernels */

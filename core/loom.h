@@ -224,6 +224,8 @@ enum lm_memory_stat { LM_MEM_ALLOCATED = 0, LM_MEM_PEAK = 1, LM_MEM_RESERVED = 2
                       LM_MEM_DRIVER_ALLOCS = 3, LM_NMEM_STATS = 4 };
 /* fills stats[LM_NMEM_STATS]; -1 when the device keeps none */
 int lm_device_memory_stats(int device, int64_t *stats);
+/* hands the device allocator's cached blocks back (the CPU's to the OS) */
+int lm_device_empty_cache(int device);
 
 /* ---- distributed (core/comm/) ---- */
 /* Ranks are 0-based. The first distributed call initialises MPI (a world of

@@ -49,6 +49,11 @@ enum lm_unary_grad { LM_D_NONE, LM_D_X, LM_D_Y };
   X(CLAMP,        x < k0 ? k0 : x > k1 ? k1 : x,        x > k0 && x < k1,              LM_D_X)  \
   /* softplus(x) = log(1 + e^(k1 x)) / k1, linear where k1 x > k0 (PyTorch's beta k1, threshold k0) */ \
   X(SOFTPLUS,     k1 * x > k0 ? x : log1p(exp(k1 * x)) / k1, k1 * x > k0 ? 1 : 1 / (1 + exp(-k1 * x)), LM_D_X) \
+  /* a Lua number as an operand (x + 1, x * 0.5, x / 4, 2 - x): no 0-dim tensor per call */          \
+  X(ADD_SCALAR,   x + k0,                               1,                             LM_D_X)  \
+  X(MUL_SCALAR,   x * k0,                               k0,                            LM_D_X)  \
+  X(DIV_SCALAR,   x / k0,                               1 / k0,                        LM_D_X)  \
+  X(RSUB_SCALAR,  k0 - x,                               -1,                            LM_D_X)  \
   X(NOT,          x == 0,                               0,                             LM_D_NONE) \
   X(SIGN,         (x > 0) - (x < 0),                    0,                             LM_D_NONE) \
   /* derivatives as kinds of their own, for composed backward passes */                        \

@@ -1,8 +1,11 @@
 -- bench_train.lua: time of one training step of the Llama-style model
 -- (forward, backward, AdamW), split by op, with the time in GEMM (the
 -- matmul op) next to the total; with --dtype f32,bf16 the same config in
--- each dtype in the same run (bf16: mixed precision, autocast). Usage:
---   luajit scripts/bench_train.lua [--layers 4 --dim 128 --heads 4 --seq 64 --batch 12 --steps 20 --dtype f32]
+-- each dtype in the same run (bf16: mixed precision, autocast); in f32 the
+-- step's GEMM rate next to cblas_sgemm replaying the same shapes right after
+-- each step (the 97M Llama: --layers 12 --dim 768 --heads 12 --seq 256
+-- --batch 4 --vocab 8192 --warmup 1 --steps 3). Usage:
+--   luajit scripts/bench_train.lua [--layers 4 --dim 128 --heads 4 --seq 64 --batch 12 --steps 20 --warmup 3 --dtype f32]
 -- Distributed (TP x DP, replicate() or --fsdp): how much of the data-parallel
 -- communication backward hides (see overlap() below):
 --   scripts/loomrun -n 4 scripts/bench_train.lua --tp 2 --dp 2 [--fsdp] [--bucket-mb 25] [--json out.json]
@@ -16,7 +19,7 @@ local bench = require "loom.bench"
 local C = loom.C
 
 local o = bench.args(arg, { layers = 4, dim = 128, heads = 4, seq = 64, batch = 12, steps = 20, vocab = 65,
-                            dtype = "f32", tp = 0, dp = 0, fsdp = false, ["no-reshard"] = false,
+                            dtype = "f32", warmup = 3, tp = 0, dp = 0, fsdp = false, ["no-reshard"] = false,
                             ["sequence-parallel"] = false, json = "",
                             ["bucket-mb"] = 25 }, "bench_train.lua")
 
@@ -293,6 +296,49 @@ if os.getenv("OMPI_COMM_WORLD_SIZE") or o.tp > 0 or o.dp > 0 then
   return
 end
 
+-- The step's GEMMs replayed through cblas_sgemm directly, in the same run:
+-- each Linear weight (out, in) does y = x W^T forward, dX = dY W and
+-- dW = dY^T X backward on tokens = batch x seq rows: 6 x tokens x numel(W)
+-- FLOPs a step. Returns the FLOPs and the seconds of one replay.
+local ffi = require "ffi"
+pcall(ffi.cdef, [[
+void cblas_sgemm(int order, int transa, int transb, int m, int n, int k, float alpha,
+                 const float *a, int lda, const float *b, int ldb, float beta, float *c, int ldc);
+]])
+local function linear_shapes(model)
+  local shapes = {}
+  for _, kv in ipairs(model:named_parameters()) do
+    local w = kv[2]
+    if w:dim() == 2 and not kv[1]:find("embeddings") then shapes[#shapes + 1] = { w:size(1), w:size(2) } end
+  end
+  return shapes
+end
+local function sgemm_replay(model)
+  local T = o.batch * o.seq
+  local shapes, flops, biggest = linear_shapes(model), 0, 0
+  for _, s in ipairs(shapes) do
+    flops = flops + 6 * T * s[1] * s[2]
+    biggest = math.max(biggest, s[1], s[2])
+  end
+  local X, W, Y = loom.randn(T, biggest), loom.randn(biggest, biggest), loom.randn(T, biggest)
+  local G = loom.empty(biggest, biggest)
+  local px, pw, py, pg = ffi.cast("float*", X:data_ptr()), ffi.cast("float*", W:data_ptr()),
+                         ffi.cast("float*", Y:data_ptr()), ffi.cast("float*", G:data_ptr())
+  local RM, N_, T_ = 101, 111, 112
+  local best = math.huge
+  for _ = 1, 1 do
+    local t0 = bench.now()
+    for _, s in ipairs(shapes) do
+      local out, inp = s[1], s[2]
+      ffi.C.cblas_sgemm(RM, N_, T_, T, out, inp, 1, px, inp, pw, inp, 0, py, out)   -- Y = X W^T
+      ffi.C.cblas_sgemm(RM, N_, N_, T, inp, out, 1, py, out, pw, inp, 0, px, inp)   -- dX = dY W
+      ffi.C.cblas_sgemm(RM, T_, N_, out, inp, T, 1, py, out, px, inp, 0, pg, inp)   -- dW = dY^T X
+    end
+    best = math.min(best, bench.now() - t0)
+  end
+  return flops, best
+end
+
 -- one config in one dtype: phase times and the op profile
 local function measure(dtype)
   loom.manual_seed(0)
@@ -317,10 +363,22 @@ local function measure(dtype)
       table.insert(phases.optimizer, t3 - t2) table.insert(phases.step, t3 - t0)
     end
   end
-  for _ = 1, 3 do step(false) end
+  for _ = 1, o.warmup do step(false) end
   C.lm_profile_reset()
   C.lm_profile_enable(1)
-  for _ = 1, o.steps do step(true) end
+  local mm, gemm_rate = C.LM_OP_MATMUL, { step = {}, blas = {} }
+  for _ = 1, o.steps do
+    local before = C.lm_profile_seconds(mm)
+    step(true)
+    if dtype == "f32" then   -- the same GEMMs through sgemm right after: both see the same neighbours
+      C.lm_profile_enable(0)
+      local flops, t_blas = sgemm_replay(model)
+      C.lm_profile_enable(1)
+      gemm_rate.flops = flops
+      table.insert(gemm_rate.step, flops / (C.lm_profile_seconds(mm) - before) / 1e9)
+      table.insert(gemm_rate.blas, flops / t_blas / 1e9)
+    end
+  end
   C.lm_profile_enable(0)
   local total, ops = 0, {}
   for id = 0, C.lm_op_count() - 1 do
@@ -332,8 +390,9 @@ local function measure(dtype)
   end
   table.sort(ops, function(a, b) return a[2] > b[2] end)
   for _, r in ipairs(ops) do r[4] = 100 * r[2] / (total / o.steps * 1e3) end
-  return phases, ops
+  return phases, ops, gemm_rate
 end
+
 
 -- PyTorch eager on the same config
 local py, has_torch = torch_python()
@@ -349,7 +408,7 @@ print(string.format("training step: %d layers, dim %d, %d heads, batch %dx%d, %d
                     o.layers, o.dim, o.heads, o.batch, o.seq, loom.num_threads(), o.steps))
 local summary = {}
 for dtype in o.dtype:gmatch("[^,]+") do
-  local phases, ops = measure(dtype)
+  local phases, ops, gemm_rate = measure(dtype)
   print(string.format("\n-- %s%s", dtype, dtype == "f32" and "" or " (mixed precision: autocast, f32 parameters)"))
   local rows = {}
   for _, name in ipairs { "forward", "backward", "optimizer", "step" } do
@@ -362,6 +421,12 @@ for dtype in o.dtype:gmatch("[^,]+") do
   for _, r in ipairs(ops) do if r[1] == "matmul" then gemm = r[2] end end
   print(string.format("\nGEMM (matmul op) %.1f ms of %.1f ms per step (%.0f%%); %.0f tokens/s",
                       gemm, step_ms, 100 * gemm / step_ms, o.batch * o.seq / (step_ms / 1e3)))
+  if gemm_rate.flops then
+    local rate, blas = bench.max(gemm_rate.step), bench.max(gemm_rate.blas)
+    print(string.format("GEMM rate (%.2f GFLOP of Linear layers a step): the step's matmul op %.1f GFLOP/s, " ..
+                        "cblas_sgemm on the same shapes called directly %.1f GFLOP/s, each step followed by " ..
+                        "its replay, best of %d: %.0f%%", gemm_rate.flops / 1e9, rate, blas, o.steps, 100 * rate / blas))
+  end
   local pt = torch_step(dtype)
   summary[#summary + 1] = { dtype, step_ms, o.batch * o.seq / (step_ms / 1e3), pt and pt.step_ms or "n/a",
                             pt and pt.tokens_per_s or "n/a",

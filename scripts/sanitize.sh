@@ -20,7 +20,8 @@ if [ ${#specs[@]} -eq 0 ]; then
          spec/optim_spec.lua spec/hooks_spec.lua spec/transformer_spec.lua spec/op_table_spec.lua
          spec/errors_spec.lua spec/serialize_spec.lua spec/safetensors_spec.lua spec/checkpoint_format_spec.lua
          spec/data_spec.lua spec/misuse_tensor_spec.lua spec/misuse_ops_spec.lua spec/misuse_nn_optim_spec.lua
-         spec/fuzz_load_spec.lua spec/hostile_files_spec.lua)
+         spec/fuzz_load_spec.lua spec/hostile_files_spec.lua
+         spec/cpu_alloc_spec.lua spec/scalar_ops_spec.lua)
 fi
 
 echo "sanitize: building build-asan (-DLOOM_SANITIZE=ON)"

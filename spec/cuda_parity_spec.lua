@@ -52,6 +52,8 @@ local cases = {
   neg = unary(), abs = unary(), sqrt = unary(0.1), rsqrt = unary(0.1), exp = unary(), log = unary(0.1),
   tanh = unary(), sigmoid = unary(), relu = unary(), gelu = unary(), gelu_tanh = unary(), silu = unary(),
   sin = unary(), cos = unary(), pow_scalar = unary(0.1, { 2.5 }), clamp = unary(nil, { -0.5, 0.7 }),
+  add_scalar = unary(nil, { 1.5 }), mul_scalar = unary(nil, { -0.75 }), div_scalar = unary(nil, { 3 }),
+  rsub_scalar = unary(nil, { 2 }),
   hardtanh = unary(nil, { -0.5, 0.7 }), softplus = unary(nil, { 20, 1 }),
   logical_not = { dtypes = { "bool" }, inputs = function() return { bools({ 4, 5 }) } end },
   sign = unary(), _gelu_d = unary(), _gelu_tanh_d = unary(), _silu_d = unary(),

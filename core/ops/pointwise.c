@@ -103,7 +103,8 @@ int lm_bw_binary(const lm_saved *n, lm_tensor *const *gout, lm_tensor **gin) {
   return rc;
 }
 
-/* ---- unary (attrs: f[0], f[1] for pow_scalar's exponent and clamp's bounds) ---- */
+/* ---- unary (attrs: f[0], f[1] for pow_scalar's exponent, the *_scalar ops' number and
+ * clamp's bounds) ---- */
 
 /* kinds that also make sense on integers */
 static bool int_ok(int kind) {
@@ -186,6 +187,10 @@ int lm_bw_unary(const lm_saved *n, lm_tensor *const *gout, lm_tensor **gin) {
   case LM_POW_SCALAR:
     d = lm_s2(&s, LM_OP_MUL, lm_s1f(&s, LM_OP_POW_SCALAR, x, p - 1), lm_scalar(&s, p, x));
     break;
+  case LM_ADD_SCALAR: d = lm_scalar(&s, 1, g); break;
+  case LM_MUL_SCALAR: d = lm_scalar(&s, p, g); break;
+  case LM_DIV_SCALAR: d = lm_scalar(&s, 1 / p, g); break;
+  case LM_RSUB_SCALAR: d = lm_scalar(&s, -1, g); break;
   case LM_CLAMP: { /* 1 strictly inside (lo, hi): 0 at a bound, as PyTorch's minimum-norm subgradient */
     double b[2];
     unary_params(LM_CLAMP, &n->attrs, b);

@@ -108,6 +108,13 @@ int lm_device_memory_stats(int device, int64_t *stats) {
   return b->memory_stats(device - (lm_device_kind(device) == LM_KIND_CUDA ? LM_CUDA0 : 0), stats);
 }
 
+int lm_device_empty_cache(int device) {
+  const lm_backend *b = lm_backend_of(device);
+  if (!b) return -1;
+  if (b->empty_cache) b->empty_cache(device - (lm_device_kind(device) == LM_KIND_CUDA ? LM_CUDA0 : 0));
+  return 0;
+}
+
 int lm_set_cuda_device(int k) {
   if (k < 0 || k >= 100) return lm_error("set_device: expected a CUDA device index in [0, 100), got %d", k);
   cuda_current = k;

@@ -6,6 +6,10 @@
 
 int lm_threads_for(int64_t work); /* threads worth using for `work` elements (threads.c) */
 
+lm_alloc_fn lm_cpu_alloc;                /* alloc.c: the caching allocator */
+lm_free_fn lm_cpu_free;
+lm_empty_cache_fn lm_cpu_empty_cache;
+lm_memory_stats_fn lm_cpu_memory_stats;
 lm_copy_fn lm_cpu_copy;                  /* copy.c */
 /* n dense elements of dtype sd to dd by copy.c's vectorised converters:
  * f32 <-> bf16, f16 or f64 only */

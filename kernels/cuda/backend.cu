@@ -122,6 +122,7 @@ __attribute__((constructor)) static void register_cuda(void) {
   b.adamw = lm_cuda_adamw;
   b.memory_stats = lm_cuda_memory_stats;
   b.check_ids = lm_cuda_check_ids;
+  b.empty_cache = lm_cuda_empty_cache;
   b.info = cuda_info;
   b.unary_grad = lm_cuda_unary_grad;
   b.swiglu = lm_cuda_swiglu;

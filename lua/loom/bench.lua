@@ -36,6 +36,12 @@ function M.min(t)
   return m
 end
 
+function M.max(t)
+  local m = -math.huge
+  for _, v in ipairs(t) do m = math.max(m, v) end
+  return m
+end
+
 -- time(fn, n): median seconds of n calls after two warm-up calls
 function M.time(fn, n)
   fn() fn()

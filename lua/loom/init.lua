@@ -113,6 +113,28 @@ function loom.cuda.emu_counters(opts)
   return out
 end
 
+-- memory_stats(device): a device allocator's counters, "cpu" by default
+-- (the CPU's caching allocator: bytes held by live blocks, their peak, the
+-- bytes taken from the OS including cached blocks, and the mmap calls)
+function loom.memory_stats(device)
+  local d = device == nil and "cpu" or device
+  if type(d) ~= "string" then T.argerror("memory_stats", "device", "\"cpu\" or \"cuda[:N]\"", T.describe(d)) end
+  local ffi = require "ffi"
+  local st = ffi.new("int64_t[4]")
+  if lib.C.lm_device_memory_stats(T.device_id(d, "memory_stats"), st) < 0 then T.c_error() end
+  return { allocated = tonumber(st[0]), peak = tonumber(st[1]), reserved = tonumber(st[2]),
+           driver_allocs = tonumber(st[3]) }
+end
+-- empty_cache(device): hands the allocator's cached blocks back to the OS
+-- (or the GPU's driver), after a collection so dead tensors return theirs
+function loom.empty_cache(device)
+  local d = device == nil and "cpu" or device
+  if type(d) ~= "string" then T.argerror("empty_cache", "device", "\"cpu\" or \"cuda[:N]\"", T.describe(d)) end
+  local id = T.device_id(d, "empty_cache")
+  collectgarbage()
+  if lib.C.lm_device_empty_cache(id) < 0 then T.c_error() end
+end
+
 function loom.num_threads() return lib.C.lm_num_threads() end
 function loom.set_num_threads(n)
   if not T.is_int(n) or n < 1 or n > 4096 then

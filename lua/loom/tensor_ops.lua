@@ -19,12 +19,29 @@ local function check_scalar(v, x, name, argname)
   end
 end
 
+-- A float tensor (not a DTensor) and a Lua number: the number is the
+-- attribute of a *_scalar op (x - v as x + (-v), the same in IEEE
+-- arithmetic), computed in the tensor's dtype as the 0-dim tensor of
+-- op2n would be. Integer tensors, booleans and DTensors (a Partial plus a
+-- number adds it on one rank) take op2n. [name] = {x op v, v op x}
+local op1f = T.op1f
+local SCALAR_OPS = {
+  add = { C.LM_OP_ADD_SCALAR, C.LM_OP_ADD_SCALAR }, sub = { C.LM_OP_ADD_SCALAR, C.LM_OP_RSUB_SCALAR },
+  mul = { C.LM_OP_MUL_SCALAR, C.LM_OP_MUL_SCALAR }, div = { C.LM_OP_DIV_SCALAR },
+}
+local LAST_FLOAT = C.LM_F16
+
 local function binary(name)
   local id = C["LM_OP_" .. name:upper()]
+  local sc = SCALAR_OPS[name] or {}
+  local right, left, negate = sc[1], sc[2], name == "sub"
   return function(a, b)
+    local tb = type(b)
+    if tb == "number" and right and is_tensor(a) and a.dtype_ <= LAST_FLOAT and a.dist == nil then
+      return op1f(right, a, negate and -b or b)
+    end
     if is_tensor(a) then
       if is_tensor(b) then return op2(id, a, b) end
-      local tb = type(b)
       if tb == "number" or tb == "boolean" then
         check_scalar(b, a, name, "argument #2")
         return op2n(id, a, b, false)
@@ -32,6 +49,9 @@ local function binary(name)
     end
     check_tensor(b, name, "argument #2")
     local ta = type(a)
+    if ta == "number" and left and b.dtype_ <= LAST_FLOAT and b.dist == nil then
+      return op1f(left, b, a)
+    end
     if ta == "number" or ta == "boolean" then
       check_scalar(a, b, name, "argument #1")
       return op2n(id, b, a, true)
