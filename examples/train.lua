@@ -130,12 +130,16 @@ local L = require "loom.parallel.layout"
 
 -- tp and dp from the flags and the world (the ranks left by pp x cp), or an
 -- error that says what to do
-local function degrees(o, world)
+local function degrees(o, world, ranks)
   local tp, dp = o.tp, o.dp
   local asked = math.max(tp, 1) * math.max(dp, 1) * math.max(o.pp, 1) * math.max(o.cp, 1)
-  if world == 1 and asked > 1 then
-    error(string.format("train.lua: --tp %d x --dp %d needs %d ranks and this is one process: launch with "
-                        .. "scripts/loomrun -n %d examples/train.lua ...", math.max(tp, 1), math.max(dp, 1), asked, asked), 0)
+  if ranks == 1 and asked > 1 then
+    local parts = {}
+    for _, k in ipairs { "pp", "cp", "tp", "dp" } do
+      if k == "tp" or k == "dp" or o[k] > 1 then parts[#parts + 1] = string.format("--%s %d", k, math.max(o[k], 1)) end
+    end
+    error(string.format("train.lua: %s needs %d ranks and this is one process: launch with "
+                        .. "scripts/loomrun -n %d examples/train.lua ...", table.concat(parts, " x "), asked, asked), 0)
   end
   if tp > 0 and world % tp ~= 0 then
     error(string.format("train.lua: --tp must divide the world size %d, got --tp %d (or launch with scripts/loomrun -n %d)",
@@ -183,7 +187,7 @@ end
 local function layout(o, dist)
   local world = dist.world_size()
   local pc = math.max(o.pp, 1) * math.max(o.cp, 1)
-  if world % pc == 0 then check_applies(o, degrees(o, world / pc)) end   -- else L.world says why
+  if world % pc == 0 then check_applies(o, degrees(o, world / pc, world)) end   -- else L.world says why
   local w = L.world(o, dist, pick_device(o))
   if o.batch % w.dp ~= 0 then error(string.format("train.lua: --batch %d must divide by --dp %d", o.batch, w.dp), 0) end
   return w

@@ -4,6 +4,9 @@
 -- line before a block:
 --   <!-- doc: ranks=4 -->    runs under scripts/loomrun -n 4
 --   <!-- doc: fragment -->   not run (a piece of a bigger program)
+--   <!-- doc: ranks=2 script -->  a whole script: runs alone, not joined
+-- 1-rank blocks run in a scratch directory that sees the checkout's spec/
+-- and examples/ (paths as from the root, where the docs say to run them).
 -- A block also runs pasted into the REPL when it is the guide's tour.
 local sys = require "support.sys"
 
@@ -34,7 +37,7 @@ local function blocks(text)
     elseif line:match("^```lua%s*$") then
       local m = marker or ""
       inside = { code = "", line = n, ranks = tonumber(m:match("ranks=(%d+)")) or 1,
-                 fragment = m:find("fragment", 1, true) ~= nil }
+                 fragment = m:find("fragment", 1, true) ~= nil, alone = m:find("script", 1, true) ~= nil }
       marker = nil
     else
       local m = line:match("^<!%-%- doc: (.-) %-%->%s*$")
@@ -51,10 +54,10 @@ local function runs(page)
   for _, b in ipairs(blocks(sys.read(root .. page))) do
     if not b.fragment then
       local last = list[#list]
-      if last and last.ranks == b.ranks then
+      if last and last.ranks == b.ranks and not (b.alone or last.alone) then
         last.code = last.code .. b.code
       else
-        list[#list + 1] = { ranks = b.ranks, line = b.line, code = b.code }
+        list[#list + 1] = { ranks = b.ranks, line = b.line, code = b.code, alone = b.alone }
       end
     end
   end
@@ -64,6 +67,7 @@ end
 describe("the docs' Lua blocks", function()
   local function run(page, r)
     local dir = sys.tmpdir()
+    for _, d in ipairs { "spec", "examples" } do sys.sh("ln -s " .. root .. d .. " " .. dir .. "/" .. d) end
     local script = dir .. "/block.lua"
     sys.write(script, 'package.path = "' .. root .. 'lua/?.lua;' .. root .. 'lua/?/init.lua;" .. package.path\n'
                       .. r.code)

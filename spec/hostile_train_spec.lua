@@ -11,7 +11,7 @@ describe("train.lua on a non-finite loss", function()
   it("stops at the first NaN loss, naming the step and the fix (it ran on and exited 0 with 'final loss nan')", function()
     local rc, out = sys.sh(base .. " --lr 1e30")
     assert.equal(2, rc, out)   -- train.lua's one-line errors exit 2
-    assert.truthy(out:find("train.lua: the loss is nan at step 2", 1, true), out)
+    assert.truthy(out:find("train.lua: error: the loss is nan at step 2", 1, true), out)
     assert.truthy(out:find("--skip-nonfinite", 1, true), out)
     assert.is_nil(out:find("done:", 1, true), out)
   end)

@@ -180,8 +180,7 @@ end
 
 local order = { "safetensors", "index", "load", "manifest", "config" }
 local counts, errors, returned = {}, 0, 0
-pcall(ffi.cdef, "typedef struct { long s, ns; } fz_ts; int clock_gettime(int, fz_ts *);")
-local function now() local t = ffi.new("fz_ts") ffi.C.clock_gettime(1, t) return tonumber(t.s) + tonumber(t.ns) * 1e-9 end
+local now = require("loom.bench").now   -- the one clock_gettime declaration (loom_timespec)
 local t0, i = now(), 0
 while now() - t0 < budget do
   i = i + 1
