@@ -386,6 +386,16 @@ local function main(argv)
   -- per-rank shards and a manifest (dist.checkpoint) in a distributed run.
   -- Each reads the other's, so a run resumes at any layout.
   local function ckpt() return require "loom.distributed.checkpoint" end
+  -- a train.lua checkpoint DIR holds model_config.json (what --resume reads
+  -- first) and the state: DIR/checkpoint.loom from one process, the
+  -- dist.checkpoint directory DIR/state from several (a bare dist.checkpoint
+  -- directory is taken too); either resumes at any layout
+  local function state_path(dir)
+    local fs = require "loom.fs"
+    if fs.is_file(dir .. "/checkpoint.loom") then return dir .. "/checkpoint.loom" end
+    if fs.is_dir(dir .. "/state") then return dir .. "/state" end
+    return dir
+  end
   local function extras(step)
     return { sampler = sampler:state(), rng = loom.get_rng_state(), step = step, vocab = tok.vocab, config = cfg }
   end
@@ -394,8 +404,7 @@ local function main(argv)
     local function check(e)
       if e.vocab ~= tok.vocab then error("train.lua: the checkpoint's vocabulary differs from this corpus", 0) end
     end
-    local file = o.resume .. "/checkpoint.loom"
-    local src = require("loom.fs").is_file(file) and file or o.resume
+    local src = state_path(o.resume)
     if w.world == 1 then
       extra = loom.load(src)
       check(extra)
@@ -420,7 +429,8 @@ local function main(argv)
       loom.save(sd, o.save .. "/checkpoint.loom")
     else
       sd.model, sd.optim = model:state_dict(), ckpt().optim_state_dict(opt)
-      ckpt().save(sd, o.save)
+      require("loom.fs").mkdir_p(o.save)
+      ckpt().save(sd, o.save .. "/state")
     end
     if main_rank then   -- what --resume reads first: the model's settings
       local flags = { steps = o.steps }
