@@ -237,7 +237,7 @@ local function run_folder(o, w, dist)
     dir = name()
   end
   if o.log == "" then o.log = dir .. "/log.jsonl" end
-  if o.save == "" then o.save = dir .. "/checkpoints" end
+  if o.save == "" and w.pp == 1 then o.save = dir .. "/checkpoints" end   -- (checkpoints of pipeline stages: not yet)
   if w.rank == 0 then fs.mkdir_p(dir) end
   return dir
 end

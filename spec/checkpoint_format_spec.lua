@@ -73,7 +73,7 @@ describe("train.lua resumes at another layout", function()
     end
     -- the two kinds of checkpoint it wrote
     assert.is_true(fs.is_file(root .. "/ck1/checkpoint.loom"))
-    assert.is_true(fs.is_file(root .. "/ck2/manifest.loom"))
+    assert.is_true(fs.is_file(root .. "/ck2/state/manifest.loom"))   -- DIR/state: the dist.checkpoint directory
     fs.rm_rf(root)
   end)
 end)
