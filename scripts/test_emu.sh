@@ -59,10 +59,6 @@ run() { # what, command...
 skips=(
   "^cuda parity contiguous %(.*forward and backward"
   "loom.op('contiguous') on an already contiguous tensor returns a tensor backward does not reach (CPU too: core/ops/view.c)"
-  "counts no synchronous device%-to%-host copy"
-  "review item 4: the id range checks of embedding and cross entropy copy the ids to the host (2 per step)"
-  "makes no context on a device other than the rank's"
-  "review item 1: loom.cuda.device_count()/is_available() select every device (a context on each)"
   "clips the gradient norm in tensor%-parallel training on 2 GPUs"
   "lua/loom/nn/utils.lua: grad_norm_squared all-reduces a CPU tensor over the cuda mesh (clip_grad_norm_ fails with TP on GPUs)"
   "loss parallel true"

@@ -38,12 +38,13 @@ function M.grad_norm_squared(params)
         for k, q in ipairs(pl) do to[k] = q:is_partial() and require("loom.distributed").Replicate() or q end
         g = g:redistribute(mesh, to)
       end
-      local sq = sum_sq(g:to_local())
+      local loc = g:to_local()
+      local sq = sum_sq(loc)
       local key = table.concat(dims, ",")
       groups[mesh] = groups[mesh] or {}
       local grp = groups[mesh][key]
       if not grp then
-        grp = { mesh = mesh, dims = dims, sum = 0 }
+        grp = { mesh = mesh, dims = dims, sum = 0, device = loc.device } -- the mesh's collectives run there
         groups[mesh][key] = grp
         order[#order + 1] = grp
       end
@@ -55,7 +56,7 @@ function M.grad_norm_squared(params)
   if #order > 0 then
     local dist = require "loom.distributed"
     for _, grp in ipairs(order) do
-      local t = loom.tensor({ grp.sum }, { dtype = "f64" })
+      local t = loom.tensor({ grp.sum }, { dtype = "f64" }):to(grp.device)
       for _, d in ipairs(grp.dims) do t = dist.all_reduce(t, "sum", grp.mesh, d) end
       total = total + t:item()
     end
