@@ -55,14 +55,9 @@ run() { # what, command...
 }
 
 # Known defects of the CUDA code the emulated device found (kept out until
-# fixed; each printed): a busted --filter-out pattern, and why.
+# fixed; each printed): a busted --filter-out pattern, and why. None now:
+# the five gpuemu found are fixed and run (issue 22).
 skips=(
-  "^cuda parity contiguous %(.*forward and backward"
-  "loom.op('contiguous') on an already contiguous tensor returns a tensor backward does not reach (CPU too: core/ops/view.c)"
-  "clips the gradient norm in tensor%-parallel training on 2 GPUs"
-  "lua/loom/nn/utils.lua: grad_norm_squared all-reduces a CPU tensor over the cuda mesh (clip_grad_norm_ fails with TP on GPUs)"
-  "loss parallel true"
-  "lua/loom/parallel/loss.lua: pick() makes its row index with loom.arange on the CPU, the logits are on cuda"
 )
 filters=()
 for ((i = 0; i < ${#skips[@]}; i += 2)); do
