@@ -18,6 +18,7 @@ struct BwdArgs {
   int64_t B, L, S;
   float scale;
   int causal;
+  AttnBias bias;
 };
 
 /* ---- Dd: a warp per row ---- */
@@ -86,7 +87,7 @@ template <typename T, int D> __global__ void __launch_bounds__(ATTN_THREADS) att
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         int c = 8 * j + 2 * t + (e & 1);
-        float p = attn_keep(q0 + c, key[e >> 1], a.L, a.S, a.causal) ? expf(s[j][e] * a.scale - sLse[c]) : 0.f;
+        float p = attn_prob(attn_score(s[j][e], a.bias, b, q0 + c, key[e >> 1], a.L, a.S, a.causal, a.scale), sLse[c]);
         s[j][e] = p;
         dp[j][e] = p * (dp[j][e] - sDd[c]); /* dS^T */
       }
@@ -162,7 +163,7 @@ template <typename T, int D> __global__ void __launch_bounds__(ATTN_THREADS) att
       for (int e = 0; e < 4; e++) {
         int r = e >> 1;
         int64_t col = k0 + 8 * j + 2 * t + (e & 1);
-        float p = attn_keep(row[r], col, a.L, a.S, a.causal) ? expf(s[j][e] * a.scale - lse[r]) : 0.f;
+        float p = attn_prob(attn_score(s[j][e], a.bias, b, row[r], col, a.L, a.S, a.causal, a.scale), lse[r]);
         dp[j][e] = p * (dp[j][e] - dd[r]); /* dS */
       }
     lm_tile_store<T, K::BK / 8>(myS, K::LDP, dp);
@@ -201,13 +202,15 @@ template <typename T, int D> static int attn_bwd_launch(BwdArgs &a) {
 }
 
 /* dq, dk, dv may each be NULL (not wanted) */
-int lm_cuda_attention_bwd(lm_tensor *dq, lm_tensor *dk, lm_tensor *dv, const lm_tensor *g,
-                          const lm_tensor *q, const lm_tensor *k, const lm_tensor *v,
-                          const lm_tensor *o, const lm_tensor *lse, double scale, int causal) {
+static int attention_bwd(lm_tensor *dq, lm_tensor *dk, lm_tensor *dv, const lm_tensor *g, const lm_tensor *q,
+                         const lm_tensor *k, const lm_tensor *v, const lm_tensor *o, const lm_tensor *lse,
+                         const lm_tensor *bias, double scale, int causal) {
   const char *what = "attention_bwd";
   AttnDims d = {0, 0, 0, 0, 0};
   int rc = attn_dims(what, q, k, v, &d);
   if (rc < 0) return rc;
+  AttnBias ab;
+  LM_TRY(attn_bias_of(what, bias, d, &ab));
   LM_TRY(attn_is(what, "g", g, d.B, d.L, d.D, d.dtype));
   LM_TRY(attn_is(what, "o", o, d.B, d.L, d.D, d.dtype));
   LM_TRY(attn_lse_ok(what, lse, d));
@@ -225,7 +228,7 @@ int lm_cuda_attention_bwd(lm_tensor *dq, lm_tensor *dk, lm_tensor *dv, const lm_
   }
   BwdArgs a = {lm_ptr(q), lm_ptr(k), lm_ptr(v), lm_ptr(o), lm_ptr(g), dq ? lm_ptr(dq) : NULL,
                dk ? lm_ptr(dk) : NULL, dv ? lm_ptr(dv) : NULL, (const float *)lm_ptr(lse), NULL,
-               d.B, d.L, d.S, (float)scale, causal};
+               d.B, d.L, d.S, (float)scale, causal, ab};
   a.dd = (float *)lm_cuda_alloc((size_t)(d.B * d.L) * sizeof(float));
   if (!a.dd) return -1;
   rc = attn_dispatch(d, [&](auto z, auto dim) {
@@ -233,4 +236,15 @@ int lm_cuda_attention_bwd(lm_tensor *dq, lm_tensor *dk, lm_tensor *dv, const lm_
   });
   lm_cuda_free(a.dd); /* stream-ordered: the kernels above run first */
   return rc;
+}
+
+int lm_cuda_attention_bwd(lm_tensor *dq, lm_tensor *dk, lm_tensor *dv, const lm_tensor *g,
+                          const lm_tensor *q, const lm_tensor *k, const lm_tensor *v,
+                          const lm_tensor *o, const lm_tensor *lse, double scale, int causal) {
+  return attention_bwd(dq, dk, dv, g, q, k, v, o, lse, NULL, scale, causal);
+}
+int lm_cuda_attention_bias_bwd(lm_tensor *dq, lm_tensor *dk, lm_tensor *dv, const lm_tensor *g,
+                               const lm_tensor *q, const lm_tensor *k, const lm_tensor *v,
+                               const lm_tensor *o, const lm_tensor *lse, const lm_tensor *bias, double scale) {
+  return attention_bwd(dq, dk, dv, g, q, k, v, o, lse, bias, scale, 0);
 }
