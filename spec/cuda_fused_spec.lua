@@ -75,6 +75,22 @@ describe("cuda fused kernels", function()
     end)
   end
 
+  it("attention with a mask that drops every key of a row: zeros there, finite gradients", function()
+    local q, k, v = loom.randn({ 1, 2, 40, 64 }), loom.randn({ 1, 2, 50, 64 }), loom.randn({ 1, 2, 50, 64 })
+    local m = loom.ones({ 40, 50 }):to("bool")
+    m:narrow(1, 7, 1):fill_(false)
+    local qc, kc = q:to("cuda"):requires_grad_(true), k:to("cuda"):requires_grad_(true)
+    local o = F.scaled_dot_product_attention(qc, kc, v:to("cuda"), { attn_mask = m:to("cuda") })
+    assert.equal(0, o:narrow(3, 7, 1):abs():sum():item())
+    G.close(F.scaled_dot_product_attention(q, k, v):narrow(3, 8, 33), o:narrow(3, 8, 33), 2e-5, "the other rows")
+    o:sum():backward()
+    for _, g in ipairs({ qc.grad, kc.grad }) do
+      local x = g:sum():item()
+      assert.is_true(x == x and math.abs(x) < math.huge, "a finite gradient")
+    end
+    assert.equal(0, qc.grad:narrow(3, 7, 1):abs():sum():item())
+  end)
+
   it("attention with a scale and heads of 96 (the composed form)", function()
     local q, k, v = loom.randn({ 1, 2, 40, 96 }), loom.randn({ 1, 2, 50, 96 }), loom.randn({ 1, 2, 50, 96 })
     fw_bw(2e-5, function(a, b, c) return F.scaled_dot_product_attention(a, b, c, { scale = 0.3 }) end,
