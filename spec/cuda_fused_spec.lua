@@ -46,7 +46,8 @@ describe("cuda fused kernels", function()
 
   -- masks run the fused kernels (an additive f32 bias on the scaled
   -- scores) against the composed ops on the CPU: a bool (L, S) mask, a
-  -- float key-padding mask (B, 1, 1, S) with -inf and a float bias (H, L, S);
+  -- float key-padding mask (B, 1, 1, S) with -inf, float biases (H, L, S)
+  -- and (B, H, L, S);
   -- on the emulated device the forward is shown to run no GEMM (fused)
   for _, dt in ipairs({ "f32", "bf16" }) do
     it("attention " .. dt .. " with masks, head dims 64 and 40 (the fused kernels)", function()
@@ -56,7 +57,7 @@ describe("cuda fused kernels", function()
       local keep = r:lt(0.7)
       local pad = loom.zeros({ B, 1, 1, S })
       pad:narrow(4, 91, 10):fill_(-math.huge)
-      local masks = { keep, pad, loom.randn({ H, L, S }) }
+      local masks = { keep, pad, loom.randn({ H, L, S }), loom.randn({ B, H, L, S }) } -- the last folds: no copy
       for _, D in ipairs({ 64, 40 }) do
         local q, k, v = loom.randn({ B, H, L, D }):to(dt), loom.randn({ B, H, S, D }):to(dt), loom.randn({ B, H, S, D }):to(dt)
         for _, m in ipairs(masks) do
