@@ -74,7 +74,7 @@ local function vocab_parallel_cross_entropy(logits, target, opts)
   local function pick(t)
     heref = heref or here:to(l.dtype)
     if nloc == 0 then return heref * 0 end
-    local at = t:size(1) == 1 and col + 1 or loom.arange(0, l:size(1), 1, { dtype = "i64" }):to(col.device) * nloc + col + 1
+    local at = t:size(1) == 1 and col + 1 or loom.arange(0, l:size(1), 1, { dtype = "i64", device = col.device }) * nloc + col + 1
     return F.embedding(at, t:reshape(-1, 1)):reshape(-1) * heref
   end
   local z
