@@ -304,7 +304,9 @@ local function main(argv)
     local x, y = sampler:next()
     opt:zero_grad()
     last_loss = step_loss(x, y, true)
-    if o["grad-clip"] > 0 then loom.nn.utils.clip_grad_norm_(model:parameters(), o["grad-clip"]) end
+    if o["grad-clip"] > 0 then -- the norm as a tensor: on a GPU the step waits for nothing
+      loom.nn.utils.clip_grad_norm_(model:parameters(), o["grad-clip"], { tensor = true })
+    end
     opt:step()
     tokens = tokens + o.batch * o.seq
     if step == start_step + 1 then say(memory_line(model, opt, nparams)) end

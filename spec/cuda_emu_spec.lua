@@ -21,7 +21,7 @@ local CFG = { vocab_size = 65, dim = 128, n_layers = 2, n_heads = 2, max_seq_len
 
 -- one bf16 training step of the small Llama on cuda, as examples/train.lua
 -- runs it; returns the loss tensor (on the GPU, not read)
-local function trainer()
+local function trainer(clip)
   loom.manual_seed(3)
   local model = loom.device("cuda"):use(transformer.new, CFG)
   local opt = loom.optim.AdamW(model:parameters(), { lr = 1e-3 })
@@ -31,6 +31,7 @@ local function trainer()
     local xs, ys = x:to("cuda"), y:to("cuda")
     local loss = loom.autocast("bf16", function() return loom.F.cross_entropy(model(xs), ys) end)
     loss:backward()
+    if clip then loom.nn.utils.clip_grad_norm_(model:parameters(), 1, { tensor = true }) end
     opt:step()
     opt:zero_grad()
     return loss
@@ -41,8 +42,8 @@ describe("the emulated CUDA device", function()
   -- the counters of the second step (the first makes the caches), read
   -- before its loss is: the logged loss is the one copy to the host a step
   -- may make
-  local function step_counters()
-    local step = trainer()
+  local function step_counters(clip)
+    local step = trainer(clip)
     step():item()
     loom.cuda.emu_counters({ reset = true })
     local loss = step()
@@ -71,6 +72,14 @@ describe("the emulated CUDA device", function()
     assert.equal(0, c.sync_d2h_copies)
     assert.equal(0, c.device_syncs)
     assert.equal(2, c.mapped_host_kernels, "the id checks of embedding and cross entropy, on the device")
+  end)
+
+  -- clip_grad_norm_ sums the norm on the device (21 waits, one per
+  -- gradient, before); asked for a tensor it returns without waiting
+  it("counts no synchronous device-to-host copy in a clipped bf16 training step", function()
+    local c = step_counters(true)
+    assert.equal(0, c.sync_d2h_copies)
+    assert.equal(0, c.device_syncs)
   end)
 
   it("raises a bad id that the device's check found at the next copy to the host", function()

@@ -64,10 +64,68 @@ function M.grad_norm_squared(params)
   return total
 end
 
--- clip_grad_norm_(params, max_norm): scales gradients in place so their
--- global L2 norm is at most max_norm (PyTorch's rule: coef = max_norm /
--- (norm + 1e-6), capped at 1); returns the norm before clipping.
-function M.clip_grad_norm_(params, max_norm)
+-- On a GPU (every gradient on one device that is not the CPU) the norm is
+-- summed there, as a 1-element f64 tensor, with no copy to the host per
+-- gradient (each would wait for the device); nil elsewhere. The terms and
+-- the all-reduces are grad_norm_squared's.
+local function norm_sq_on_device(params)
+  local dev
+  for _, p in ipairs(params) do
+    local g = p.grad
+    if g ~= nil then
+      local d = g.dist ~= nil and g:to_local().device or g.device
+      if d == "cpu" or (dev and d ~= dev) then return nil end
+      dev = d
+    end
+  end
+  if not dev then return nil end
+  local function sq(g)
+    local d = g.dtype == "f64" and g or g:to("f64")
+    return (d * d):sum():reshape(1)
+  end
+  local total = loom.zeros({ 1 }, { dtype = "f64", device = dev })
+  local groups, order = {}, {}
+  for _, p in ipairs(params) do
+    local g = p.grad
+    if g ~= nil and g.dist ~= nil then
+      local pl, mesh, partial, dims = g.placements, g.device_mesh, false, {}
+      for k, q in ipairs(pl) do
+        if q:is_partial() then partial = true end
+        if q:is_shard() then dims[#dims + 1] = k end
+      end
+      if partial then
+        local to = {}
+        for k, q in ipairs(pl) do to[k] = q:is_partial() and require("loom.distributed").Replicate() or q end
+        g = g:redistribute(mesh, to)
+      end
+      local key = table.concat(dims, ",")
+      groups[mesh] = groups[mesh] or {}
+      local grp = groups[mesh][key]
+      if not grp then
+        grp = { mesh = mesh, dims = dims, sum = loom.zeros({ 1 }, { dtype = "f64", device = dev }) }
+        groups[mesh][key], order[#order + 1] = grp, grp
+      end
+      grp.sum = grp.sum + sq(g:to_local())
+    elseif g ~= nil then
+      total = total + sq(g)
+    end
+  end
+  local dist = #order > 0 and require "loom.distributed"
+  for _, grp in ipairs(order) do
+    local t = grp.sum
+    for _, d in ipairs(grp.dims) do t = dist.all_reduce(t, "sum", grp.mesh, d) end
+    total = total + t
+  end
+  return total
+end
+
+-- clip_grad_norm_(params, max_norm [, {tensor = true}]): scales gradients
+-- in place so their global L2 norm is at most max_norm (PyTorch's rule:
+-- coef = max_norm / (norm + 1e-6), capped at 1); returns the norm before
+-- clipping, a number (on a GPU: one wait for it), or with tensor = true and
+-- the gradients on a GPU a 1-element f64 tensor there (no wait: a training
+-- step that does not read it waits for nothing).
+function M.clip_grad_norm_(params, max_norm, opts)
   if T.is_tensor(params) then params = { params } end
   if type(params) ~= "table" then T.argerror("clip_grad_norm_", "parameters", "a table of tensors", T.describe(params)) end
   for i, p in ipairs(params) do
@@ -75,6 +133,26 @@ function M.clip_grad_norm_(params, max_norm)
   end
   if type(max_norm) ~= "number" or not (max_norm > 0) then
     T.argerror("clip_grad_norm_", "max_norm", "a positive number", T.describe(max_norm))
+  end
+  opts = T.check_opts("clip_grad_norm_", opts, { tensor = true })
+  local sq = norm_sq_on_device(params)
+  if sq then
+    local norm = sq:sqrt()
+    loom.no_grad(function()
+      local coef = (max_norm / (norm + 1e-6)):clamp(nil, 1)
+      local by = {}
+      for _, p in ipairs(params) do
+        local g = p.grad
+        if g ~= nil then
+          if g.dist ~= nil then g = g:to_local() end
+          local cd = g.dtype == "f64" and "f64" or "f32"  -- coef in the compute dtype, as a number would be
+          by[cd] = by[cd] or coef:to(cd)
+          g:copy_(g * by[cd])
+        end
+      end
+    end)
+    if opts.tensor then return norm end
+    return norm:item()
   end
   local norm = math.sqrt(M.grad_norm_squared(params))
   local coef = max_norm / (norm + 1e-6)
