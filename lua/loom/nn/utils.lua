@@ -4,8 +4,9 @@ local T = require "loom.tensor"
 
 local M = {}
 
--- sum of g's squares in f64 (where squares of f32 are exact), the
--- temporaries freed at once rather than left to the GC
+-- sum of g's squares in f64 (where squares of f32 are exact): a number
+-- (a wait for the device), the temporaries freed at once rather than left
+-- to the GC; sum_sq_t: a 1-element f64 tensor on g's device (no wait)
 local function sum_sq(g)
   local d = g.dtype == "f64" and g or g:to("f64")
   local sq = d * d
@@ -14,16 +15,17 @@ local function sum_sq(g)
   if d ~= g then d:free() end
   return v
 end
+local function sum_sq_t(g)
+  local d = g.dtype == "f64" and g or g:to("f64")
+  return (d * d):sum():reshape(1)
+end
 
--- The squared L2 norm of all the gradients, summed in f64, global over
--- sharded ones: a DTensor gradient adds the squares of its local shard,
--- all-reduced over the mesh dims where it is sharded (a replicated dim
--- counts it once; a Partial one is reduced first). One all-reduce per
--- (mesh, sharded dims) group; every rank must pass the same parameters,
--- as SPMD code does.
-function M.grad_norm_squared(params)
-  local total = 0
-  local groups, order = {}, {}
+-- The terms of the squared norm: total (plain gradients) and the groups
+-- of DTensor gradients by (mesh, sharded dims), each with its sum of local
+-- squares and the device its all-reduce runs on. sq sums one gradient,
+-- zero() is an empty sum (numbers or tensors).
+local function norm_terms(params, sq, zero)
+  local total, groups, order = zero(), {}, {}
   for _, p in ipairs(params) do
     local g = p.grad
     if g ~= nil and g.dist ~= nil then
@@ -39,35 +41,44 @@ function M.grad_norm_squared(params)
         g = g:redistribute(mesh, to)
       end
       local loc = g:to_local()
-      local sq = sum_sq(loc)
       local key = table.concat(dims, ",")
       groups[mesh] = groups[mesh] or {}
       local grp = groups[mesh][key]
       if not grp then
-        grp = { mesh = mesh, dims = dims, sum = 0, device = loc.device } -- the mesh's collectives run there
-        groups[mesh][key] = grp
-        order[#order + 1] = grp
+        grp = { mesh = mesh, dims = dims, sum = zero(), device = loc.device } -- the mesh's collectives run there
+        groups[mesh][key], order[#order + 1] = grp, grp
       end
-      grp.sum = grp.sum + sq
+      grp.sum = grp.sum + sq(loc)
     elseif g ~= nil then
-      total = total + sum_sq(g)
+      total = total + sq(g)
     end
   end
-  if #order > 0 then
-    local dist = require "loom.distributed"
-    for _, grp in ipairs(order) do
-      local t = loom.tensor({ grp.sum }, { dtype = "f64" }):to(grp.device)
-      for _, d in ipairs(grp.dims) do t = dist.all_reduce(t, "sum", grp.mesh, d) end
-      total = total + t:item()
-    end
-  end
+  return total, order
+end
+
+-- a group's sum all-reduced over its sharded dims (a tensor on its device)
+local function reduced(grp)
+  local t = type(grp.sum) == "number" and loom.tensor({ grp.sum }, { dtype = "f64" }):to(grp.device) or grp.sum
+  local dist = require "loom.distributed"
+  for _, d in ipairs(grp.dims) do t = dist.all_reduce(t, "sum", grp.mesh, d) end
+  return t
+end
+
+-- The squared L2 norm of all the gradients, summed in f64, global over
+-- sharded ones: a DTensor gradient adds the squares of its local shard,
+-- all-reduced over the mesh dims where it is sharded (a replicated dim
+-- counts it once; a Partial one is reduced first). One all-reduce per
+-- (mesh, sharded dims) group; every rank must pass the same parameters,
+-- as SPMD code does.
+function M.grad_norm_squared(params)
+  local total, order = norm_terms(params, sum_sq, function() return 0 end)
+  for _, grp in ipairs(order) do total = total + reduced(grp):item() end
   return total
 end
 
--- On a GPU (every gradient on one device that is not the CPU) the norm is
--- summed there, as a 1-element f64 tensor, with no copy to the host per
--- gradient (each would wait for the device); nil elsewhere. The terms and
--- the all-reduces are grad_norm_squared's.
+-- On a GPU (every gradient on one device that is not the CPU) the same
+-- sum is kept there, a 1-element f64 tensor, with no copy to the host per
+-- gradient (each would wait for the device); nil elsewhere.
 local function norm_sq_on_device(params)
   local dev
   for _, p in ipairs(params) do
@@ -79,43 +90,8 @@ local function norm_sq_on_device(params)
     end
   end
   if not dev then return nil end
-  local function sq(g)
-    local d = g.dtype == "f64" and g or g:to("f64")
-    return (d * d):sum():reshape(1)
-  end
-  local total = loom.zeros({ 1 }, { dtype = "f64", device = dev })
-  local groups, order = {}, {}
-  for _, p in ipairs(params) do
-    local g = p.grad
-    if g ~= nil and g.dist ~= nil then
-      local pl, mesh, partial, dims = g.placements, g.device_mesh, false, {}
-      for k, q in ipairs(pl) do
-        if q:is_partial() then partial = true end
-        if q:is_shard() then dims[#dims + 1] = k end
-      end
-      if partial then
-        local to = {}
-        for k, q in ipairs(pl) do to[k] = q:is_partial() and require("loom.distributed").Replicate() or q end
-        g = g:redistribute(mesh, to)
-      end
-      local key = table.concat(dims, ",")
-      groups[mesh] = groups[mesh] or {}
-      local grp = groups[mesh][key]
-      if not grp then
-        grp = { mesh = mesh, dims = dims, sum = loom.zeros({ 1 }, { dtype = "f64", device = dev }) }
-        groups[mesh][key], order[#order + 1] = grp, grp
-      end
-      grp.sum = grp.sum + sq(g:to_local())
-    elseif g ~= nil then
-      total = total + sq(g)
-    end
-  end
-  local dist = #order > 0 and require "loom.distributed"
-  for _, grp in ipairs(order) do
-    local t = grp.sum
-    for _, d in ipairs(grp.dims) do t = dist.all_reduce(t, "sum", grp.mesh, d) end
-    total = total + t
-  end
+  local total, order = norm_terms(params, sum_sq_t, function() return loom.zeros({ 1 }, { dtype = "f64", device = dev }) end)
+  for _, grp in ipairs(order) do total = total + reduced(grp) end
   return total
 end
 
