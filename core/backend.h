@@ -202,6 +202,15 @@ typedef int lm_attention_fn(lm_tensor *o, lm_tensor *lse, const lm_tensor *q, co
 typedef int lm_attention_bwd_fn(lm_tensor *dq, lm_tensor *dk, lm_tensor *dv, const lm_tensor *g,
                                 const lm_tensor *q, const lm_tensor *k, const lm_tensor *v,
                                 const lm_tensor *o, const lm_tensor *lse, double scale, int causal);
+/* the same with an additive f32 bias (B, L, S) on the scaled scores (an
+ * attention mask; -inf drops a key), any strides (0 broadcasts); a row
+ * with every key dropped gives zeros and lse -inf. No gradient to bias. */
+typedef int lm_attention_bias_fn(lm_tensor *o, lm_tensor *lse, const lm_tensor *q, const lm_tensor *k,
+                                 const lm_tensor *v, const lm_tensor *bias, double scale);
+typedef int lm_attention_bias_bwd_fn(lm_tensor *dq, lm_tensor *dk, lm_tensor *dv, const lm_tensor *g,
+                                     const lm_tensor *q, const lm_tensor *k, const lm_tensor *v,
+                                     const lm_tensor *o, const lm_tensor *lse, const lm_tensor *bias,
+                                     double scale);
 /* cross entropy of contiguous logits x (N, C) against i64 targets (N)
  * (0-based; `ignore` marks rows to skip), class weights w (C) or NULL,
  * label smoothing eps: loss (N) per row (0 where ignored) and lse (N),
@@ -247,6 +256,8 @@ typedef struct lm_backend {
   lm_attention_bwd_fn *attention_bwd;
   lm_cross_entropy_fn *cross_entropy;
   lm_cross_entropy_bwd_fn *cross_entropy_bwd;
+  lm_attention_bias_fn *attention_bias; /* masked attention (issue 22) */
+  lm_attention_bias_bwd_fn *attention_bias_bwd;
 } lm_backend;
 
 /* Device kinds: a device number is its kind's first device plus an index

@@ -506,7 +506,9 @@ local function main(argv)
                           .. "--grad-clip on, or pass --skip-nonfinite to skip such steps", last_loss, step, o.lr), 0)
     end
     if finite then
-      if o["grad-clip"] > 0 then L.clip_grad_norm_(model:parameters(), o["grad-clip"], w, dist) end
+      if o["grad-clip"] > 0 then -- the norm as a tensor: on a GPU the step waits for nothing
+        L.clip_grad_norm_(model:parameters(), o["grad-clip"], w, dist, { tensor = true })
+      end
       opt:step()
     else
       say(string.format("step %d: loss %s, optimizer step skipped (--skip-nonfinite)", step, last_loss))

@@ -55,18 +55,9 @@ run() { # what, command...
 }
 
 # Known defects of the CUDA code the emulated device found (kept out until
-# fixed; each printed): a busted --filter-out pattern, and why.
+# fixed; each printed): a busted --filter-out pattern, and why. None now:
+# the five gpuemu found are fixed and run (issue 22).
 skips=(
-  "^cuda parity contiguous %(.*forward and backward"
-  "loom.op('contiguous') on an already contiguous tensor returns a tensor backward does not reach (CPU too: core/ops/view.c)"
-  "counts no synchronous device%-to%-host copy"
-  "review item 4: the id range checks of embedding and cross entropy copy the ids to the host (2 per step)"
-  "makes no context on a device other than the rank's"
-  "review item 1: loom.cuda.device_count()/is_available() select every device (a context on each)"
-  "clips the gradient norm in tensor%-parallel training on 2 GPUs"
-  "lua/loom/nn/utils.lua: grad_norm_squared all-reduces a CPU tensor over the cuda mesh (clip_grad_norm_ fails with TP on GPUs)"
-  "loss parallel true"
-  "lua/loom/parallel/loss.lua: pick() makes its row index with loom.arange on the CPU, the logits are on cuda"
 )
 filters=()
 for ((i = 0; i < ${#skips[@]}; i += 2)); do

@@ -502,6 +502,19 @@ describe("autograd semantics", function()
     assert.equal(4 * (3 + 6), s.grad:item())   -- sum of (1 + b) over 4 rows
   end)
 
+  -- an op that answers its own input (contiguous of a contiguous tensor,
+  -- a cast to the same dtype) must not take over the input's history
+  it("reaches the input through contiguous and to of a tensor that needs no change", function()
+    for _, f in ipairs({ function(x) return loom.op("contiguous", { x }) end,
+                         function(x) return loom.op("to", { x }, { loom.C.LM_F64 }) end }) do
+      local x = loom.tensor({ 1, 2, 3 }, { dtype = "f64", requires_grad = true })
+      local y = f(x)
+      assert.is_true(x.is_leaf)
+      ;(y * y):sum():backward()
+      assert.same({ 2, 4, 6 }, x.grad:totable())
+    end
+  end)
+
   it("leaf gradient dtype follows the leaf", function()
     local x = loom.tensor({ 1, 2 }, { dtype = "bf16", requires_grad = true })
     ;(x * x):sum():backward()

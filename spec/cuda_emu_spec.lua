@@ -21,7 +21,7 @@ local CFG = { vocab_size = 65, dim = 128, n_layers = 2, n_heads = 2, max_seq_len
 
 -- one bf16 training step of the small Llama on cuda, as examples/train.lua
 -- runs it; returns the loss tensor (on the GPU, not read)
-local function trainer()
+local function trainer(clip)
   loom.manual_seed(3)
   local model = loom.device("cuda"):use(transformer.new, CFG)
   local opt = loom.optim.AdamW(model:parameters(), { lr = 1e-3 })
@@ -31,6 +31,7 @@ local function trainer()
     local xs, ys = x:to("cuda"), y:to("cuda")
     local loss = loom.autocast("bf16", function() return loom.F.cross_entropy(model(xs), ys) end)
     loss:backward()
+    if clip then loom.nn.utils.clip_grad_norm_(model:parameters(), 1, { tensor = true }) end
     opt:step()
     opt:zero_grad()
     return loss
@@ -41,8 +42,8 @@ describe("the emulated CUDA device", function()
   -- the counters of the second step (the first makes the caches), read
   -- before its loss is: the logged loss is the one copy to the host a step
   -- may make
-  local function step_counters()
-    local step = trainer()
+  local function step_counters(clip)
+    local step = trainer(clip)
     step():item()
     loom.cuda.emu_counters({ reset = true })
     local loss = step()
@@ -54,21 +55,67 @@ describe("the emulated CUDA device", function()
   it("counts no unordered stream reuse, f32 GEMM under autocast or refused call in a bf16 step", function()
     local c = step_counters()
     print(("\ncuda_emu_spec: a bf16 step: %d kernels, %d GEMMs, %d synchronous D2H copies, %d f32 GEMMs under "
-           .. "autocast, %d unordered reuses, %d refused calls"):format(c.kernels, c.gemms, c.sync_d2h_copies,
-           c.f32_gemms_under_autocast, c.unordered_stream_reuse, c.refused_calls))
+           .. "autocast, %d unordered reuses, %d refused calls, %d kernels on mapped host memory, %d device syncs")
+          :format(c.kernels, c.gemms, c.sync_d2h_copies, c.f32_gemms_under_autocast, c.unordered_stream_reuse,
+                  c.refused_calls, c.mapped_host_kernels, c.device_syncs))
     assert.is_true(c.kernels > 0 and c.gemms > 0, "the step ran on the emulated device")
     assert.equal(0, c.refused_calls)
     assert.equal(0, c.unordered_stream_reuse)
     assert.equal(0, c.f32_gemms_under_autocast)
   end)
 
-  -- review item 4: the id range checks of embedding and cross entropy copy
-  -- the ids to the host (2 copies a step until fixed)
+  -- review item 4: the id range checks of embedding and cross entropy run
+  -- on the device (kernels/cuda/check.cu), writing mapped host memory: no
+  -- copy of the ids to the host and no wait for the device in a step
   it("counts no synchronous device-to-host copy in a bf16 training step", function()
-    assert.equal(0, step_counters().sync_d2h_copies)
+    local c = step_counters()
+    assert.equal(0, c.sync_d2h_copies)
+    assert.equal(0, c.device_syncs)
+    assert.equal(2, c.mapped_host_kernels, "the id checks of embedding and cross entropy, on the device")
   end)
 
-  -- review item 1: device_count()/is_available() select every device
+  -- clip_grad_norm_ sums the norm on the device (21 waits, one per
+  -- gradient, before); asked for a tensor it returns without waiting
+  it("counts no synchronous device-to-host copy in a clipped bf16 training step", function()
+    local c = step_counters(true)
+    assert.equal(0, c.sync_d2h_copies)
+    assert.equal(0, c.device_syncs)
+  end)
+
+  it("raises a bad id that the device's check found at the next copy to the host", function()
+    local w = loom.randn({ 5, 4 }):to("cuda")
+    local ids = loom.tensor({ 1, 7, 2 }, { dtype = "i64" }):to("cuda")
+    local out = loom.F.embedding(ids, w) -- no wait: the check runs on the device
+    local ok, err = pcall(function() return out:sum():item() end)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("holds id 7, outside [1, 5]", 1, true), tostring(err))
+    local good = loom.tensor({ 1, 5, 2 }, { dtype = "i64" }):to("cuda")
+    assert.is_number(loom.F.embedding(good, w):sum():item()) -- the bad id was reported once, then cleared
+  end)
+
+  it("refuses mapped host memory a kernel's device did not map, and frees only what cudaHostAlloc made", function()
+    ffi.cdef [[
+      int cudaHostAlloc(void **p, size_t n, unsigned flags);
+      int cudaHostGetDevicePointer(void **pd, void *p, unsigned flags);
+      int cudaFreeHost(void *p);
+    ]]
+    pcall(ffi.cdef, "int cudaGetLastError(void);")
+    local C = loom.C
+    local p, d = ffi.new("void *[1]"), ffi.new("void *[1]")
+    assert.equal(0, C.cudaHostAlloc(p, 64, 2)) -- cudaHostAllocMapped
+    assert.equal(0, C.cudaHostGetDevicePointer(d, p[0], 0))
+    assert.equal(ffi.cast("uintptr_t", p[0]), ffi.cast("uintptr_t", d[0])) -- unified addressing
+    local q = ffi.new("char[64]")
+    assert.are_not.equal(0, C.cudaHostGetDevicePointer(d, q, 0)) -- ordinary host memory
+    assert.are_not.equal(0, C.cudaFreeHost(q))
+    C.cudaGetLastError()
+    assert.equal(0, C.cudaHostAlloc(p, 64, 0)) -- pinned, not mapped
+    assert.are_not.equal(0, C.cudaHostGetDevicePointer(d, p[0], 0))
+    C.cudaGetLastError()
+    assert.equal(0, C.cudaFreeHost(p[0]))
+  end)
+
+  -- review item 1: device_count()/is_available() made a context on every device
   it("makes no context on a device other than the rank's (2 devices, training on cuda:0)", function()
     local script = [[
       local loom = require "loom"
@@ -111,7 +158,8 @@ describe("the emulated CUDA device", function()
   end)
 
   it("refuses a copy whose direction is wrong, and counts it", function()
-    ffi.cdef [[ int cudaMemcpy(void *dst, const void *src, size_t n, int kind); int cudaGetLastError(void); ]]
+    ffi.cdef [[ int cudaMemcpy(void *dst, const void *src, size_t n, int kind); ]]
+    pcall(ffi.cdef, "int cudaGetLastError(void);")
     local d = loom.arange(0, 4, 1, { dtype = "f32" }):to("cuda")
     local host = ffi.new("float[4]")
     local before = loom.cuda.emu_counters().refused_calls

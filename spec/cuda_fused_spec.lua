@@ -44,6 +44,54 @@ describe("cuda fused kernels", function()
     end
   end
 
+  -- masks run the fused kernels (an additive f32 bias on the scaled
+  -- scores) against the composed ops on the CPU: a bool (L, S) mask, a
+  -- float key-padding mask (B, 1, 1, S) with -inf, float biases (H, L, S)
+  -- and (B, H, L, S);
+  -- on the emulated device the forward is shown to run no GEMM (fused)
+  for _, dt in ipairs({ "f32", "bf16" }) do
+    it("attention " .. dt .. " with masks, head dims 64 and 40 (the fused kernels)", function()
+      local B, H, L, S = 2, 2, 70, 100
+      local r = loom.rand({ L, S })
+      r:narrow(2, 1, 1):fill_(0)                          -- every row keeps its first key
+      local keep = r:lt(0.7)
+      local pad = loom.zeros({ B, 1, 1, S })
+      pad:narrow(4, 91, 10):fill_(-math.huge)
+      local masks = { keep, pad, loom.randn({ H, L, S }), loom.randn({ B, H, L, S }) } -- the last folds: no copy
+      for _, D in ipairs({ 64, 40 }) do
+        local q, k, v = loom.randn({ B, H, L, D }):to(dt), loom.randn({ B, H, S, D }):to(dt), loom.randn({ B, H, S, D }):to(dt)
+        for _, m in ipairs(masks) do
+          fw_bw(dt == "bf16" and 2e-2 or 2e-5, function(a, b, c, mk)
+            return F.scaled_dot_product_attention(a, b, c, { attn_mask = mk })
+          end, { q, k, v, m }, { true, true, true })
+          local before = loom.cuda.emu_counters and loom.cuda.emu_counters()
+          if before then
+            local qc, kc, vc, mc = q:to("cuda"), k:to("cuda"), v:to("cuda"), m:to("cuda")
+            before = loom.cuda.emu_counters().gemms
+            F.scaled_dot_product_attention(qc, kc, vc, { attn_mask = mc })
+            assert.equal(before, loom.cuda.emu_counters().gemms, "the masked attention ran GEMMs (composed)")
+          end
+        end
+      end
+    end)
+  end
+
+  it("attention with a mask that drops every key of a row: zeros there, finite gradients", function()
+    local q, k, v = loom.randn({ 1, 2, 40, 64 }), loom.randn({ 1, 2, 50, 64 }), loom.randn({ 1, 2, 50, 64 })
+    local m = loom.ones({ 40, 50 }):to("bool")
+    m:narrow(1, 7, 1):fill_(false)
+    local qc, kc = q:to("cuda"):requires_grad_(true), k:to("cuda"):requires_grad_(true)
+    local o = F.scaled_dot_product_attention(qc, kc, v:to("cuda"), { attn_mask = m:to("cuda") })
+    assert.equal(0, o:narrow(3, 7, 1):abs():sum():item())
+    G.close(F.scaled_dot_product_attention(q, k, v):narrow(3, 8, 33), o:narrow(3, 8, 33), 2e-5, "the other rows")
+    o:sum():backward()
+    for _, g in ipairs({ qc.grad, kc.grad }) do
+      local x = g:sum():item()
+      assert.is_true(x == x and math.abs(x) < math.huge, "a finite gradient")
+    end
+    assert.equal(0, qc.grad:narrow(3, 7, 1):abs():sum():item())
+  end)
+
   it("attention with a scale and heads of 96 (the composed form)", function()
     local q, k, v = loom.randn({ 1, 2, 40, 96 }), loom.randn({ 1, 2, 50, 96 }), loom.randn({ 1, 2, 50, 96 })
     fw_bw(2e-5, function(a, b, c) return F.scaled_dot_product_attention(a, b, c, { scale = 0.3 }) end,

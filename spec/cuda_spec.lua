@@ -133,6 +133,32 @@ describe("cuda", function()
     G.close(grad("cpu"), grad("cuda"), 1e-5)
   end)
 
+  -- on a GPU the norm is summed on the device (lua/loom/nn/utils.lua);
+  -- the CPU's path is the reference: f32 and bf16 gradients, clipped and not
+  it("clips gradient norms as the CPU does", function()
+    for _, max_norm in ipairs({ 0.5, 100 }) do
+      local grads = { loom.randn({ 7, 5 }), loom.randn({ 300 }):to("bf16"), loom.randn({ 2, 3, 4 }) }
+      local norms, out = {}, {}
+      for _, dev in ipairs({ "cpu", "cuda" }) do
+        local ps = {}
+        for i, g in ipairs(grads) do
+          ps[i] = loom.zeros(g:size(), { dtype = g.dtype }):to(dev):requires_grad_(true)
+          ps[i].grad = g:clone():to(dev) -- to("cpu") would be g itself, clipped in place
+        end
+        norms[dev] = loom.nn.utils.clip_grad_norm_(ps, max_norm)
+        out[dev] = ps
+      end
+      assert.is_number(norms.cuda)
+      assert(math.abs(norms.cuda - norms.cpu) <= 1e-12 * norms.cpu, ("norm %.17g, cpu %.17g"):format(norms.cuda, norms.cpu))
+      for i = 1, #grads do G.close(out.cpu[i].grad, out.cuda[i].grad, 0, "gradient " .. i) end
+    end
+    local p = loom.zeros({ 3 }):to("cuda"):requires_grad_(true)
+    p.grad = loom.tensor({ 3, 4, 12 }):to("cuda")
+    local n = loom.nn.utils.clip_grad_norm_({ p }, 1, { tensor = true })
+    assert.equal("cuda", n.device:sub(1, 4))
+    assert.equal(13, n:item())
+  end)
+
   it("asks the driver for nothing after the first training steps", function()
     loom.manual_seed(5)
     local w1, w2 = loom.randn({32, 64}):to("cuda"), loom.randn({64, 10}):to("cuda")

@@ -38,30 +38,21 @@ describe("examples/train.lua on cuda", function()
     print(("\ncuda_train_spec: 20 bf16 steps, worst relative loss difference %.2g (tolerance %g)"):format(worst, TOL))
   end)
 
-  -- --grad-clip 0: clip_grad_norm_ all-reduces a CPU tensor over the cuda
-  -- mesh (lua/loom/nn/utils.lua, grad_norm_squared) and fails on GPUs;
-  -- --no-loss-parallel: loss parallel makes a CPU index (parallel/loss.lua)
+  -- the 2-GPU run keeps train.lua's defaults: --grad-clip 1 (clip_grad_norm_
+  -- all-reduces the squared norm on the mesh's device) and loss parallel
   local ngpu = require("loom").cuda.device_count()
   if ngpu < 2 then
     print(("cuda_train_spec: %d GPU(s): the 2-GPU run is left out"):format(ngpu))
     it("leaves the 2-GPU run out: fewer than 2 GPUs", function() assert.is_true(ngpu < 2) end)
     return
   end
-  -- left out of scripts/test_emu.sh until lua/loom/nn/utils.lua's
-  -- grad_norm_squared all-reduces on the mesh's device
-  it("clips the gradient norm in tensor-parallel training on 2 GPUs", function()
-    local rc, out = sys.sh(ARGS:gsub("^luajit", "scripts/loomrun -n 2 --quiet-others"):gsub("--steps 20", "--steps 2")
-                           .. " --device cuda --tp 2 --no-loss-parallel --grad-clip 1")
-    assert.equal(0, rc, out)
-  end)
-
-  it("trains 20 bf16 steps tensor parallel on 2 ranks and 2 GPUs with the CPU's losses", function()
+  it("trains 20 bf16 steps tensor parallel on 2 ranks and 2 GPUs, clipped and loss parallel, with the CPU's losses", function()
     local dir = sys.tmpdir()
-    local extra = " --grad-clip 0 --log " .. dir .. "/"
+    local extra = " --log " .. dir .. "/"
     local rc, out = sys.sh(ARGS .. " --device cpu" .. extra .. "cpu.jsonl")
     assert.equal(0, rc, out)
-    rc, out = sys.sh(ARGS:gsub("^luajit", "scripts/loomrun -n 2 --quiet-others") .. " --device cuda --tp 2 "
-                     .. "--no-loss-parallel" .. extra .. "tp.jsonl")
+    rc, out = sys.sh(ARGS:gsub("^luajit", "scripts/loomrun -n 2 --quiet-others") .. " --device cuda --tp 2"
+                     .. extra .. "tp.jsonl")
     assert.equal(0, rc, out)
     local want, got = sys.losses(dir .. "/cpu.jsonl"), sys.losses(dir .. "/tp.jsonl")
     sys.rmtree(dir)

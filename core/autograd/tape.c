@@ -127,12 +127,31 @@ int lm_check_saved(const lm_node *n) {
   return 0;
 }
 
+/* An op that is not in place and answers one of its inputs itself
+ * (contiguous of a contiguous tensor, a cast to its own dtype) gets an
+ * alias of it instead: recording would otherwise give the input the node
+ * as its history, and backward would never reach it. */
+static int unalias(int nin, lm_tensor *const *in, int nout, lm_tensor **out) {
+  int rc = 0;
+  for (int k = 0; k < nout; k++)
+    for (int i = 0; i < nin && out[k]; i++) {
+      if (out[k] != in[i]) continue;
+      lm_tensor *d = lm_detach(in[i]);
+      lm_release(out[k]);
+      if (!(out[k] = d)) rc = -1;
+    }
+  if (rc < 0)
+    for (int k = 0; k < nout; k++) lm_release(out[k]), out[k] = NULL;
+  return rc;
+}
+
 /* the op on (local) tensors, bumping the versions of what it updates in
  * place, recorded on the tape */
 int lm_run_recorded(int op, int nin, lm_tensor *const *in, const lm_attrs *a, lm_tensor **out) {
   int nout = lm_op_run(op, nin, in, a, out);
   if (nout >= 0 && (lm_op_def_of(op)->flags & LM_OPF_INPLACE))
     for (int i = 0; i < nin; i++) lm_bump_version(in[i]);
+  else if (nout >= 0 && unalias(nin, in, nout, out) < 0) return -1;
   if (nout >= 0 && lm_record(op, nin, in, a, nout, out) < 0) {
     for (int k = 0; k < nout; k++) lm_release(out[k]), out[k] = NULL;
     return -1;

@@ -17,8 +17,9 @@
  * less than recomputing it, which would mean a second pass of Q K^T. It
  * is not differentiable (as PyTorch's _scaled_dot_product_flash_attention's
  * logsumexp: a gradient reaching it is ignored); loom.F returns the
- * attention only. Without a mask, q, k, v of one float dtype and equal
- * batch dims run the backend's attention kernels when it has them; else
+ * attention only. q, k, v of one float dtype and equal batch dims run the
+ * backend's attention kernels when it has them (with a mask that needs no
+ * gradient: its masked ones, attention_bias); else
  * the composed form (matmul, softmax, matmul), whose backward recomputes
  * the probabilities. */
 int lm_shape_sdpa(int op, int nin, const lm_meta *in, const lm_attrs *a, lm_meta *out) {
@@ -91,11 +92,13 @@ static lm_tensor *sdpa_probs(lm_scope *s, lm_tensor *const *in, int nin, const l
 
 /* ---- the fused path: q, k, v as (B, L, E), (B, S, E), (B, S, Ev) ---- */
 
-/* No mask, one float dtype, the same batch dims, keys to attend to. The
- * slot's dtypes are f32, bf16 and f16; f64 (for gradient checks) goes to
- * the CPU's kernel only, which takes it too (lse then in f64). */
+/* One float dtype, the same batch dims, keys to attend to; a mask only
+ * where the backend has the masked kernels (attention_bias) and no gradient
+ * flows to the mask. The slot's dtypes are f32, bf16 and f16; f64 (for
+ * gradient checks) goes to the CPU's kernel only, which takes it too (lse
+ * then in f64). */
 static bool sdpa_fusable(int nin, lm_tensor *const *in) {
-  if (nin != 3) return false;
+  if (nin == 4 && (in[3]->needs_grad || !LM_FUSED(in[0], attention_bias))) return false;
   const lm_tensor *q = in[0], *k = in[1], *v = in[2];
   if (k->dtype_ != q->dtype_ || v->dtype_ != q->dtype_ || !lm_is_float(q->dtype_)) return false;
   if (q->dtype_ == LM_F64 && lm_device_kind(q->device_) != LM_KIND_CPU) return false;
@@ -103,6 +106,37 @@ static bool sdpa_fusable(int nin, lm_tensor *const *in) {
   for (int d = 0; d < q->ndim - 2; d++)
     if (k->shape_[d] != q->shape_[d] || v->shape_[d] != q->shape_[d]) return false;
   return true;
+}
+
+/* The mask as the kernels' additive f32 bias (B, L, S) on the scaled
+ * scores: a bool mask as 0 / -inf; broadcast over q's batch dims by
+ * strides (no copy) where they fold into one batch stride, else dense.
+ * NULL with no mask; *rc LM_UNSUPPORTED when it cannot be made. */
+static lm_tensor *sdpa_bias(lm_scope *s, int nin, lm_tensor *const *in, int *rc) {
+  *rc = 0;
+  if (nin != 4) return NULL;
+  lm_tensor *q = in[0], *m = in[3];
+  lm_tensor *f = m->dtype_ == LM_BOOL ? lm_s_where(s, m, lm_scalar(s, 0, q), lm_scalar(s, -INFINITY, q)) : m;
+  f = lm_s_cast(s, f, LM_F32);
+  int nb = q->ndim - 2;
+  int64_t shape[LM_MAX_DIMS], L = q->shape_[nb], S = in[1]->shape_[nb];
+  memcpy(shape, q->shape_, nb * sizeof *shape);
+  shape[nb] = L, shape[nb + 1] = S;
+  lm_tensor *b = f ? lm_s(s, lm_broadcast_to("scaled_dot_product_attention", "attn_mask", f, nb + 2, shape)) : NULL;
+  if (!b) { lm_clear_error(); *rc = LM_UNSUPPORTED; return NULL; }
+  /* one batch stride sb with stride[d] == sb * (the batch dims inside d), or a dense copy */
+  int64_t sb = -1, inner = 1, B = lm_shape_numel(nb, shape);
+  bool folds = true;
+  for (int d = nb - 1; d >= 0; inner *= shape[d--]) {
+    if (shape[d] == 1) continue;
+    if (sb < 0) sb = b->stride_[d] % inner ? -2 : b->stride_[d] / inner;
+    if (sb < 0 || b->stride_[d] != sb * inner) { folds = false; break; }
+  }
+  if (!folds) b = lm_s_contig(s, b);
+  int64_t bs[3] = {B, L, S};
+  if (!folds) return lm_s_reshape(s, b, 3, bs);
+  int64_t st[3] = {sb < 0 ? 0 : sb, b->stride_[nb], b->stride_[nb + 1]};
+  return lm_s(s, lm_view_of(b, 3, bs, st, b->offset));
 }
 
 /* t (..., R, C) dense as (B, R, C) in its dtype */
@@ -142,6 +176,9 @@ static lm_tensor *unpad_cols(lm_scope *s, lm_tensor *t, int64_t E) {
 
 static int sdpa_fw_fused_at(const lm_backend *be, const lm_call *c, int64_t Dp, lm_tensor **out) {
   lm_scope s = {0};
+  int brc;
+  lm_tensor *bias = sdpa_bias(&s, c->nin, c->in, &brc);
+  if (brc) { lm_scope_end(&s); return brc; }
   lm_tensor *q = as_batch3(&s, c->in[0]), *k = as_batch3(&s, c->in[1]), *v = as_batch3(&s, c->in[2]);
   int64_t Ev = v ? v->shape_[2] : 0;
   q = pad_cols(&s, q, Dp), k = pad_cols(&s, k, Dp), v = pad_cols(&s, v, Dp);
@@ -152,7 +189,9 @@ static int sdpa_fw_fused_at(const lm_backend *be, const lm_call *c, int64_t Dp, 
     lse = lm_s(&s, lm_empty(2, q->shape_, c->out[1].dtype, q->device_));
   }
   int causal = c->a->ni >= 1 && c->a->i[0];
-  int rc = o && lse ? be->attention(o, lse, q, k, v, sdpa_scale(c->in[0], c->a), causal) : -1;
+  double scale = sdpa_scale(c->in[0], c->a);
+  int rc = !(o && lse && (bias || c->nin == 3)) ? -1
+           : bias ? be->attention_bias(o, lse, q, k, v, bias, scale) : be->attention(o, lse, q, k, v, scale, causal);
   lm_tensor *r0 = rc == 0 ? lm_s_reshape(&s, unpad_cols(&s, o, Ev), c->out[0].ndim, c->out[0].shape) : NULL;
   lm_tensor *r1 = r0 ? lm_s_reshape(&s, lse, c->out[1].ndim, c->out[1].shape) : NULL;
   if (r1) lm_retain(out[0] = r0), lm_retain(out[1] = r1);
@@ -169,6 +208,9 @@ static int sdpa_fw_fused(const lm_backend *be, const lm_call *c, lm_tensor **out
 
 static int sdpa_bw_fused_at(const lm_backend *be, const lm_saved *n, lm_tensor *g, int64_t Dp, lm_tensor **gin) {
   lm_scope s = {0};
+  int brc;
+  lm_tensor *bias = sdpa_bias(&s, n->nin, n->in, &brc);
+  if (brc) { lm_scope_end(&s); return brc; }
   int dt = n->in[0]->dtype_;
   lm_tensor *q = as_batch3(&s, n->in[0]), *k = as_batch3(&s, n->in[1]), *v = as_batch3(&s, n->in[2]);
   lm_tensor *o = as_batch3(&s, lm_s_cast(&s, n->out[0], dt)), *g3 = as_batch3(&s, lm_s_cast(&s, g, dt));
@@ -181,7 +223,10 @@ static int sdpa_bw_fused_at(const lm_backend *be, const lm_saved *n, lm_tensor *
     dq = lm_s(&s, lm_empty_like(q)), dk = lm_s(&s, lm_empty_like(k)), dv = lm_s(&s, lm_empty_like(v));
   }
   int causal = n->attrs.ni >= 1 && n->attrs.i[0];
-  int rc = dq && dk && dv ? be->attention_bwd(dq, dk, dv, g3, q, k, v, o, lse, sdpa_scale(n->in[0], &n->attrs), causal) : -1;
+  double scale = sdpa_scale(n->in[0], &n->attrs);
+  int rc = !(dq && dk && dv && (bias || n->nin == 3)) ? -1
+           : bias ? be->attention_bias_bwd(dq, dk, dv, g3, q, k, v, o, lse, bias, scale)
+                  : be->attention_bwd(dq, dk, dv, g3, q, k, v, o, lse, scale, causal);
   for (int i = 0; i < 3 && rc == 0; i++) {
     lm_tensor *d = unpad_cols(&s, i == 0 ? dq : i == 1 ? dk : dv, E[i]);
     rc = d ? lm_give(n, gin, i, lm_s_reshape(&s, d, n->in[i]->ndim, n->in[i]->shape_)) : -1;
@@ -198,7 +243,7 @@ static int sdpa_bw_fused(const lm_backend *be, const lm_saved *n, lm_tensor *g, 
 }
 
 int lm_fw_sdpa(const lm_call *c, lm_tensor **out) {
-  const lm_backend *be = sdpa_fusable(c->nin, c->in) ? LM_FUSED(c->in[0], attention) : NULL;
+  const lm_backend *be = sdpa_fusable(c->nin, c->in) ? LM_FUSED(c->in[0], attention) : NULL; /* and attention_bias */
   int rc = be ? sdpa_fw_fused(be, c, out) : LM_UNSUPPORTED;
   if (rc != LM_UNSUPPORTED) return rc;
   if (be) lm_clear_error(); /* the kernel does not cover these: compose */
@@ -216,7 +261,8 @@ int lm_fw_sdpa(const lm_call *c, lm_tensor **out) {
 }
 
 int lm_bw_sdpa(const lm_saved *n, lm_tensor *const *gout, lm_tensor **gin) {
-  const lm_backend *be = sdpa_fusable(n->nin, n->in) ? LM_FUSED(n->in[0], attention_bwd) : NULL;
+  const lm_backend *be = sdpa_fusable(n->nin, n->in) && (n->nin == 3 || LM_FUSED(n->in[0], attention_bias_bwd))
+                            ? LM_FUSED(n->in[0], attention_bwd) : NULL;
   int fused = be ? sdpa_bw_fused(be, n, gout[0], gin) : LM_UNSUPPORTED;
   if (fused != LM_UNSUPPORTED) return fused;
   if (be) lm_clear_error(); /* the kernel does not cover these: compose */

@@ -22,6 +22,7 @@ struct FwdArgs {
   int64_t L, S;
   float scale;
   int causal;
+  AttnBias bias;
 };
 
 template <typename T, int D> __global__ void __launch_bounds__(ATTN_THREADS) attn_fwd_kernel(FwdArgs a) {
@@ -57,7 +58,7 @@ template <typename T, int D> __global__ void __launch_bounds__(ATTN_THREADS) att
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         int64_t col = k0 + 8 * j + 2 * t + (e & 1);
-        float x = attn_keep(row[e >> 1], col, a.L, a.S, a.causal) ? s[j][e] * a.scale : -INFINITY;
+        float x = attn_score(s[j][e], a.bias, b, row[e >> 1], col, a.L, a.S, a.causal, a.scale);
         s[j][e] = x;
         mx[e >> 1] = fmaxf(mx[e >> 1], x);
       }
@@ -103,17 +104,19 @@ template <typename T, int D> __global__ void __launch_bounds__(ATTN_THREADS) att
   }
 }
 
-int lm_cuda_attention(lm_tensor *o, lm_tensor *lse, const lm_tensor *q, const lm_tensor *k,
-                      const lm_tensor *v, double scale, int causal) {
+static int attention(lm_tensor *o, lm_tensor *lse, const lm_tensor *q, const lm_tensor *k,
+                     const lm_tensor *v, const lm_tensor *bias, double scale, int causal) {
   AttnDims d = {0, 0, 0, 0, 0};
   int rc = attn_dims("attention", q, k, v, &d);
   if (rc < 0) return rc;
+  AttnBias ab;
+  LM_TRY(attn_bias_of("attention", bias, d, &ab));
   LM_TRY(attn_is("attention", "o", o, d.B, d.L, d.D, d.dtype));
   LM_TRY(attn_lse_ok("attention", lse, d));
   if (!attn_aligned(o)) return lm_cuda_unsupported("attention kernel: o not 16-byte aligned");
   if (d.B * d.L == 0) return 0;
   if (lm_cuda_use(o) < 0) return -1;
-  FwdArgs a = {lm_ptr(q), lm_ptr(k), lm_ptr(v), lm_ptr(o), (float *)lm_ptr(lse), d.L, d.S, (float)scale, causal};
+  FwdArgs a = {lm_ptr(q), lm_ptr(k), lm_ptr(v), lm_ptr(o), (float *)lm_ptr(lse), d.L, d.S, (float)scale, causal, ab};
   return attn_dispatch(d, [&](auto z, auto dim) {
     typedef decltype(z) T;
     const int D = decltype(dim)::value;
@@ -123,4 +126,13 @@ int lm_cuda_attention(lm_tensor *o, lm_tensor *lse, const lm_tensor *q, const lm
     LM_LAUNCH(blocks, ATTN_THREADS, K::smem, attn_fwd_kernel<T, D>)(a);
     return lm_cuda_launched("attention");
   });
+}
+
+int lm_cuda_attention(lm_tensor *o, lm_tensor *lse, const lm_tensor *q, const lm_tensor *k,
+                      const lm_tensor *v, double scale, int causal) {
+  return attention(o, lse, q, k, v, NULL, scale, causal);
+}
+int lm_cuda_attention_bias(lm_tensor *o, lm_tensor *lse, const lm_tensor *q, const lm_tensor *k,
+                           const lm_tensor *v, const lm_tensor *bias, double scale) {
+  return attention(o, lse, q, k, v, bias, scale, 0);
 }

@@ -104,6 +104,31 @@ __device__ __forceinline__ bool attn_keep(int64_t row, int64_t col, int64_t L, i
   return row < L && col < S && !(causal && col > row);
 }
 
+/* an additive f32 bias on the scaled scores (a mask), by strides; p NULL:
+ * none. attn_bias_of checks the tensor (B, L, S) f32. */
+struct AttnBias {
+  const float *p;
+  int64_t sb, sl, ss;
+};
+static inline int attn_bias_of(const char *what, const lm_tensor *t, const AttnDims &d, AttnBias *b) {
+  *b = AttnBias{NULL, 0, 0, 0};
+  if (!t) return 0;
+  if (t->ndim != 3 || t->dtype_ != LM_F32 || t->shape_[0] != d.B || t->shape_[1] != d.L || t->shape_[2] != d.S)
+    return lm_error("%s kernel: expected bias a (%lld, %lld, %lld) f32 tensor", what, (long long)d.B,
+                    (long long)d.L, (long long)d.S);
+  *b = AttnBias{(const float *)lm_ptr(t), t->stride_[0], t->stride_[1], t->stride_[2]};
+  return 0;
+}
+/* the scaled score of (row, col) with its bias, -inf where not kept */
+__device__ __forceinline__ float attn_score(float s, const AttnBias &bias, int64_t b, int64_t row, int64_t col,
+                                            int64_t L, int64_t S, int causal, float scale) {
+  if (!attn_keep(row, col, L, S, causal)) return -INFINITY;
+  return bias.p ? s * scale + bias.p[b * bias.sb + row * bias.sl + col * bias.ss] : s * scale;
+}
+/* its probability given the row's lse (0 for a dropped key: a row with no
+ * key has lse -inf too) */
+__device__ __forceinline__ float attn_prob(float x, float lse) { return x == -INFINITY ? 0.f : expf(x - lse); }
+
 __device__ __forceinline__ int64_t attn_min(int64_t a, int64_t b) { return a < b ? a : b; }
 
 #endif

@@ -18,6 +18,7 @@ struct BwdArgs {
   int64_t B, L, S;
   float scale;
   int causal;
+  AttnBias bias;
 };
 
 /* ---- Dd: a warp per row ---- */
@@ -43,8 +44,13 @@ template <typename T, int D> struct DkdvCfg {
   static_assert(smem <= ATTN_SMEM_MAX, "attention tiles exceed sm_80's shared memory per block");
 };
 
-template <typename T, int D> __global__ void __launch_bounds__(ATTN_THREADS) attn_dkdv_kernel(BwdArgs a) {
+/* BIAS: with a mask's bias, a kernel of its own so that the unmasked one
+ * keeps its registers (0 spills in both: scripts/check_cuda_resources.sh;
+ * indexing the bias per element from scratch spilled bf16/f16 D=64 on sm_90) */
+template <typename T, int D, bool BIAS>
+__global__ void __launch_bounds__(ATTN_THREADS) attn_dkdv_kernel(BwdArgs a) {
   typedef DkdvCfg<T, D> K;
+
   LM_DYNAMIC_SMEM(smem);
   T *sK = (T *)smem, *sV = sK + K::BK * K::LD, *sQ = sV + K::BK * K::LD, *sG = sQ + K::BQ * K::LD;
   T *sP = sG + K::BQ * K::LD, *sS = sP + ATTN_WARPS * 16 * K::LDP;
@@ -56,6 +62,9 @@ template <typename T, int D> __global__ void __launch_bounds__(ATTN_THREADS) att
   T *myP = sP + warp * 16 * K::LDP, *myS = sS + warp * 16 * K::LDP;
   const T *myK = sK + warp * 16 * K::LD, *myV = sV + warp * 16 * K::LD;
   int64_t key[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8}; /* this thread's two key rows */
+  const float *kb[2] = {NULL, NULL}; /* the bias of this thread's keys, by query row */
+  if (BIAS)
+    for (int r = 0; r < 2; r++) kb[r] = a.bias.p + b * a.bias.sb + (key[r] < a.S ? key[r] : 0) * a.bias.ss;
 
   lm_tile_load<T, K::BK, D>(sK, K::LD, (const T *)a.k + (b * a.S + k0) * D, a.S - k0);
   lm_tile_load<T, K::BK, D>(sV, K::LD, (const T *)a.v + (b * a.S + k0) * D, a.S - k0);
@@ -86,7 +95,9 @@ template <typename T, int D> __global__ void __launch_bounds__(ATTN_THREADS) att
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         int c = 8 * j + 2 * t + (e & 1);
-        float p = attn_keep(q0 + c, key[e >> 1], a.L, a.S, a.causal) ? expf(s[j][e] * a.scale - sLse[c]) : 0.f;
+        float x = !attn_keep(q0 + c, key[e >> 1], a.L, a.S, a.causal) ? -INFINITY
+                  : BIAS ? s[j][e] * a.scale + kb[e >> 1][(q0 + c) * a.bias.sl] : s[j][e] * a.scale;
+        float p = attn_prob(x, sLse[c]);
         s[j][e] = p;
         dp[j][e] = p * (dp[j][e] - sDd[c]); /* dS^T */
       }
@@ -162,7 +173,7 @@ template <typename T, int D> __global__ void __launch_bounds__(ATTN_THREADS) att
       for (int e = 0; e < 4; e++) {
         int r = e >> 1;
         int64_t col = k0 + 8 * j + 2 * t + (e & 1);
-        float p = attn_keep(row[r], col, a.L, a.S, a.causal) ? expf(s[j][e] * a.scale - lse[r]) : 0.f;
+        float p = attn_prob(attn_score(s[j][e], a.bias, b, row[r], col, a.L, a.S, a.causal, a.scale), lse[r]);
         dp[j][e] = p * (dp[j][e] - dd[r]); /* dS */
       }
     lm_tile_store<T, K::BK / 8>(myS, K::LDP, dp);
@@ -186,9 +197,10 @@ template <typename T, int D> static int attn_bwd_launch(BwdArgs &a) {
   LM_LAUNCH(lm_blocks(a.B * a.L * 32), LM_THREADS, 0, attn_dot_kernel<T, D>)(a);
   LM_TRY(lm_cuda_launched("attention_bwd (dO . O)"));
   if ((a.dk || a.dv) && a.S > 0) {
-    LM_TRY(attn_smem(attn_dkdv_kernel<T, D>, KV::smem, "attention_bwd"));
+    auto kernel = a.bias.p ? attn_dkdv_kernel<T, D, true> : attn_dkdv_kernel<T, D, false>;
+    LM_TRY(attn_smem(kernel, KV::smem, "attention_bwd"));
     unsigned blocks = (unsigned)(a.B * ((a.S + KV::BK - 1) / KV::BK));
-    LM_LAUNCH(blocks, ATTN_THREADS, KV::smem, attn_dkdv_kernel<T, D>)(a);
+    LM_LAUNCH(blocks, ATTN_THREADS, KV::smem, kernel)(a);
     LM_TRY(lm_cuda_launched("attention_bwd (dk, dv)"));
   }
   if (a.dq) {
@@ -201,13 +213,15 @@ template <typename T, int D> static int attn_bwd_launch(BwdArgs &a) {
 }
 
 /* dq, dk, dv may each be NULL (not wanted) */
-int lm_cuda_attention_bwd(lm_tensor *dq, lm_tensor *dk, lm_tensor *dv, const lm_tensor *g,
-                          const lm_tensor *q, const lm_tensor *k, const lm_tensor *v,
-                          const lm_tensor *o, const lm_tensor *lse, double scale, int causal) {
+static int attention_bwd(lm_tensor *dq, lm_tensor *dk, lm_tensor *dv, const lm_tensor *g, const lm_tensor *q,
+                         const lm_tensor *k, const lm_tensor *v, const lm_tensor *o, const lm_tensor *lse,
+                         const lm_tensor *bias, double scale, int causal) {
   const char *what = "attention_bwd";
   AttnDims d = {0, 0, 0, 0, 0};
   int rc = attn_dims(what, q, k, v, &d);
   if (rc < 0) return rc;
+  AttnBias ab;
+  LM_TRY(attn_bias_of(what, bias, d, &ab));
   LM_TRY(attn_is(what, "g", g, d.B, d.L, d.D, d.dtype));
   LM_TRY(attn_is(what, "o", o, d.B, d.L, d.D, d.dtype));
   LM_TRY(attn_lse_ok(what, lse, d));
@@ -225,7 +239,7 @@ int lm_cuda_attention_bwd(lm_tensor *dq, lm_tensor *dk, lm_tensor *dv, const lm_
   }
   BwdArgs a = {lm_ptr(q), lm_ptr(k), lm_ptr(v), lm_ptr(o), lm_ptr(g), dq ? lm_ptr(dq) : NULL,
                dk ? lm_ptr(dk) : NULL, dv ? lm_ptr(dv) : NULL, (const float *)lm_ptr(lse), NULL,
-               d.B, d.L, d.S, (float)scale, causal};
+               d.B, d.L, d.S, (float)scale, causal, ab};
   a.dd = (float *)lm_cuda_alloc((size_t)(d.B * d.L) * sizeof(float));
   if (!a.dd) return -1;
   rc = attn_dispatch(d, [&](auto z, auto dim) {
@@ -233,4 +247,15 @@ int lm_cuda_attention_bwd(lm_tensor *dq, lm_tensor *dk, lm_tensor *dv, const lm_
   });
   lm_cuda_free(a.dd); /* stream-ordered: the kernels above run first */
   return rc;
+}
+
+int lm_cuda_attention_bwd(lm_tensor *dq, lm_tensor *dk, lm_tensor *dv, const lm_tensor *g,
+                          const lm_tensor *q, const lm_tensor *k, const lm_tensor *v,
+                          const lm_tensor *o, const lm_tensor *lse, double scale, int causal) {
+  return attention_bwd(dq, dk, dv, g, q, k, v, o, lse, NULL, scale, causal);
+}
+int lm_cuda_attention_bias_bwd(lm_tensor *dq, lm_tensor *dk, lm_tensor *dv, const lm_tensor *g,
+                               const lm_tensor *q, const lm_tensor *k, const lm_tensor *v,
+                               const lm_tensor *o, const lm_tensor *lse, const lm_tensor *bias, double scale) {
+  return attention_bwd(dq, dk, dv, g, q, k, v, o, lse, bias, scale, 0);
 }

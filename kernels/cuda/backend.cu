@@ -132,6 +132,8 @@ __attribute__((constructor)) static void register_cuda(void) {
   b.rope = lm_cuda_rope;
   b.attention = lm_cuda_attention;
   b.attention_bwd = lm_cuda_attention_bwd;
+  b.attention_bias = lm_cuda_attention_bias;
+  b.attention_bias_bwd = lm_cuda_attention_bias_bwd;
   b.cross_entropy = lm_cuda_cross_entropy;
   b.cross_entropy_bwd = lm_cuda_cross_entropy_bwd;
   lm_register_backend(LM_KIND_CUDA, &b);

@@ -46,6 +46,8 @@ lm_norm_bwd_fn lm_cuda_norm_bwd;
 lm_rope_fn lm_cuda_rope;
 lm_attention_fn lm_cuda_attention;
 lm_attention_bwd_fn lm_cuda_attention_bwd;
+lm_attention_bias_fn lm_cuda_attention_bias;
+lm_attention_bias_bwd_fn lm_cuda_attention_bias_bwd;
 lm_cross_entropy_fn lm_cuda_cross_entropy;
 lm_cross_entropy_bwd_fn lm_cuda_cross_entropy_bwd;
 #endif

@@ -79,6 +79,14 @@ static int check_launch(const void *k, dim3 g, dim3 b, size_t smem) {
 }
 static int check_pointer(const void *p, const void *) {
   if (!p) return 0;
+  if (int m = mapped_for(p, cur)) { /* pinned host memory the device reads over the bus */
+    if (m < 0) {
+      note("a kernel on cuda:%d was given %p, host memory mapped for another device (not portable)", cur, p);
+      return cudaErrorIllegalAddress;
+    }
+    count(C_MAPPED_KERNELS);
+    return 0;
+  }
   int d = device_of(p, 1);
   if (d < 0) {
     note("a kernel was given %p, which is not device memory (a host pointer?)", p);
@@ -192,10 +200,6 @@ cudaError_t cudaFuncSetAttribute(const void *k, cudaFuncAttribute a, int v) {
   if (v < 0 || (size_t)v > SMEM_OPTIN) return fail(cudaErrorInvalidValue);
   std::lock_guard<std::mutex> g(mu);
   smem_optin[k] = v;
-  return cudaSuccess;
-}
-cudaError_t cudaDeviceSynchronize(void) {
-  context();
   return cudaSuccess;
 }
 }

@@ -122,6 +122,11 @@ template <typename T> static inline T atomicAdd(T *p, T v) {
   *p = old + v;
   return old;
 }
+template <typename T> static inline T atomicCAS(T *p, T compare, T v) {
+  T old = *p;
+  if (old == compare) *p = v;
+  return old;
+}
 static inline void __syncthreads() { lm_emu_wait(lm_emu::WAIT_BLOCK); }
 static inline void __syncwarp(unsigned = 0xffffffffu) { lm_emu_wait(lm_emu::WAIT_WARP); }
 

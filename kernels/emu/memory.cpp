@@ -43,6 +43,19 @@ int device_of(const void *p, size_t n) {
   if ((uintptr_t)p + n > it->first + it->second.size) return -1; /* runs past its block */
   return it->second.device;
 }
+/* pinned host memory (cudaHostAlloc), by base address: its size, the
+ * device current when it was made and its flags */
+struct host_block { size_t size; int device; unsigned flags; };
+static std::map<uintptr_t, host_block> &host_blocks = *new std::map<uintptr_t, host_block>;
+int mapped_for(const void *p, int d) {
+  std::lock_guard<std::mutex> g(mu);
+  uintptr_t a = (uintptr_t)p;
+  auto it = host_blocks.upper_bound(a);
+  if (it == host_blocks.begin()) return 0;
+  --it;
+  if (a >= it->first + it->second.size || !(it->second.flags & cudaHostAllocMapped)) return 0;
+  return (it->second.flags & cudaHostAllocPortable) || it->second.device == d ? 1 : -1;
+}
 const void *block_of(const void *p) {
   std::lock_guard<std::mutex> g(mu);
   auto it = find(p);
@@ -115,6 +128,46 @@ cudaError_t cudaFree(void *p) {
   used[it->second.device] -= it->second.size;
   unmap_block(p, it->second.size); /* the size mapped: n, or 1 for 0 */
   blocks.erase(it);
+  return cudaSuccess;
+}
+/* Pinned host memory. Mapped: a kernel may read and write it (device.cpp
+ * counts such kernels); with unified addressing (every 64-bit CUDA 12
+ * system) its device pointer is its host pointer. A copy treats it as host
+ * memory. It ends at a page no access may touch, as device blocks do. */
+cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags) {
+  *p = NULL;
+  if (flags & ~(unsigned)(cudaHostAllocPortable | cudaHostAllocMapped | cudaHostAllocWriteCombined))
+    return fail(cudaErrorInvalidValue);
+  if (device_count() == 0) return fail(cudaErrorNoDevice);
+  int d = context();
+  void *q = map_block(n ? n : 1);
+  if (!q) return fail(cudaErrorMemoryAllocation);
+  std::lock_guard<std::mutex> g(mu);
+  host_blocks[(uintptr_t)q] = host_block{n ? n : 1, d, flags};
+  *p = q;
+  return cudaSuccess;
+}
+cudaError_t cudaHostGetDevicePointer(void **pd, void *p, unsigned flags) {
+  *pd = NULL;
+  if (flags != 0) return fail(cudaErrorInvalidValue);
+  context();
+  if (mapped_for(p, current()) <= 0) {
+    note("cudaHostGetDevicePointer(%p): not mapped host memory (cudaHostAllocMapped) of this device", p);
+    return fail(cudaErrorInvalidValue);
+  }
+  *pd = p;
+  return cudaSuccess;
+}
+cudaError_t cudaFreeHost(void *p) {
+  if (!p) return cudaSuccess;
+  std::lock_guard<std::mutex> g(mu);
+  auto it = host_blocks.find((uintptr_t)p);
+  if (it == host_blocks.end()) {
+    note("cudaFreeHost(%p): not the start of a cudaHostAlloc allocation", p);
+    return fail(cudaErrorInvalidValue);
+  }
+  unmap_block(p, it->second.size);
+  host_blocks.erase(it);
   return cudaSuccess;
 }
 cudaError_t cudaMemGetInfo(size_t *fr, size_t *total) {

@@ -31,6 +31,11 @@ const size_t SMEM_DEFAULT = 48 << 10, SMEM_OPTIN = 227 << 10; /* an H100's */
 int device_of(const void *p, size_t n);
 /* the base of the allocation holding p (its key for the stream checks) */
 const void *block_of(const void *p);
+/* mapped pinned host memory (cudaHostAlloc with cudaHostAllocMapped) that
+ * a kernel on device d may be given: 1 when p is in such an allocation
+ * mapped for d (every device when portable), 0 when it is not mapped
+ * memory, -1 when it is but not for d */
+int mapped_for(const void *p, int d);
 
 /* stream order (stream.cpp): work on stream s touching the block of p */
 void touch(cudaStream_t s, const void *p);
@@ -46,6 +51,8 @@ enum counter {
   C_GEMMS,           /* GEMMs run */
   C_COLLECTIVES,     /* NCCL collectives run */
   C_ERRORS,          /* calls refused (bad pointer, wrong direction, bad launch) */
+  C_MAPPED_KERNELS,  /* kernels given mapped host memory: they read or write it over the bus (no copy, no wait) */
+  C_DEVICE_SYNCS,    /* cudaDeviceSynchronize: the host waits for the whole device */
   C_N
 };
 void count(counter c, int64_t n = 1);

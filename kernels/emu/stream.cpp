@@ -100,6 +100,14 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   host_waits(id_of(s));
   return cudaSuccess;
 }
+/* the host waits for every stream (the emulator does not keep a stream's device) */
+cudaError_t cudaDeviceSynchronize(void) {
+  context();
+  count(C_DEVICE_SYNCS);
+  std::lock_guard<std::mutex> g(mu);
+  for (size_t i = 0; i < streams.size(); i++) host_waits((int)i);
+  return cudaSuccess;
+}
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) {
   context();
   *e = (cudaEvent_t) new emu_event();

@@ -65,4 +65,14 @@ describe("tensor parallelism on GPUs", function()
       for i = 1, #pm do close(pm[i][2], pr[i][2], pm[i][1] .. " after AdamW") end
     end)
   end
+
+  -- review item 1: each rank makes a context on its own GPU only (on the
+  -- emulated device, which counts them; a GPU has no such counter)
+  it("makes no context on another rank's GPU", function()
+    local c, why = loom.cuda.emu_counters()
+    if not c then -- a GPU build: its runtime counts nothing
+      return assert.truthy(why:find("not an emulated CUDA build", 1, true), why)
+    end
+    assert.equal(0, c.contexts_other_device, "rank " .. dist.rank() .. " made a context on another GPU")
+  end)
 end)

@@ -70,6 +70,18 @@ describe("loss_parallel", function()
     end)
   end
 
+  -- under autocast a loss runs in f32 (F.cross_entropy's rule): bf16
+  -- logits give an f32 loss equal to the full one's, tolerance f32's
+  it("bf16 logits under autocast: the loss and its gradient in f32, as F.cross_entropy's", function()
+    local logits, tgt = data(7, { 6, C }, "bf16")
+    local bad = {}
+    loom.autocast("bf16", function() compare(bad, "autocast bf16", logits, tgt, nil, 1.3e-6, 1e-5) end)
+    assert.same({}, bad)
+    local d = dist.distribute_tensor(logits:clone(), mesh, { Shard(-1) })
+    local l = tp.loss_parallel(function() return loom.autocast("bf16", function() return F.cross_entropy(d, tgt) end) end)
+    assert.equal("f32", (dist.is_dtensor(l) and l:to_local() or l).dtype)
+  end)
+
   it("weight (per class)", function()
     local logits, tgt = data(3, { 8, C })
     loom.manual_seed(31)

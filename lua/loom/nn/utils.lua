@@ -4,8 +4,9 @@ local T = require "loom.tensor"
 
 local M = {}
 
--- sum of g's squares in f64 (where squares of f32 are exact), the
--- temporaries freed at once rather than left to the GC
+-- sum of g's squares in f64 (where squares of f32 are exact): a number
+-- (a wait for the device), the temporaries freed at once rather than left
+-- to the GC; sum_sq_t: a 1-element f64 tensor on g's device (no wait)
 local function sum_sq(g)
   local d = g.dtype == "f64" and g or g:to("f64")
   local sq = d * d
@@ -14,16 +15,17 @@ local function sum_sq(g)
   if d ~= g then d:free() end
   return v
 end
+local function sum_sq_t(g)
+  local d = g.dtype == "f64" and g or g:to("f64")
+  return (d * d):sum():reshape(1)
+end
 
--- The squared L2 norm of all the gradients, summed in f64, global over
--- sharded ones: a DTensor gradient adds the squares of its local shard,
--- all-reduced over the mesh dims where it is sharded (a replicated dim
--- counts it once; a Partial one is reduced first). One all-reduce per
--- (mesh, sharded dims) group; every rank must pass the same parameters,
--- as SPMD code does.
-function M.grad_norm_squared(params)
-  local total = 0
-  local groups, order = {}, {}
+-- The terms of the squared norm: total (plain gradients) and the groups
+-- of DTensor gradients by (mesh, sharded dims), each with its sum of local
+-- squares and the device its all-reduce runs on. sq sums one gradient,
+-- zero() is an empty sum (numbers or tensors).
+local function norm_terms(params, sq, zero)
+  local total, groups, order = zero(), {}, {}
   for _, p in ipairs(params) do
     local g = p.grad
     if g ~= nil and g.dist ~= nil then
@@ -38,35 +40,68 @@ function M.grad_norm_squared(params)
         for k, q in ipairs(pl) do to[k] = q:is_partial() and require("loom.distributed").Replicate() or q end
         g = g:redistribute(mesh, to)
       end
-      local sq = sum_sq(g:to_local())
+      local loc = g:to_local()
       local key = table.concat(dims, ",")
       groups[mesh] = groups[mesh] or {}
       local grp = groups[mesh][key]
       if not grp then
-        grp = { mesh = mesh, dims = dims, sum = 0 }
-        groups[mesh][key] = grp
-        order[#order + 1] = grp
+        grp = { mesh = mesh, dims = dims, sum = zero(), device = loc.device } -- the mesh's collectives run there
+        groups[mesh][key], order[#order + 1] = grp, grp
       end
-      grp.sum = grp.sum + sq
+      grp.sum = grp.sum + sq(loc)
     elseif g ~= nil then
-      total = total + sum_sq(g)
+      total = total + sq(g)
     end
   end
-  if #order > 0 then
-    local dist = require "loom.distributed"
-    for _, grp in ipairs(order) do
-      local t = loom.tensor({ grp.sum }, { dtype = "f64" })
-      for _, d in ipairs(grp.dims) do t = dist.all_reduce(t, "sum", grp.mesh, d) end
-      total = total + t:item()
-    end
-  end
+  return total, order
+end
+
+-- a group's sum all-reduced over its sharded dims (a tensor on its device)
+local function reduced(grp)
+  local t = type(grp.sum) == "number" and loom.tensor({ grp.sum }, { dtype = "f64" }):to(grp.device) or grp.sum
+  local dist = require "loom.distributed"
+  for _, d in ipairs(grp.dims) do t = dist.all_reduce(t, "sum", grp.mesh, d) end
+  return t
+end
+
+-- The squared L2 norm of all the gradients, summed in f64, global over
+-- sharded ones: a DTensor gradient adds the squares of its local shard,
+-- all-reduced over the mesh dims where it is sharded (a replicated dim
+-- counts it once; a Partial one is reduced first). One all-reduce per
+-- (mesh, sharded dims) group; every rank must pass the same parameters,
+-- as SPMD code does.
+function M.grad_norm_squared(params)
+  local total, order = norm_terms(params, sum_sq, function() return 0 end)
+  for _, grp in ipairs(order) do total = total + reduced(grp):item() end
   return total
 end
 
--- clip_grad_norm_(params, max_norm): scales gradients in place so their
--- global L2 norm is at most max_norm (PyTorch's rule: coef = max_norm /
--- (norm + 1e-6), capped at 1); returns the norm before clipping.
-function M.clip_grad_norm_(params, max_norm)
+-- On a GPU (every gradient on one device that is not the CPU) the same
+-- sum is kept there, a 1-element f64 tensor, with no copy to the host per
+-- gradient (each would wait for the device); nil elsewhere.
+local function norm_sq_on_device(params)
+  local dev
+  for _, p in ipairs(params) do
+    local g = p.grad
+    if g ~= nil then
+      local d = g.dist ~= nil and g:to_local().device or g.device
+      if d == "cpu" or (dev and d ~= dev) then return nil end
+      dev = d
+    end
+  end
+  if not dev then return nil end
+  local total, order = norm_terms(params, sum_sq_t, function() return loom.zeros({ 1 }, { dtype = "f64", device = dev }) end)
+  for _, grp in ipairs(order) do total = total + reduced(grp) end
+  return total
+end
+
+-- clip_grad_norm_(params, max_norm [, {tensor = true}]): scales gradients
+-- in place so their global L2 norm is at most max_norm (PyTorch's rule:
+-- coef = max_norm / (norm + 1e-6), capped at 1); returns the norm before
+-- clipping, a number (on a GPU: one wait for it), or with tensor = true and
+-- the gradients on a GPU a 1-element f64 tensor there (no wait: a training
+-- step that does not read it waits for nothing).
+function M.clip_grad_norm_(params, max_norm, opts)
   if T.is_tensor(params) then params = { params } end
   if type(params) ~= "table" then T.argerror("clip_grad_norm_", "parameters", "a table of tensors", T.describe(params)) end
   for i, p in ipairs(params) do
@@ -74,6 +109,26 @@ function M.clip_grad_norm_(params, max_norm)
   end
   if type(max_norm) ~= "number" or not (max_norm > 0) then
     T.argerror("clip_grad_norm_", "max_norm", "a positive number", T.describe(max_norm))
+  end
+  opts = T.check_opts("clip_grad_norm_", opts, { tensor = true })
+  local sq = norm_sq_on_device(params)
+  if sq then
+    local norm = sq:sqrt()
+    loom.no_grad(function()
+      local coef = (max_norm / (norm + 1e-6)):clamp(nil, 1)
+      local by = {}
+      for _, p in ipairs(params) do
+        local g = p.grad
+        if g ~= nil then
+          if g.dist ~= nil then g = g:to_local() end
+          local cd = g.dtype == "f64" and "f64" or "f32"  -- coef in the compute dtype, as a number would be
+          by[cd] = by[cd] or coef:to(cd)
+          g:copy_(g * by[cd])
+        end
+      end
+    end)
+    if opts.tensor then return norm end
+    return norm:item()
   end
   local norm = math.sqrt(M.grad_norm_squared(params))
   local coef = max_norm / (norm + 1e-6)

@@ -152,9 +152,9 @@ end
 
 -- clip_grad_norm_ over the whole model: the squared norms of every
 -- stage's gradients summed over pp (PyTorch's coef = max / (norm + 1e-6))
-function M.clip_grad_norm_(params, max_norm, w, dist)
+function M.clip_grad_norm_(params, max_norm, w, dist, opts)
   local U = loom.nn.utils
-  if w.pp == 1 then return U.clip_grad_norm_(params, max_norm) end
+  if w.pp == 1 then return U.clip_grad_norm_(params, max_norm, opts) end
   local sq = dist.all_reduce(loom.tensor({ U.grad_norm_squared(params) }, { dtype = "f64" }), "sum", w.mesh, "pp")
   local norm = math.sqrt(sq:item())
   local coef = max_norm / (norm + 1e-6)

@@ -57,6 +57,9 @@ local function vocab_parallel_cross_entropy(logits, target, opts)
   local lead = logits:size()
   table.remove(lead)
   local l = logits:to_local():reshape(-1, nloc)              -- (N, C_local)
+  -- losses run in f32 under autocast, as F.cross_entropy does: a bf16
+  -- log-sum-exp and loss would be off by up to 2^-9 of the loss
+  if (l.dtype == "bf16" or l.dtype == "f16") and C.lm_autocast_dtype() >= 0 then l = l:to("f32") end
   local ids = target:reshape(-1):to("i64")
   if ids:numel() ~= l:size(1) then
     error(string.format("%s: %d targets for %d rows of logits", fname, ids:numel(), l:size(1)), 3)
@@ -71,7 +74,7 @@ local function vocab_parallel_cross_entropy(logits, target, opts)
   local function pick(t)
     heref = heref or here:to(l.dtype)
     if nloc == 0 then return heref * 0 end
-    local at = t:size(1) == 1 and col + 1 or loom.arange(0, l:size(1), 1, { dtype = "i64" }) * nloc + col + 1
+    local at = t:size(1) == 1 and col + 1 or loom.arange(0, l:size(1), 1, { dtype = "i64", device = col.device }) * nloc + col + 1
     return F.embedding(at, t:reshape(-1, 1)):reshape(-1) * heref
   end
   local z
