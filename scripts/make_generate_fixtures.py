@@ -10,6 +10,8 @@ models (float64, HF's layouts), not loom's. (PyTorch could not be installed
 on the machine that made them: download.pytorch.org was unreachable and
 PyPI's wheel brings gigabytes of CUDA libraries.) Each step's margin
 between the best and the second logit is checked, so f32 cannot flip it.
+scripts/check_generate_transformers.py checks the result against
+transformers' generate (identical with transformers 5.24, torch 2.15).
 
     pip install --break-system-packages numpy safetensors
     python3 scripts/make_generate_fixtures.py

@@ -2,7 +2,8 @@
 -- models loaded from the tiny HF checkpoints: greedy continuations equal to
 -- the reference (scripts/make_generate_fixtures.py: argmax of an
 -- independent numpy forward of HF's models, each step's margin >= 1e-3, so
--- f32 cannot flip it), with and without the cache; the cached step's
+-- f32 cannot flip it; the same ids as transformers' generate(do_sample=False),
+-- scripts/check_generate_transformers.py), with and without the cache; the cached step's
 -- logits equal the full forward's (f32, atol 2e-5); sampling reproducible
 -- from its seed, inside top_k / top_p, leaving loom's RNG alone; the text
 -- helper loom.generate with a tokenizer.
