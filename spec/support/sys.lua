@@ -1,6 +1,6 @@
 -- sys.lua: the specs' access to files and the shell (`local sys = require
 -- "support.sys"`): scratch directories, whole-file reads and writes, the
--- losses of a training log, and commands run with their exit code, output
+-- losses of a training log and of examples/train.lua runs, and commands run with their exit code, output
 -- and wall time.
 local sys = {}
 
@@ -46,6 +46,27 @@ function sys.losses(path)
     if s then t[tonumber(s)] = tonumber(l) end
   end
   return t
+end
+
+-- train(ranks, flags, log): the losses of examples/train.lua run with flags
+-- and --log log, in one process (ranks 1) or on ranks ranks (loomrun); its
+-- output goes to log .. ".out"
+function sys.train(ranks, flags, log)
+  local cmd = ranks == 1 and "luajit examples/train.lua" or
+              ("scripts/loomrun -n " .. ranks .. " --quiet-others examples/train.lua")
+  local ok = os.execute(string.format("%s %s --log %s > %s.out 2>&1", cmd, flags, log, log))
+  assert(ok == 0 or ok == true, "training run failed: see " .. log .. ".out")
+  return sys.losses(log)
+end
+
+-- same_losses(what, got, ref, rel): got's loss at each of ref's steps
+-- within relative rel of ref's (what names the run in the message)
+function sys.same_losses(what, got, ref, rel)
+  for step = 1, #ref do
+    local r = math.abs(got[step] - ref[step]) / math.abs(ref[step])
+    assert(r <= rel, string.format("%s: step %d loss %.9g vs %.9g in the reference run (rel %.2e)", what, step,
+                                   got[step], ref[step], r))
+  end
 end
 
 function sys.write(p, s)

@@ -28,6 +28,16 @@ function H.twins(seed, make, ...)
   return ref, make(...)
 end
 
+-- MLP(d, h): Linear(d, h)-ReLU-Linear(h, d) as net1, relu, net2, the MLP of
+-- PyTorch's tensor-parallel tests
+H.MLP = loom.nn.Module:extend("TPTestMLP")
+function H.MLP:__init(d, h)
+  self.net1 = loom.nn.Linear(d, h)
+  self.relu = loom.nn.ReLU()
+  self.net2 = loom.nn.Linear(h, d)
+end
+function H.MLP:forward(x) return self.net2(self.relu(self.net1(x))) end
+
 -- a plain tensor: DTensors are gathered (collective: every rank calls it)
 function H.full(x)
   if x == nil then return nil end
