@@ -17,11 +17,7 @@ local FLAGS = {
 }
 
 local function parse(...) return cli.parse("prog", FLAGS, { ... }) end
-local function err_of(fn, ...)
-  local ok, e = pcall(fn, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(e)
-end
+local err_of = require("support.misuse").error_of
 
 local sys = require "support.sys"
 local sh, tmpdir = sys.sh, sys.tmpdir
