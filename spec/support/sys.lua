@@ -17,6 +17,15 @@ function sys.sh(cmd)
   return tonumber(rc), (out:gsub("@@rc=.*$", "")), tonumber(ns) / 1e9
 end
 
+-- sys.sh(cmd) with text as its standard input
+function sys.sh_input(cmd, text)
+  local input = os.tmpname()
+  sys.write(input, text)
+  local rc, out, secs = sys.sh(cmd .. " < " .. sys.shq(input))
+  os.remove(input)
+  return rc, out, secs
+end
+
 -- a fresh empty directory under /tmp (remove it with sys.rmtree)
 function sys.tmpdir()
   local d = os.tmpname()
