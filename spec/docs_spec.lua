@@ -10,9 +10,7 @@
 -- A block also runs pasted into the REPL when it is the guide's tour.
 local sys = require "support.sys"
 
-local root = (debug.getinfo(1, "S").source:match("^@(.*)spec/docs_spec%.lua$") or "./")
-if root == "" then root = "./" end
-root = io.popen("cd " .. root .. " && pwd"):read("*l") .. "/"   -- blocks run in a scratch directory
+local root = io.popen("cd " .. sys.root .. " && pwd"):read("*l") .. "/"   -- blocks run in a scratch directory
 
 local function pages()
   local list = { "README.md" }

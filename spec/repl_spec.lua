@@ -6,19 +6,11 @@
 local repl = require "loom.distributed.repl"
 local fs = require "loom.fs"
 
-local root = (debug.getinfo(1, "S").source:match("^@(.*)spec/repl_spec%.lua$") or "./")
-if root == "" then root = "./" end
+local sys = require "support.sys"
+local sh, write = sys.sh, sys.tmpfile
+local root = sys.root
 local loomrun = root .. "scripts/loomrun"
 
-local sys = require "support.sys"
-local sh = sys.sh
-local function write(text)
-  local path = os.tmpname()
-  local f = assert(io.open(path, "w"))
-  f:write(text)
-  f:close()
-  return path
-end
 local function count(s, pat, plain)
   local n, i = 0, 1
   while true do
@@ -38,7 +30,6 @@ end
 
 -- the `loom` command (scripts/loom), piped and under a pseudo-terminal
 local loom_cmd = root .. "scripts/loom"
-local sys = require "support.sys"
 
 -- plays keys (send/expect/sleep/eof lines) against `loom` in a pty
 local function pty(steps, env)

@@ -1,8 +1,13 @@
 -- sys.lua: the specs' access to files and the shell (`local sys = require
--- "support.sys"`): scratch directories, whole-file reads and writes, the
+-- "support.sys"`): the checkout's root, scratch directories and files, whole-file reads and writes, the
 -- losses of a training log and of examples/train.lua runs, and commands run with their exit code, output
 -- and wall time.
 local sys = {}
+
+-- the checkout's root ("./" when the specs run from it): scripts and
+-- examples are root .. "scripts/loomrun" and the like
+sys.root = debug.getinfo(1, "S").source:match("^@(.-)spec/support/sys%.lua$") or "./"
+if sys.root == "" then sys.root = "./" end
 
 -- s quoted for the shell
 function sys.shq(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
@@ -17,10 +22,17 @@ function sys.sh(cmd)
   return tonumber(rc), (out:gsub("@@rc=.*$", "")), tonumber(ns) / 1e9
 end
 
+-- a new temporary file holding text, its name ending in suffix if given;
+-- its path (remove it with os.remove)
+function sys.tmpfile(text, suffix)
+  local path = os.tmpname() .. (suffix or "")
+  sys.write(path, text)
+  return path
+end
+
 -- sys.sh(cmd) with text as its standard input
 function sys.sh_input(cmd, text)
-  local input = os.tmpname()
-  sys.write(input, text)
+  local input = sys.tmpfile(text)
   local rc, out, secs = sys.sh(cmd .. " < " .. sys.shq(input))
   os.remove(input)
   return rc, out, secs
