@@ -17,14 +17,20 @@ local FLAGS = {
 }
 
 local function parse(...) return cli.parse("prog", FLAGS, { ... }) end
-local function err_of(fn, ...)
-  local ok, e = pcall(fn, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(e)
-end
+local err_of = require("support.misuse").error_of
 
 local sys = require "support.sys"
 local sh, tmpdir = sys.sh, sys.tmpdir
+
+-- cmd --help succeeds and lists `listed`; cmd --bogus 1 fails saying `refusal`
+local function flags_checked(cmd, listed, refusal)
+  local rc, out = sh(cmd .. " --help")
+  assert.equal(0, rc, out)
+  assert.truthy(out:find(listed, 1, true), out)
+  rc, out = sh(cmd .. " --bogus 1")
+  assert.is_not.equal(0, rc)
+  assert.truthy(out:find(refusal, 1, true), out)
+end
 
 describe("loom.cli", function()
   it("gives every flag its default when absent", function()
@@ -58,13 +64,8 @@ describe("loom.cli", function()
   it("bench scripts: defaults as flags, --help lists them, unknown flags are errors", function()
     local o = bench.args({ "--dim", "64" }, { dim = 128, json = "" }, "b")
     assert.same({ dim = 64, json = "" }, o)
-    local rc, out = sh("luajit scripts/bench_train.lua --help")
-    assert.equal(0, rc, out)
-    assert.truthy(out:find("--layers", 1, true), out)
-    rc, out = sh("luajit scripts/bench_train.lua --bogus 1")
-    assert.is_not.equal(0, rc)
-    assert.truthy(out:find("bench_train.lua: unknown argument --bogus", 1, true), out)
-    rc, out = sh("luajit scripts/bench_ops.lua --sizes")
+    flags_checked("luajit scripts/bench_train.lua", "--layers", "bench_train.lua: unknown argument --bogus")
+    local rc, out = sh("luajit scripts/bench_ops.lua --sizes")
     assert.is_not.equal(0, rc)
     assert.truthy(out:find("--sizes", 1, true), out)
   end)
@@ -78,12 +79,7 @@ describe("loom.cli", function()
   end)
 
   it("bench_torch_train.py answers --help without torch and lists --tp", function()
-    local rc, out = sh("python3 scripts/bench_torch_train.py --help")
-    assert.equal(0, rc, out)
-    assert.truthy(out:find("--tp TP", 1, true), out)
-    rc, out = sh("python3 scripts/bench_torch_train.py --bogus 1")
-    assert.is_not.equal(0, rc)
-    assert.truthy(out:find("unrecognized arguments: --bogus", 1, true), out)
+    flags_checked("python3 scripts/bench_torch_train.py", "--tp TP", "unrecognized arguments: --bogus")
   end)
 
   it("bench_train under TP 2 prints loom's row with n/a for PyTorch when torch is not importable", function()

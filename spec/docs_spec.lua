@@ -10,9 +10,7 @@
 -- A block also runs pasted into the REPL when it is the guide's tour.
 local sys = require "support.sys"
 
-local root = (debug.getinfo(1, "S").source:match("^@(.*)spec/docs_spec%.lua$") or "./")
-if root == "" then root = "./" end
-root = io.popen("cd " .. root .. " && pwd"):read("*l") .. "/"   -- blocks run in a scratch directory
+local root = io.popen("cd " .. sys.root .. " && pwd"):read("*l") .. "/"   -- blocks run in a scratch directory
 
 local function pages()
   local list = { "README.md" }
@@ -101,20 +99,14 @@ end)
 describe("the guide's tour pasted into the REPL", function()
   it("runs in `loom` line by line and prints what the guide says", function()
     local tour = blocks(sys.read(root .. "docs/guide.md"))[1].code
-    local input = os.tmpname()
-    sys.write(input, tour)
-    local rc, out = sys.sh(root .. "scripts/loom < " .. input)
-    os.remove(input)
+    local rc, out = sys.sh_input(root .. "scripts/loom", tour)
     assert.equal(0, rc, out)
     assert.truthy(out:find("loom.Size{3, 4}\t3\tf32\tcpu", 1, true), out)
   end)
 
   it("its DTensor part runs in `loomrun -n 4 --repl`, printing sizes and the sharding once", function()
     local mesh_block = blocks(sys.read(root .. "docs/guide.md"))[2].code
-    local input = os.tmpname()
-    sys.write(input, mesh_block)
-    local rc, out = sys.sh(root .. "scripts/loomrun -n 4 --timeout 120 --repl < " .. input)
-    os.remove(input)
+    local rc, out = sys.sh_input(root .. "scripts/loomrun -n 4 --timeout 120 --repl", mesh_block)
     assert.equal(0, rc, out)
     assert.truthy(out:find("[ranks 0-3] loom.Size{8, 6}\tloom.Size{2, 6}", 1, true), out)
     local _, n = out:gsub("2%-D of size 8x6", "")

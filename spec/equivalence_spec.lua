@@ -3,17 +3,8 @@
 -- same loss at every step up to float rounding (relative 1e-5 in f32).
 local sys = require "support.sys"
 
-local losses = sys.losses
-
 local flags = "--steps 20 --dim 32 --layers 2 --heads 4 --seq 16 --batch 4 --eval-every 1000 --sample 0 --quiet"
-
-local function run(ranks, extra, log)
-  local cmd = ranks == 1 and "luajit examples/train.lua" or
-              ("scripts/loomrun -n " .. ranks .. " --quiet-others examples/train.lua")
-  local ok = os.execute(string.format("%s %s %s --log %s > %s.out 2>&1", cmd, flags, extra, log, log))
-  assert(ok == 0 or ok == true, "training run failed: see " .. log .. ".out")
-  return losses(log)
-end
+local function run(ranks, extra, log) return sys.train(ranks, flags .. " " .. extra, log) end
 
 describe("tensor-parallel training", function()
   it("logs the same losses at TP=1, TP=2 and TP=4 (and with sequence parallel)", function()
@@ -23,11 +14,7 @@ describe("tensor-parallel training", function()
     assert.is_true(ref[20] < ref[1])   -- it learned something
     for _, layout in ipairs { { 2, "--tp 2" }, { 4, "--tp 4" }, { 2, "--tp 2 --sequence-parallel" } } do
       local got = run(layout[1], layout[2], dir .. "/tp" .. layout[1] .. ".json")
-      for step = 1, 20 do
-        local rel = math.abs(got[step] - ref[step]) / math.abs(ref[step])
-        assert(rel <= 1e-5, string.format("%s: step %d loss %.9g vs %.9g at TP=1 (rel %.2e)", layout[2], step,
-                                          got[step], ref[step], rel))
-      end
+      sys.same_losses(layout[2], got, ref, 1e-5)   -- the reference: TP=1
     end
     sys.rmtree(dir)
   end)

@@ -6,7 +6,7 @@
 -- fails the spec instead of the suite. The time of each is printed.
 local sys = require "support.sys"
 
-local root = debug.getinfo(1, "S").source:match("^@(.*)spec/fault_drills_spec%.lua$") or "./"
+local root = sys.root
 local loomrun = root .. "scripts/loomrun"
 local dir = sys.tmpdir()
 local mpi_vars = "env $(env | grep -oE '^(OMPI|PMIX|OPAL|ORTE)[A-Z_]*' | sed 's/^/-u /')"

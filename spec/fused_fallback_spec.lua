@@ -5,8 +5,7 @@
 -- turns into "the composed ops ran"), as a backend without the slots would.
 local sys = require "support.sys"
 
-local root = debug.getinfo(1, "S").source:match("^@(.-)spec/fused_fallback_spec%.lua$") or "./"
-if root == "" then root = "./" end
+local root = sys.root
 
 describe("the composed forms (LOOM_CPU_FUSED=0)", function()
   it("pass the fused specs", function()

@@ -25,14 +25,7 @@ local function with(edit)
   edit(c)
   return c
 end
-local function errmsg(fn, ...)
-  local ok, err = pcall(fn, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(err)
-end
-local function has(msg, ...)
-  for _, s in ipairs { ... } do assert.is_truthy(msg:find(s, 1, true), "expected «" .. s .. "» in: " .. msg) end
-end
+local errmsg, has = X.error_of, X.has
 local function logits(model)
   local ref = loom.load_safetensors(FIX .. "reference.safetensors")
   return loom.no_grad(function() return model(ref.ids + 1) end)

@@ -15,14 +15,7 @@ local function raw(name, header, data)
   sys.write(p, u64(#header) .. header .. (data or ""))
   return p
 end
-local function errmsg(fn, ...)
-  local ok, err = pcall(fn, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(err)
-end
-local function has(msg, ...)
-  for _, s in ipairs { ... } do assert.is_truthy(msg:find(s, 1, true), "expected «" .. s .. "» in: " .. msg) end
-end
+local errmsg, has = X.error_of, X.has
 local function entry(name, dtype, shape, b, e)
   return string.format('"%s":{"dtype":"%s","shape":[%s],"data_offsets":[%d,%d]}', name, dtype, shape, b, e)
 end

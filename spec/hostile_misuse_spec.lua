@@ -10,14 +10,7 @@ local nn = loom.nn
 local sys = require "support.sys"
 local X = require "support.misuse"
 
-local function errmsg(fn, ...)
-  local ok, err = pcall(fn, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(err)
-end
-local function has(msg, ...)
-  for _, s in ipairs { ... } do assert.is_truthy(msg:find(s, 1, true), "expected «" .. s .. "» in: " .. msg) end
-end
+local errmsg, has = X.error_of, X.has
 
 local MLP = nn.Module:extend("HostileMLP")
 function MLP:__init() self.net1 = nn.Linear(4, 6) self.net2 = nn.Linear(6, 4) end

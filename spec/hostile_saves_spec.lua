@@ -7,16 +7,10 @@
 -- checkpoint: the directory always ends as one whole checkpoint.
 local loom = require "loom"
 local sys = require "support.sys"
+local X = require "support.misuse"
 local fs = require "loom.fs"
 
-local function errmsg(fn, ...)
-  local ok, err = pcall(fn, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(err)
-end
-local function has(msg, ...)
-  for _, s in ipairs { ... } do assert.is_truthy(msg:find(s, 1, true), "expected «" .. s .. "» in: " .. msg) end
-end
+local errmsg, has = X.error_of, X.has
 local pid = tonumber(sys.read("/proc/self/stat"):match("^(%d+)"))
 
 describe("saves through planted links", function()
@@ -74,7 +68,6 @@ end)
 
 -- checkpoint cases run in a child luajit: a checkpoint starts MPI, which
 -- must not run in this process (a loomrun child of a later spec breaks)
-local X = require "support.misuse"
 local CHILD = [[
   local ckpt, fs = require 'loom.distributed.checkpoint', require 'loom.fs'
   local function err_of(fn, ...) local ok, e = pcall(fn, ...) assert(not ok, 'expected an error') return tostring(e) end

@@ -1,19 +1,13 @@
 -- loomrun_spec.lua: the launcher (scripts/loomrun), run from one process:
 -- rank prefixes, --quiet-others, thread counts, flags, exit codes, and the
 -- abort-on-error behaviour (one rank raises; the job ends non-zero, fast).
-local root = (debug.getinfo(1, "S").source:match("^@(.*)spec/loomrun_spec%.lua$") or "./")
-if root == "" then root = "./" end
-local loomrun = root .. "scripts/loomrun"
-
 local sys = require "support.sys"
 local sh = sys.sh
+local root = sys.root
+local loomrun = root .. "scripts/loomrun"
 
 -- a temporary Lua script holding text; returns its path
-local function write(text)
-  local path = os.tmpname() .. ".lua"
-  sys.write(path, text)
-  return path
-end
+local function write(text) return sys.tmpfile(text, ".lua") end
 
 local function count(s, pat)
   local n = 0

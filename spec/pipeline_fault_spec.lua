@@ -2,9 +2,8 @@
 -- schedule (stage 1's forward of microbatch 2, while stage 0 waits for its
 -- gradients) ends the whole job, fast and non-zero, naming the rank.
 -- Runs loomrun from one process: luajit scripts/run_specs.lua spec/pipeline_fault_spec.lua
-local root = (debug.getinfo(1, "S").source:match("^@(.*)spec/pipeline_fault_spec%.lua$") or "./")
-if root == "" then root = "./" end
 local sys = require "support.sys"
+local root = sys.root
 
 local script = [[
 local loom = require "loom"
@@ -28,8 +27,7 @@ print("rank " .. dist.rank() .. " finished the step")
 
 describe("a pipeline with a failing rank", function()
   it("ends the job within 30 s naming the rank that raised", function()
-    local path = os.tmpname() .. ".lua"
-    sys.write(path, script)
+    local path = sys.tmpfile(script, ".lua")
     local rc, out, secs = sys.sh(root .. "scripts/loomrun -n 2 --timeout 60 " .. path)
     os.remove(path)
     assert.is_not.equal(0, rc)

@@ -6,18 +6,11 @@
 local repl = require "loom.distributed.repl"
 local fs = require "loom.fs"
 
-local root = (debug.getinfo(1, "S").source:match("^@(.*)spec/repl_spec%.lua$") or "./")
-if root == "" then root = "./" end
+local sys = require "support.sys"
+local sh, write = sys.sh, sys.tmpfile
+local root = sys.root
 local loomrun = root .. "scripts/loomrun"
 
-local sh = require("support.sys").sh
-local function write(text)
-  local path = os.tmpname()
-  local f = assert(io.open(path, "w"))
-  f:write(text)
-  f:close()
-  return path
-end
 local function count(s, pat, plain)
   local n, i = 0, 1
   while true do
@@ -32,15 +25,11 @@ local function lines_of(s)
   return out
 end
 local function repl_run(n, chunks, env)
-  local input = write(chunks)
-  local rc, out = sh((env or "") .. " " .. loomrun .. " -n " .. n .. " --timeout 60 --repl < " .. input)
-  os.remove(input)
-  return rc, out
+  return sys.sh_input((env or "") .. " " .. loomrun .. " -n " .. n .. " --timeout 60 --repl", chunks)
 end
 
 -- the `loom` command (scripts/loom), piped and under a pseudo-terminal
 local loom_cmd = root .. "scripts/loom"
-local sys = require "support.sys"
 
 -- plays keys (send/expect/sleep/eof lines) against `loom` in a pty
 local function pty(steps, env)
@@ -51,12 +40,7 @@ local function pty(steps, env)
 end
 
 describe("loom (the REPL command), piped", function()
-  local function piped(src)
-    local input = write(src)
-    local rc, out = sh(loom_cmd .. " < " .. input)
-    os.remove(input)
-    return rc, out
-  end
+  local function piped(src) return sys.sh_input(loom_cmd, src) end
 
   it("keeps top-level locals, echoes expressions, prints sizes as sizes", function()
     local rc, out = piped(table.concat({

@@ -15,6 +15,7 @@ local FIX = "spec/fixtures/"
 local TOL = 1e-4
 
 local sys = require "support.sys"
+local X = require "support.misuse"
 local tmpdir, read, write = sys.tmpdir, sys.read, sys.write
 local function u64(n) return ffi.string(ffi.new("uint64_t[1]", n), 8) end
 -- a file from a header string and data bytes, as the format lays it out
@@ -22,16 +23,7 @@ local function raw(path, header, data)
   write(path, u64(#header) .. header .. (data or ""))
   return path
 end
-local function errmsg(fn, ...)
-  local ok, err = pcall(fn, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(err)
-end
-local function has(msg, ...)
-  for _, s in ipairs { ... } do
-    assert.is_truthy(msg:find(s, 1, true), "expected «" .. s .. "» in: " .. msg)
-  end
-end
+local errmsg, has = X.error_of, X.has
 local SIZE = { f32 = 4, f64 = 8, bf16 = 2, f16 = 2, i32 = 4, i64 = 8, bool = 1 }
 local function bytes(t)
   local c = t:contiguous()

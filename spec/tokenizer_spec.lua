@@ -10,12 +10,7 @@ local Tokenizer = loom.data.Tokenizer
 local errmsg = require("support.ref").errmsg
 
 local DIR = "spec/fixtures/tokenizers/"
-local function read(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local read = require("support.sys").read
 local function plus1(ids)
   local out = {}
   for i, v in ipairs(ids) do out[i] = v + 1 end

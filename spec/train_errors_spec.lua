@@ -1,10 +1,10 @@
 -- train_errors_spec.lua: examples/train.lua refuses bad input in one line
 -- ("train.lua: error: ...", exit status 2, no traceback) that says what to
 -- do; under loomrun the line comes once, naming the ranks, with no MPI banner.
-local sh = require("support.sys").sh
+local sys = require "support.sys"
+local sh = sys.sh
 
-local root = (debug.getinfo(1, "S").source:match("^@(.*)spec/train_errors_spec%.lua$") or "./")
-if root == "" then root = "./" end
+local root = sys.root
 local train = "luajit " .. root .. "examples/train.lua --sample 0 "
 
 local function refused(args, expect)

@@ -4,10 +4,7 @@ local ffi = require "ffi"
 
 local M = {}
 
-pcall(ffi.cdef, [[
-typedef struct { long tv_sec; long tv_nsec; } loom_timespec;
-int clock_gettime(int clk, loom_timespec *ts);
-]])
+require "loom.posix"   -- declares clock_gettime
 local ts = ffi.new("loom_timespec")
 function M.now()
   ffi.C.clock_gettime(1, ts)   -- CLOCK_MONOTONIC

@@ -4,6 +4,7 @@
 local lfs = require "lfs"
 local ffi = require "ffi"
 local libc = ffi.C
+local errno_msg = require("loom.posix").errno_msg   -- and the libc functions used here
 
 local M = {}
 
@@ -66,19 +67,9 @@ end
 ---------------------------------------------------------------------------
 -- files written whole and only where they are named
 
-for _, decl in ipairs {
-  "int open(const char *path, int flags, ...);",
-  "int close(int fd);",
-  "long write(int fd, const void *buf, size_t n);",
-  "int fsync(int fd);",
-  "int getpid(void);",
-  "int flock(int fd, int op);",
-  "char *strerror(int errnum);",
-} do pcall(ffi.cdef, decl) end
 local O_WRONLY, O_RDWR, O_CREAT, O_EXCL, O_CLOEXEC = 1, 2, 0x40, 0x80, 0x80000
 local O_NOFOLLOW = ffi.arch == "arm64" and 0x8000 or 0x20000
 local EINTR, EEXIST, EWOULDBLOCK, LOCK_EX, LOCK_NB = 4, 17, 11, 2, 4
-local function errno_msg() return ffi.string(libc.strerror(ffi.errno())) end
 local serial = 0
 -- a per-process random part of temporary names: names planted in advance
 -- cannot be guessed (and O_EXCL refuses any that exist anyway)

@@ -12,16 +12,10 @@ local T = require "loom.tensor"
 local TC = require "loom.tensor_create"
 local C = require("loom.lib").C
 local libc = ffi.C
+local errno_msg = require("loom.posix").errno_msg   -- and the libc functions used here
 
 local M = {}
 
-for _, decl in ipairs {
-  "int open(const char *path, int flags, ...);",
-  "int close(int fd);",
-  "long lseek(int fd, long offset, int whence);",
-  "long pread(int fd, void *buf, size_t n, long offset);",
-  "char *strerror(int errnum);",
-} do pcall(ffi.cdef, decl) end
 local O_RDONLY, O_NONBLOCK, O_CLOEXEC, SEEK_END, EINTR = 0, 0x800, 0x80000, 2, 4
 
 M.MAX_HEADER = 100000000   -- bytes of JSON, the limit of the reference implementation
@@ -39,7 +33,6 @@ end
 M.TO_LOOM = { F64 = "f64", F32 = "f32", F16 = "f16", BF16 = "bf16", I64 = "i64", I32 = "i32", BOOL = "bool" }
 
 local function fail(fname, path, msg, ...) error(string.format("%s: %s: " .. msg, fname, path, ...), 0) end
-local function errno_msg() return ffi.string(libc.strerror(ffi.errno())) end
 local function numel(s)
   local n = 1
   for _, v in ipairs(s) do n = n * v end
@@ -62,8 +55,6 @@ end
 
 ---------------------------------------------------------------------------
 -- the header
-
-pcall(ffi.cdef, "int memcmp(const void *a, const void *b, size_t n);")
 
 -- the Lua table of entry e of header h
 local function entry_of(h, e, name)

@@ -3,12 +3,11 @@
  * ranks, a merge that a lower one broke up is skipped, byte fallback and
  * unk, ignore_merges, long pieces, and bad input refused. Prints "N passed,
  * N failed"; exits non-zero on any failure. */
+#include "check.h"
 #include "loom.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int passed, failed;
 
 static void expect(const char *what, const int32_t *got, int64_t n, const int32_t *want, int64_t m) {
   int ok = n == m && (n <= 0 || memcmp(got, want, (size_t)n * sizeof *got) == 0);
@@ -75,6 +74,5 @@ int main(void) {
             lm_bpe_add_token(b, "", 0, 1) == 0 || lm_bpe_new(0) != NULL || lm_bpe_encode(b, "abc", 0, 3, out, 1) >= 0;
   if (bad) { failed++; fprintf(stderr, "FAIL bad input accepted\n"); } else passed++;
   lm_bpe_free(b);
-  printf("%d passed, %d failed\n", passed, failed);
-  return failed != 0;
+  return check_report();
 }

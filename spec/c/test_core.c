@@ -1,16 +1,10 @@
 /* test_core.c: C tests of the core: Philox known answers, layout math,
  * refcounting and errors. Prints "N passed, N failed" and exits non-zero
  * on any failure. */
+#include "check.h"
 #include "dtensor/dtensor.h"
 #include <stdio.h>
 #include <string.h>
-
-static int passed, failed;
-#define CHECK(cond)                                                            \
-  do {                                                                         \
-    if (cond) passed++;                                                        \
-    else { failed++; fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond); } \
-  } while (0)
 
 /* Random123's published known-answer vectors (kat_vectors). */
 static void test_philox(void) {
@@ -163,6 +157,5 @@ int main(void) {
   test_errors();
   test_shard_layout();
   test_gemm_empty_k();
-  printf("%d passed, %d failed\n", passed, failed);
-  return failed != 0;
+  return check_report();
 }

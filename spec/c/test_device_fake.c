@@ -5,19 +5,13 @@
  * started failing to select its device does not crash (item 6: the free
  * path called lm_backend_of(...)->free without a NULL check).
  * Prints "N passed, N failed"; exits non-zero on any failure. */
+#include "check.h"
 #include "backend.h"
 #include "ops/op.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int passed, failed;
-#define CHECK(cond)                                                            \
-  do {                                                                         \
-    if (cond) passed++;                                                        \
-    else { failed++; fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond); } \
-  } while (0)
 
 static int selects, counts, allocs, frees, select_fails;
 static int fake_select(int k) {
@@ -274,6 +268,5 @@ int main(void) {
   test_bf16_logits_stay_bf16();
   test_attention_padded_head_dims();
   test_free_after_failed_select();
-  printf("%d passed, %d failed\n", passed, failed);
-  return failed != 0;
+  return check_report();
 }

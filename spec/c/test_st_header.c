@@ -3,17 +3,11 @@
  * on 200000 seeded mutations of it: each parses or fails with a message,
  * never reads past its input (built with LOOM_SANITIZE=ON, ASan checks
  * that; each input is an exact-size heap copy). Prints "N passed, N failed". */
+#include "check.h"
 #include "loom.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int passed, failed;
-#define CHECK(cond)                                                            \
-  do {                                                                         \
-    if (cond) passed++;                                                        \
-    else { failed++; fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond); } \
-  } while (0)
 
 static const char GOOD[] =
   "{\"__metadata__\":{\"format\":\"pt\"},\"b\":{\"dtype\":\"BOOL\",\"shape\":[],\"data_offsets\":[24,25]},"
@@ -79,6 +73,5 @@ static void test_mutations(void) {
 int main(void) {
   test_good();
   test_mutations();
-  printf("%d passed, %d failed\n", passed, failed);
-  return failed != 0;
+  return check_report();
 }

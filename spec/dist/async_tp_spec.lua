@@ -11,17 +11,11 @@ local loom = require "loom"
 local dist = require "loom.distributed"
 local tp = require "loom.parallel"
 local H = require "support.tp"
-local nn, Shard = loom.nn, dist.Shard
+local Shard = dist.Shard
 
 local ws, me = dist.world_size(), dist.rank()
 
-local MLP = nn.Module:extend("AsyncMLP")
-function MLP:__init()
-  self.net1 = nn.Linear(16, 32)
-  self.relu = nn.ReLU()
-  self.net2 = nn.Linear(32, 16)
-end
-function MLP:forward(x) return self.net2(self.relu(self.net1(x))) end
+local function MLP() return H.MLP(16, 32) end
 
 local function plan(async)
   return { net1 = tp.ColwiseParallel { input_layouts = Shard(2), async_tp = async },

@@ -11,28 +11,14 @@ local loom = require "loom"
 local dist = require "loom.distributed"
 local fs = require "loom.fs"
 local ck = dist.checkpoint
+local S = require "support.dist"
 
-pcall(ffi.cdef, "int getpid(void);")
 local Shard, Replicate = dist.Shard, dist.Replicate
 local ws, me = dist.world_size(), dist.rank()
 local mesh = dist.init_device_mesh("cpu", { ws })
 
--- a scratch directory named by rank 0's pid, the same on every rank
-local ROOT
-do
-  local t = loom.zeros({ 1 }, { dtype = "i64" })
-  ffi.cast("int64_t*", loom.C.lm_data(t))[0] = ffi.C.getpid()
-  local pid = tonumber(ffi.cast("int64_t*", loom.C.lm_data(dist.broadcast(t, 0, dist.world_group())))[0])
-  ROOT = string.format("/tmp/loom-ckfmt-spec-%d-%d", ws, pid)
-end
--- fn on rank 0 alone, while the others wait (before: no one still reads
--- what fn changes; after: everyone sees what it did)
-local function on0(fn)
-  dist.barrier(dist.world_group())
-  if me == 0 then fn() end
-  dist.barrier(dist.world_group())
-end
-on0(function() fs.rm_rf(ROOT) fs.mkdir_p(ROOT) end)
+local ROOT = S.scratch_dir("ckfmt-spec")
+local on0 = S.on0
 teardown(function() on0(function() fs.rm_rf(ROOT) end) end)
 local function path(name) return ROOT .. "/" .. name end
 

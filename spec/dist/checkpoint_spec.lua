@@ -12,27 +12,15 @@ local loom, dist = require "loom", require "loom.distributed"
 local H, sys = require "support.dist", require "support.sys"
 local ck = dist.checkpoint
 
-pcall(ffi.cdef, "int getpid(void);")
 local Shard, Replicate, Partial = dist.Shard, dist.Replicate, dist.Partial
 local ws, me = H.ws, H.rank
 local meshes = H.meshes()
 local world = meshes[1].mesh
 local m22 = meshes[2] and meshes[2].mesh   -- 2x2 {"dp", "tp"} on 4 ranks
 
--- a scratch directory named by rank 0's pid, the same on every rank
-local ROOT
-do
-  local t = loom.tensor({ tonumber(ffi.C.getpid()) }, { dtype = "i64" })
-  local pid = dist.broadcast(t, 0, dist.world_group()):item()
-  ROOT = string.format("/tmp/loom-ckpt-spec-%d-%d", ws, pid)
-end
+local ROOT = H.scratch_dir("ckpt-spec")
+local on0 = H.on0
 local shq, exists, read, write = sys.shq, sys.exists, sys.read, sys.write
--- fn on rank 0 only, then everyone waits for it
-local function on0(fn)
-  if me == 0 then fn() end
-  dist.barrier(dist.world_group())
-end
-on0(function() os.execute("rm -rf " .. shq(ROOT) .. "; mkdir -p " .. shq(ROOT)) end)
 local function dir_of(name) return ROOT .. "/" .. name end
 local err_of, has = H.err_of, H.has
 local function full(x) return dist.is_dtensor(x) and x:full_tensor() or x end

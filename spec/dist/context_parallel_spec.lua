@@ -17,6 +17,38 @@ local F = loom.F
 local ws, me = dist.world_size(), dist.rank()
 local V, B, S = 17, 2, 16
 
+-- a small Llama (parallelize(m) first, when given) under context_parallel
+-- on mesh's "cp" dim against one process: the loss and the gradients,
+-- averaged over cp, equal the reference's; returns the differences
+local function llama_vs_one_process(mesh, parallelize)
+  local cfg = { vocab_size = V, dim = 16, n_layers = 2, n_heads = 2, max_seq_len = S }
+  local ref, m = H.twins(3, Tr.new, cfg)
+  if parallelize then parallelize(m) end
+  loom.manual_seed(9)
+  local x, y = loom.randint(1, V + 1, { B, S }), loom.randint(1, V + 1, { B, S })
+  local rl = F.cross_entropy(ref(x), y)
+  rl:backward()
+  local part = cp.context_parallel(mesh["cp"], { buffers = { x, y, { m, "rope_cos" }, { m, "rope_sin" } },
+                                                 buffer_seq_dims = { 2, 2, 1, 1 } },
+    function(lx, ly)
+      local l = F.cross_entropy(m(lx), ly)
+      l:backward()
+      return l:item()
+    end)
+  local bad = {}
+  if m.rope_cos:size(1) ~= S then bad[1] = "rope_cos not restored to max_seq_len rows" end
+  H.close_num(bad, "loss", dist.all_reduce(loom.tensor({ part }, { dtype = "f64" }), "avg", mesh, "cp"):item(),
+              rl:item(), 1e-5)
+  local refp = {}
+  for _, kv in ipairs(ref:named_parameters()) do refp[kv[1]] = kv[2] end
+  for _, kv in ipairs(m:named_parameters()) do
+    local g = kv[2].grad
+    g = dist.is_dtensor(g) and g:full_tensor() or g
+    H.close(bad, "grad " .. kv[1], dist.all_reduce(g, "avg", mesh, "cp"), refp[kv[1]].grad, 1e-5, 1e-6)
+  end
+  return bad
+end
+
 describe("context parallelism", function()
   it("shards a sequence load-balanced (rank i holds chunks i and 2cp-1-i) and puts it back", function()
     local t = loom.arange(8):view(1, 8)
@@ -66,27 +98,7 @@ describe("context parallelism", function()
     for _, method in ipairs { "allgather", "alltoall" } do
     it("a Llama under context_parallel (rotate " .. method .. "): the loss and gradients (averaged over cp) equal one process", function()
       cp.set_rotate_method(method)
-      local cfg = { vocab_size = V, dim = 16, n_layers = 2, n_heads = 2, max_seq_len = S }
-      local ref, m = H.twins(3, Tr.new, cfg)
-      loom.manual_seed(9)
-      local x, y = loom.randint(1, V + 1, { B, S }), loom.randint(1, V + 1, { B, S })
-      local rl = F.cross_entropy(ref(x), y)
-      rl:backward()
-      local part = cp.context_parallel(mesh, { buffers = { x, y, { m, "rope_cos" }, { m, "rope_sin" } },
-                                               buffer_seq_dims = { 2, 2, 1, 1 } },
-        function(lx, ly)
-          local l = F.cross_entropy(m(lx), ly)
-          l:backward()
-          return l:item()
-        end)
-      assert.equal(S, m.rope_cos:size(1))   -- restored (max_seq_len rows, not S / cp)
-      local bad = H.close_num({}, "loss", dist.all_reduce(loom.tensor({ part }, { dtype = "f64" }), "avg"):item(),
-                              rl:item(), 1e-5)
-      local refp = {}
-      for _, kv in ipairs(ref:named_parameters()) do refp[kv[1]] = kv[2] end
-      for _, kv in ipairs(m:named_parameters()) do
-        H.close(bad, "grad " .. kv[1], dist.all_reduce(kv[2].grad, "avg"), refp[kv[1]].grad, 1e-5, 1e-6)
-      end
+      local bad = llama_vs_one_process(mesh)
       cp.set_rotate_method("allgather")
       assert.same({}, bad)
     end)
@@ -109,30 +121,9 @@ describe("context parallelism", function()
   if ws == 4 then
     it("cp2 x tp2 on a (cp, tp) mesh: the loss and gradients equal one process", function()
       local mesh = dist.init_device_mesh("cpu", { 2, 2 }, { mesh_dim_names = { "cp", "tp" } })
-      local cfg = { vocab_size = V, dim = 16, n_layers = 2, n_heads = 2, max_seq_len = S }
-      local ref, m = H.twins(3, Tr.new, cfg)
-      tp.parallelize_module(m, mesh["tp"], Tr.tp_plan({ tp = 2 }, m))
-      loom.manual_seed(9)
-      local x, y = loom.randint(1, V + 1, { B, S }), loom.randint(1, V + 1, { B, S })
-      local rl = F.cross_entropy(ref(x), y)
-      rl:backward()
-      local part = cp.context_parallel(mesh["cp"], { buffers = { x, y, { m, "rope_cos" }, { m, "rope_sin" } },
-                                                     buffer_seq_dims = { 2, 2, 1, 1 } },
-        function(lx, ly)
-          local l = F.cross_entropy(m(lx), ly)
-          l:backward()
-          return l:item()
-        end)
-      local bad = H.close_num({}, "loss", dist.all_reduce(loom.tensor({ part }, { dtype = "f64" }), "avg", mesh, "cp"):item(),
-                              rl:item(), 1e-5)
-      local refp = {}
-      for _, kv in ipairs(ref:named_parameters()) do refp[kv[1]] = kv[2] end
-      for _, kv in ipairs(m:named_parameters()) do
-        local g = kv[2].grad
-        g = dist.is_dtensor(g) and g:full_tensor() or g
-        H.close(bad, "grad " .. kv[1], dist.all_reduce(g, "avg", mesh, "cp"), refp[kv[1]].grad, 1e-5, 1e-6)
-      end
-      assert.same({}, bad)
+      assert.same({}, llama_vs_one_process(mesh, function(m)
+        tp.parallelize_module(m, mesh["tp"], Tr.tp_plan({ tp = 2 }, m))
+      end))
     end)
   end
 end)

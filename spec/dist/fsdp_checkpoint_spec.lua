@@ -6,30 +6,21 @@
 -- Meshes: {dp, tp} 2x2 on 4 ranks, 2x1 on 2, 1x1 on 1. Data only moves,
 -- so values compare exactly; the step after reloading too (the same
 -- computation on the same layout).
-local ffi = require "ffi"
 local loom, dist, tp = require "loom", require "loom.distributed", require "loom.parallel"
 local fsdp = require "loom.distributed.fsdp"
 local H, sys = require "support.tp", require "support.sys"
 local ck = dist.checkpoint
 local tr = loom.models.transformer
 
-pcall(ffi.cdef, "int getpid(void);")
 local ws = H.ws
 local shape = ws == 4 and { 2, 2 } or { ws, 1 }
 local mesh = dist.init_device_mesh("cpu", shape, { mesh_dim_names = { "dp", "tp" } })
 local ntp = shape[2]
 local cfg = { vocab_size = 8, dim = 16, n_layers = 2, n_heads = 4, max_seq_len = 16 }
 
-local ROOT
-do
-  local t = loom.tensor({ tonumber(ffi.C.getpid()) }, { dtype = "i64" })
-  ROOT = string.format("/tmp/loom-fsdp-ckpt-%d-%d", ws, dist.broadcast(t, 0, dist.world_group()):item())
-end
-local function on0(fn)
-  if H.rank == 0 then fn() end
-  dist.barrier(dist.world_group())
-end
-on0(function() os.execute("rm -rf " .. sys.shq(ROOT) .. "; mkdir -p " .. sys.shq(ROOT)) end)
+local D = require "support.dist"
+local ROOT = D.scratch_dir("fsdp-ckpt")
+local on0 = D.on0
 teardown(function() on0(function() sys.rmtree(ROOT) end) end)
 
 -- the model in a layout: "fsdp" (TP on mesh["tp"], then fully_shard over

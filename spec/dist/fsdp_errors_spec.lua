@@ -9,22 +9,13 @@
 local loom, dist, tp = require "loom", require "loom.distributed", require "loom.parallel"
 local fsdp = require "loom.distributed.fsdp"
 local H = require "support.tp"
+local X = require "support.misuse"
 local nn = loom.nn
 
 local ws = H.ws
 local mesh = dist.init_device_mesh("cpu", { ws, 1 }, { mesh_dim_names = { "dp", "tp" } })
 local other = dist.init_device_mesh("cpu", { 1, ws }, { mesh_dim_names = { "dp", "tp" } })
-
-local function err_of(fn, ...)
-  local ok, e = pcall(fn, ...)
-  assert.is_false(ok, "expected an error")
-  return tostring(e)
-end
-local function has(msg, ...)
-  for _, s in ipairs { ... } do
-    if not msg:find(s, 1, true) then error(string.format("%q lacks %q", msg, s), 2) end
-  end
-end
+local err_of, has = X.error_of, X.has
 
 local MLP = nn.Module:extend("ErrMLP")
 function MLP:__init() self.net1 = nn.Linear(4, 6) self.net2 = nn.Linear(6, 4) end

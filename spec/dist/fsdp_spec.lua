@@ -12,12 +12,11 @@
 local loom, dist, tp = require "loom", require "loom.distributed", require "loom.parallel"
 local fsdp = require "loom.distributed.fsdp"
 local H = require "support.tp"
-local nn, tr, clip = loom.nn, loom.models.transformer, loom.nn.utils.clip_grad_norm_
+local nn, tr = loom.nn, loom.models.transformer
 
 local ws = H.ws
 local meshes = H.dp_tp_meshes()
 local cfg = H.TINY_LLAMA
-local close_num = H.close_num
 
 -- the Llama model, tensor-parallel on mesh["tp"] when tp > 1, then each
 -- block and the root fully_shard on mesh["dp"]
@@ -33,45 +32,7 @@ local function sharded_llama(mesh, o)
   return ref, m
 end
 
--- n steps of AdamW with clipping on both; the sharded model's batch is this
--- dp rank's rows of the reference's
-local function train(bad, mesh, ref, m, n, batch, make_loss)
-  local ndp, dp = mesh:size("dp"), mesh:get_local_rank("dp")
-  local o1 = loom.optim.AdamW(m:parameters(), { lr = 1e-2 })
-  local o2 = loom.optim.AdamW(ref:parameters(), { lr = 1e-2 })
-  for step = 1, n do
-    local x, y = batch(step, ndp)
-    o2:zero_grad()
-    local lossr = make_loss(ref, x, y, false)
-    lossr:backward()
-    local nr = clip(ref:parameters(), 0.5)
-    o2:step()
-    o1:zero_grad()
-    local rows = x:size(1) / ndp
-    local loss = make_loss(m, x:narrow(1, dp * rows + 1, rows), y:narrow(1, dp * rows + 1, rows), true)
-    local lavg = dist.all_reduce(loss:detach():reshape(1), "avg", mesh, "dp")
-    local nm = clip(m:parameters(), 0.5)
-    o1:step()
-    H.close(bad, "loss at step " .. step, lavg:reshape(1), lossr:detach():reshape(1))
-    close_num(bad, "grad norm at step " .. step, nm, nr, 1e-5)
-    if step == 1 and not (nr > 0.5) then bad[#bad + 1] = "the norm should exceed max_norm so that clipping acts" end
-  end
-  return o1, o2
-end
-
-local function llama_batch(step, ndp)
-  loom.manual_seed(100 + step)
-  return loom.randint(1, cfg.vocab_size + 1, { 2 * ndp, 8 }), loom.randint(1, cfg.vocab_size + 1, { 2 * ndp, 8 })
-end
-
-local function llama_loss(model, x, y, parallel)
-  if not parallel then return loom.F.cross_entropy(model(x), y) end
-  return tp.loss_parallel(function()
-    local l = loom.F.cross_entropy(model(x), y)
-    l:backward()
-    return l
-  end)
-end
+local train, llama_batch, llama_loss = H.train_vs_one, H.llama_batch, H.llama_loss
 
 local function bytes(t) return (t.dist ~= nil and t:to_local() or t):numel() * 4 end
 

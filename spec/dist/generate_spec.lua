@@ -34,7 +34,7 @@ for _, name in ipairs { "hf_llama_gqa", "hf_gpt2" } do
       local cache = { pos = 0 }
       loom.no_grad(function() tp_model(loom.tensor({ { 1, 2, 3 } }, { dtype = "i64" }), cache) end)
       local k = cache[1].k
-      local heads = name == "hf_gpt2" and k:size(2) or k:size(3)
+      local heads = k:size(3)   -- (B, T, kv heads of this rank, hd), see loom.models.blocks.attend
       local all = name == "hf_gpt2" and one.config.n_head or one.config.n_kv_heads
       if k.dist ~= nil or heads ~= all / mesh:size() then bad[#bad + 1] = "cache holds " .. heads .. " heads" end
       assert.same({}, bad)

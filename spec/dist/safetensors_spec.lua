@@ -17,26 +17,14 @@ local hf = loom.models.hf
 local H = require "support.tp"
 local S = require "support.dist"
 
-pcall(ffi.cdef, "int getpid(void);")
 local Shard, Replicate = dist.Shard, dist.Replicate
 local ws, me = H.ws, H.rank
 local FIX = "spec/fixtures/"
 local world = H.world_mesh()
 local m22 = ws == 4 and dist.init_device_mesh("cpu", { 2, 2 }, { mesh_dim_names = { "dp", "tp" } }) or nil
 
--- a scratch directory named by rank 0's pid, the same on every rank
-local ROOT
-do
-  local t = loom.zeros({ 1 }, { dtype = "i64" })
-  ffi.cast("int64_t*", loom.C.lm_data(t))[0] = ffi.C.getpid()
-  local pid = tonumber(ffi.cast("int64_t*", loom.C.lm_data(dist.broadcast(t, 0, dist.world_group())))[0])
-  ROOT = string.format("/tmp/loom-st-spec-%d-%d", ws, pid)
-end
-local function on0(fn)
-  if me == 0 then fn() end
-  dist.barrier(dist.world_group())
-end
-on0(function() os.execute("rm -rf '" .. ROOT .. "'; mkdir -p '" .. ROOT .. "'") end)
+local ROOT = S.scratch_dir("st-spec")
+local on0 = S.on0
 
 local function bytes(t)
   local c = t:contiguous()

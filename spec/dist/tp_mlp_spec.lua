@@ -10,13 +10,7 @@ local H = require "support.tp"
 local nn, Shard, Replicate = loom.nn, dist.Shard, dist.Replicate
 local mesh = H.world_mesh()
 
-local MLP = nn.Module:extend("MLPModule")
-function MLP:__init()
-  self.net1 = nn.Linear(10, 16)
-  self.relu = nn.ReLU()
-  self.net2 = nn.Linear(16, 10)
-end
-function MLP:forward(x) return self.net2(self.relu(self.net1(x))) end
+local function MLP() return H.MLP(10, 16) end
 
 describe("TP MLP (PyTorch's test_mlp_training)", function()
   it("forward, gradients, one SGD step and a second forward equal the unsharded MLP", function()

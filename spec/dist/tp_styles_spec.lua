@@ -256,9 +256,7 @@ describe("PrepareModuleInput / PrepareModuleOutput / PrepareModuleInputOutput", 
   end)
 end)
 
-local MLP = nn.Module:extend("MLP")
-function MLP:__init() self.net1 = nn.Linear(10, 16) self.relu = nn.ReLU() self.net2 = nn.Linear(16, 10) end
-function MLP:forward(x) return self.net2(self.relu(self.net1(x))) end
+local function MLP() return H.MLP(10, 16) end
 
 describe("PairwiseParallel", function()
   it("Colwise on the first Linear, Rowwise on the second; replicated in and out", function()

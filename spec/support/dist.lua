@@ -10,6 +10,28 @@ local H = {}
 H.ws, H.rank = dist.world_size(), dist.rank()
 
 ---------------------------------------------------------------------------
+-- a scratch directory every rank shares
+
+-- on0(fn): fn on rank 0 alone while the others wait: no rank still reads
+-- what fn changes, and afterwards every rank sees what it did
+function H.on0(fn)
+  dist.barrier(dist.world_group())
+  if H.rank == 0 then fn() end
+  dist.barrier(dist.world_group())
+end
+
+-- scratch_dir(name): /tmp/loom-NAME-WS-PID, the same on every rank (PID is
+-- rank 0's), made fresh and empty by rank 0 (collective; the spec removes
+-- it in its teardown, with on0)
+function H.scratch_dir(name)
+  require "loom.posix"   -- getpid
+  local t = loom.tensor({ tonumber(require("ffi").C.getpid()) }, { dtype = "i64" })
+  local dir = string.format("/tmp/loom-%s-%d-%d", name, H.ws, dist.broadcast(t, 0, dist.world_group()):item())
+  H.on0(function() os.execute("rm -rf '" .. dir .. "'; mkdir -p '" .. dir .. "'") end)
+  return dir
+end
+
+---------------------------------------------------------------------------
 -- torch.chunk, meshes and shards
 
 -- torch.chunk: size and offset (0-based) of chunk q (0-based) of n in k

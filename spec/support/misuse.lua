@@ -9,11 +9,16 @@ local sys = require "support.sys"
 
 local X = {}
 
--- the error fn raises (fails the spec if it returns)
-function X.error_of(fn)
-  local ok, err = pcall(fn)
+-- the error fn(...) raises, as a string (fails the spec if it returns)
+function X.error_of(fn, ...)
+  local ok, err = pcall(fn, ...)
   assert(not ok, "expected an error, but the call returned")
   return tostring(err)
+end
+
+-- has(msg, ...): msg holds each string (plain text, case as given)
+function X.has(msg, ...)
+  for _, s in ipairs { ... } do assert(msg:find(s, 1, true), "expected «" .. s .. "» in: " .. msg) end
 end
 
 local function check_patterns(err, pats, from)

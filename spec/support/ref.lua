@@ -4,7 +4,6 @@
 -- scalar functions of support/scalar.lua come with it. Nothing here calls
 -- loom's math: loom is only used to move numbers in and out of tensors.
 local ffi = require "ffi"
-local luassert = require "luassert"
 
 local R = {}
 
@@ -307,11 +306,7 @@ function R.assert_equal(actual, expected)
 end
 
 -- the message of the error fn(...) raises (asserting that it raises one)
-function R.errmsg(fn, ...)
-  local ok, err = pcall(fn, ...)
-  luassert.is_false(ok, "expected an error")
-  return tostring(err)
-end
+R.errmsg = require("support.misuse").error_of
 
 ---------------------------------------------------------------------------
 -- finite-difference gradient check (f64)

@@ -17,12 +17,14 @@ local function erf_series(ax)
   return 2 / math.sqrt(math.pi) * sum
 end
 
-function R.erfc(x)
+-- erfc(x[, terms]): terms of the continued fraction, 4000 unless given
+-- (1000 agree to the last bit on [0.5, 2] and are faster for many points)
+function R.erfc(x, terms)
   if x ~= x then return x end
   if x < 0.5 then return 1 - R.erf(x) end
   -- erfc(x) = exp(-x^2)/sqrt(pi) / (x + (1/2)/(x + 1/(x + (3/2)/(x + ...))))
   local f = x
-  for k = 4000, 1, -1 do f = x + (k / 2) / f end
+  for k = terms or 4000, 1, -1 do f = x + (k / 2) / f end
   return math.exp(-x * x) / math.sqrt(math.pi) / f
 end
 

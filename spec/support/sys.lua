@@ -1,8 +1,13 @@
 -- sys.lua: the specs' access to files and the shell (`local sys = require
--- "support.sys"`): scratch directories, whole-file reads and writes, the
--- losses of a training log, and commands run with their exit code, output
+-- "support.sys"`): the checkout's root, scratch directories and files, whole-file reads and writes, the
+-- losses of a training log and of examples/train.lua runs, and commands run with their exit code, output
 -- and wall time.
 local sys = {}
+
+-- the checkout's root ("./" when the specs run from it): scripts and
+-- examples are root .. "scripts/loomrun" and the like
+sys.root = debug.getinfo(1, "S").source:match("^@(.-)spec/support/sys%.lua$") or "./"
+if sys.root == "" then sys.root = "./" end
 
 -- s quoted for the shell
 function sys.shq(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
@@ -15,6 +20,22 @@ function sys.sh(cmd)
   p:close()
   local rc, ns = out:match("@@rc=(%d+) ns=(%d+)%s*$")
   return tonumber(rc), (out:gsub("@@rc=.*$", "")), tonumber(ns) / 1e9
+end
+
+-- a new temporary file holding text, its name ending in suffix if given;
+-- its path (remove it with os.remove)
+function sys.tmpfile(text, suffix)
+  local path = os.tmpname() .. (suffix or "")
+  sys.write(path, text)
+  return path
+end
+
+-- sys.sh(cmd) with text as its standard input
+function sys.sh_input(cmd, text)
+  local input = sys.tmpfile(text)
+  local rc, out, secs = sys.sh(cmd .. " < " .. sys.shq(input))
+  os.remove(input)
+  return rc, out, secs
 end
 
 -- a fresh empty directory under /tmp (remove it with sys.rmtree)
@@ -46,6 +67,27 @@ function sys.losses(path)
     if s then t[tonumber(s)] = tonumber(l) end
   end
   return t
+end
+
+-- train(ranks, flags, log): the losses of examples/train.lua run with flags
+-- and --log log, in one process (ranks 1) or on ranks ranks (loomrun); its
+-- output goes to log .. ".out"
+function sys.train(ranks, flags, log)
+  local cmd = ranks == 1 and "luajit examples/train.lua" or
+              ("scripts/loomrun -n " .. ranks .. " --quiet-others examples/train.lua")
+  local ok = os.execute(string.format("%s %s --log %s > %s.out 2>&1", cmd, flags, log, log))
+  assert(ok == 0 or ok == true, "training run failed: see " .. log .. ".out")
+  return sys.losses(log)
+end
+
+-- same_losses(what, got, ref, rel): got's loss at each of ref's steps
+-- within relative rel of ref's (what names the run in the message)
+function sys.same_losses(what, got, ref, rel)
+  for step = 1, #ref do
+    local r = math.abs(got[step] - ref[step]) / math.abs(ref[step])
+    assert(r <= rel, string.format("%s: step %d loss %.9g vs %.9g in the reference run (rel %.2e)", what, step,
+                                   got[step], ref[step], r))
+  end
 end
 
 function sys.write(p, s)

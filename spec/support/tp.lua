@@ -28,6 +28,16 @@ function H.twins(seed, make, ...)
   return ref, make(...)
 end
 
+-- MLP(d, h): Linear(d, h)-ReLU-Linear(h, d) as net1, relu, net2, the MLP of
+-- PyTorch's tensor-parallel tests
+H.MLP = loom.nn.Module:extend("TPTestMLP")
+function H.MLP:__init(d, h)
+  self.net1 = loom.nn.Linear(d, h)
+  self.relu = loom.nn.ReLU()
+  self.net2 = loom.nn.Linear(h, d)
+end
+function H.MLP:forward(x) return self.net2(self.relu(self.net1(x))) end
+
 -- a plain tensor: DTensors are gathered (collective: every rank calls it)
 function H.full(x)
   if x == nil then return nil end
@@ -80,6 +90,52 @@ end
 
 -- a Llama small enough for every layout above
 H.TINY_LLAMA = { vocab_size = 8, dim = 16, n_layers = 2, n_heads = 4, max_seq_len = 16 }
+
+-- train_vs_one(bad, mesh, ref, m, n, batch, make_loss) -> the optimizers of
+-- m and ref: n steps of AdamW with clipping on both, m (parallel over
+-- mesh's "dp" dim) fed this dp rank's rows of the reference's batch; the
+-- loss averaged over dp and the grad norm must equal the reference's
+function H.train_vs_one(bad, mesh, ref, m, n, batch, make_loss)
+  local ndp, dp = mesh:size("dp"), mesh:get_local_rank("dp")
+  local o1 = loom.optim.AdamW(m:parameters(), { lr = 1e-2 })
+  local o2 = loom.optim.AdamW(ref:parameters(), { lr = 1e-2 })
+  for step = 1, n do
+    local x, y = batch(step, ndp)
+    o2:zero_grad()
+    local lossr = make_loss(ref, x, y, false)
+    lossr:backward()
+    local nr = loom.nn.utils.clip_grad_norm_(ref:parameters(), 0.5)
+    o2:step()
+    o1:zero_grad()
+    local rows = x:size(1) / ndp
+    local loss = make_loss(m, x:narrow(1, dp * rows + 1, rows), y:narrow(1, dp * rows + 1, rows), true)
+    local lavg = dist.all_reduce(loss:detach():reshape(1), "avg", mesh, "dp")
+    local nm = loom.nn.utils.clip_grad_norm_(m:parameters(), 0.5)
+    o1:step()
+    H.close(bad, "loss at step " .. step, lavg:reshape(1), lossr:detach():reshape(1))
+    H.close_num(bad, "grad norm at step " .. step, nm, nr, 1e-5)
+    if step == 1 and not (nr > 0.5) then bad[#bad + 1] = "the norm should exceed max_norm so that clipping acts" end
+  end
+  return o1, o2
+end
+
+-- ids and targets of step (2 rows per dp rank) for H.TINY_LLAMA
+function H.llama_batch(step, ndp)
+  loom.manual_seed(100 + step)
+  local v = H.TINY_LLAMA.vocab_size
+  return loom.randint(1, v + 1, { 2 * ndp, 8 }), loom.randint(1, v + 1, { 2 * ndp, 8 })
+end
+
+-- the cross-entropy of model on x, y; parallel: under loss_parallel (the
+-- logits sharded on the vocabulary), its backward already done
+function H.llama_loss(model, x, y, parallel)
+  if not parallel then return loom.F.cross_entropy(model(x), y) end
+  return require("loom.parallel").loss_parallel(function()
+    local l = loom.F.cross_entropy(model(x), y)
+    l:backward()
+    return l
+  end)
+end
 
 -- the parameter at fqn ("a.b.weight") of module m
 function H.param(m, fqn)

@@ -8,9 +8,7 @@ local C = loom.C
 
 local M = {}
 
-local function cerr(level) T.c_error((level or 1) + 1) end
-
-local describe = T.describe
+local cerr, describe = T.c_error, T.describe   -- cerr(level): the C side's last error, raised at level
 
 ---------------------------------------------------------------------------
 -- Group: a communicator (the world, or one mesh dim's slice of it)

@@ -8,24 +8,7 @@
 local ffi = require "ffi"
 local C = ffi.C
 
-for _, decl in ipairs {
-  "typedef struct { long tv_sec; long tv_nsec; } loom_timespec;",
-  "int nanosleep(const loom_timespec *req, loom_timespec *rem);",
-  "int isatty(int fd);",
-  "int dup(int fd);",
-  "int dup2(int fd, int fd2);",
-  "int close(int fd);",
-  "typedef struct FILE FILE;",
-  "FILE *tmpfile(void);",
-  "int fileno(FILE *f);",
-  "int fflush(FILE *f);",
-  "int fclose(FILE *f);",
-  "long lseek(int fd, long offset, int whence);",
-  "long read(int fd, void *buf, unsigned long n);",
-  "long write(int fd, const void *buf, unsigned long n);",
-  "int open(const char *path, int flags, ...);",
-  "FILE *fdopen(int fd, const char *mode);",
-} do pcall(ffi.cdef, decl) end
+require "loom.posix"   -- declares the libc functions used here
 
 local M = {}
 

@@ -7,7 +7,7 @@
 local loom = require "loom"
 local nn = loom.nn
 local F = loom.F
-local T = require "loom.tensor"
+local blocks = require "loom.models.blocks"
 
 local M = {}
 
@@ -16,12 +16,7 @@ local DEFAULTS = { vocab_size = 50257, n_positions = 1024, n_embd = 768, n_layer
 
 -- Fills defaults and checks the config; n_inner defaults to 4 * n_embd.
 function M.config(cfg)
-  local c = {}
-  for k, v in pairs(DEFAULTS) do c[k] = v end
-  for k, v in pairs(cfg or {}) do
-    if DEFAULTS[k] == nil and k ~= "n_inner" then error(string.format("gpt2: unknown config key %q", k), 3) end
-    c[k] = v
-  end
+  local c = blocks.config("gpt2", DEFAULTS, cfg, { n_inner = true })
   if c.n_embd % c.n_head ~= 0 then
     error(string.format("gpt2: n_embd (%d) must divide by n_head (%d)", c.n_embd, c.n_head), 3)
   end
@@ -38,21 +33,13 @@ function Attention:__init(c)
   self.v = nn.Linear(c.n_embd, c.n_embd)
   self.c_proj = nn.Linear(c.n_embd, c.n_embd)
 end
--- cache (generation): {k, v} of (B, heads of this rank, T, hd) so far, as
--- the Llama model's (loom.models.transformer)
+-- cache (generation): see loom.models.blocks.attend
 function Attention:forward(x, cache)
   local b, t, hd = x:size(1), x:size(2), self.head_dim
-  local q = self.q(x):view(b, t, -1, hd):transpose(2, 3)   -- -1: the heads of this rank
-  local k = self.k(x):view(b, t, -1, hd):transpose(2, 3)
-  local v = self.v(x):view(b, t, -1, hd):transpose(2, 3)
-  if cache then
-    if cache.k then k, v = loom.cat({ cache.k, k }, 3), loom.cat({ cache.v, v }, 3) end
-    cache.k, cache.v = k, v
-  end
-  local causal = k:size(3) == t
-  if not causal and t > 1 then error("GPT2Attention: a cached step takes one token at a time", 3) end
-  local o = F.scaled_dot_product_attention(q, k, v, { is_causal = causal })
-  return self.c_proj(o:transpose(2, 3):reshape(b, t, -1))
+  local q = self.q(x):view(b, t, -1, hd)   -- -1: the heads of this rank
+  local k = self.k(x):view(b, t, -1, hd)
+  local v = self.v(x):view(b, t, -1, hd)
+  return self.c_proj(blocks.attend("GPT2Attention", q, k, v, 1, cache))
 end
 
 local MLP = nn.Module:extend("GPT2MLP")
@@ -73,12 +60,8 @@ function Block:__init(c)
   if c.dropout > 0 then self.drop = nn.Dropout(c.dropout) end
 end
 function Block:forward(x, cache)
-  local a = self.attn(self.ln_1(x), cache)
-  if self.drop then a = self.drop(a) end
-  local h = x + a
-  local m = self.mlp(self.ln_2(h))
-  if self.drop then m = self.drop(m) end
-  return h + m
+  local h = blocks.residual(x, self.attn(self.ln_1(x), cache), self.drop)
+  return blocks.residual(h, self.mlp(self.ln_2(h)), self.drop)
 end
 
 local GPT2 = nn.Module:extend("GPT2")
@@ -99,24 +82,15 @@ end
 -- forward(ids (B, T) i64, 1-based[, cache]) -> logits (B, T, vocab); with a
 -- cache ({pos = 0}, then as this leaves it) ids continue the cached sequence
 function GPT2:forward(ids, cache)
-  T.check_tensor(ids, "GPT2", "ids")
-  local t, start = ids:size(2), cache and cache.pos or 0
-  if start + t > self.config.n_positions then
-    error(string.format("GPT2: sequence length %d exceeds n_positions %d", start + t, self.config.n_positions), 2)
-  end
+  local t, start = blocks.span("GPT2", ids, cache, self.config.n_positions, "n_positions")
   local pos = loom.arange(start + 1, start + t + 1, 1, { dtype = "i64", device = ids.device }):reshape(1, t)
-  local x = self.wte(ids) + self.wpe(pos)
-  for i, block in self.h:ipairs() do
-    local c
-    if cache then cache[i] = cache[i] or {} c = cache[i] end
-    x = block(x, c)
-  end
-  if cache then cache.pos = start + t end
+  local x = blocks.run_layers(self.h, self.wte(ids) + self.wpe(pos), cache, t,
+                              function(block, x, c) return block(x, c) end)
   return self.lm_head(self.ln_f(x))
 end
 
 -- generate(ids, opts): see loom.models.generate
-function GPT2:generate(ids, opts) return require("loom.models.generate").generate(self, ids, opts) end
+GPT2.generate = blocks.generate
 
 function M.new(cfg) return GPT2(cfg) end
 
@@ -129,10 +103,7 @@ function M.tp_plan(opts, model)
   opts = opts or {}
   local tp = require "loom.parallel"
   local Shard, Replicate = loom.distributed.Shard, loom.distributed.Replicate
-  if model and opts.tp and model.config.n_head % opts.tp ~= 0 then
-    error(string.format("tp_plan: n_head (%d) must divide by the tensor-parallel degree (%d)", model.config.n_head,
-                        opts.tp), 2)
-  end
+  if model then blocks.check_tp(opts.tp, { { "n_head", model.config.n_head } }) end
   local lp = opts.loss_parallel
   return {
     ["h.*.attn.q"] = tp.ColwiseParallel{},

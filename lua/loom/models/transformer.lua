@@ -6,7 +6,7 @@
 local loom = require "loom"
 local nn = loom.nn
 local F = loom.F
-local T = require "loom.tensor"
+local blocks = require "loom.models.blocks"
 
 local M = {}
 
@@ -17,15 +17,7 @@ local DEFAULTS = { vocab_size = 65, dim = 128, n_layers = 4, n_heads = 4, n_kv_h
 -- Fills defaults and checks the config; ffn_dim defaults to Llama's
 -- 2/3 * 4 * dim rounded up to a multiple of multiple_of.
 function M.config(cfg)
-  cfg = cfg or {}
-  local c = {}
-  for k, v in pairs(DEFAULTS) do c[k] = v end
-  for k, v in pairs(cfg) do
-    if DEFAULTS[k] == nil and k ~= "n_kv_heads" and k ~= "ffn_dim" then
-      error(string.format("transformer: unknown config key %q", k), 3)
-    end
-    c[k] = v
-  end
+  local c = blocks.config("transformer", DEFAULTS, cfg, { n_kv_heads = true, ffn_dim = true })
   c.n_kv_heads = c.n_kv_heads or c.n_heads
   if c.dim % c.n_heads ~= 0 then
     error(string.format("transformer: dim (%d) must divide by n_heads (%d)", c.dim, c.n_heads), 3)
@@ -49,17 +41,7 @@ function Attention:__init(c)
   self.wo = nn.Linear(c.n_heads * self.head_dim, c.dim, { bias = false })
 end
 
--- (B, T, kv, hd) -> (B, T, kv * n_rep, hd), each kv head repeated n_rep times
-local function repeat_kv(x, n_rep)
-  if n_rep == 1 then return x end
-  local b, t, kv, hd = unpack(x:size())
-  return x:unsqueeze(4):expand(b, t, kv, n_rep, hd):reshape(b, t, kv * n_rep, hd)
-end
-
--- cache (generation): this layer's keys and values so far, {k, v} of
--- (B, T, heads of this rank, hd), extended here; then attention is causal
--- only when the queries are the whole sequence (a prefill), and a decoded
--- token attends to every cached position.
+-- cache (generation): see loom.models.blocks.attend
 function Attention:forward(x, cos, sin, cache)
   local b, t = x:size(1), x:size(2)
   local hd = self.head_dim
@@ -68,16 +50,7 @@ function Attention:forward(x, cos, sin, cache)
   local k = self.wk(x):view(b, t, -1, hd)
   local v = self.wv(x):view(b, t, -1, hd)
   q, k = F.apply_rotary_emb(q, cos, sin), F.apply_rotary_emb(k, cos, sin)
-  if cache then
-    if cache.k then k, v = loom.cat({ cache.k, k }, 2), loom.cat({ cache.v, v }, 2) end
-    cache.k, cache.v = k, v
-  end
-  local causal = k:size(2) == t
-  if not causal and t > 1 then error("Attention: a cached step takes one token at a time", 3) end
-  k, v = repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep)
-  q, k, v = q:transpose(2, 3), k:transpose(2, 3), v:transpose(2, 3)
-  local o = F.scaled_dot_product_attention(q, k, v, { is_causal = causal })
-  return self.wo(o:transpose(2, 3):reshape(b, t, -1))
+  return self.wo(blocks.attend("Attention", q, k, v, self.n_rep, cache))
 end
 
 local FeedForward = nn.Module:extend("FeedForward")
@@ -102,12 +75,8 @@ function Block:__init(c)
   end
 end
 function Block:forward(x, cos, sin, cache)
-  local a = self.attention(self.attention_norm(x), cos, sin, cache)
-  if self.attention_dropout then a = self.attention_dropout(a) end
-  local h = x + a
-  local f = self.feed_forward(self.ffn_norm(h))
-  if self.ffn_dropout then f = self.ffn_dropout(f) end
-  return h + f
+  local h = blocks.residual(x, self.attention(self.attention_norm(x), cos, sin, cache), self.attention_dropout)
+  return blocks.residual(h, self.feed_forward(self.ffn_norm(h)), self.ffn_dropout)
 end
 
 local Transformer = nn.Module:extend("Transformer")
@@ -141,25 +110,16 @@ end
 -- a cache ({pos = 0}, then as this leaves it) ids continue the cached
 -- sequence: the rotary angles start at cache.pos (see loom.models.generate).
 function Transformer:forward(ids, cache)
-  T.check_tensor(ids, "Transformer", "ids")
-  local t, pos = ids:size(2), cache and cache.pos or 0
-  if pos + t > self.config.max_seq_len then
-    error(string.format("Transformer: sequence length %d exceeds max_seq_len %d", pos + t, self.config.max_seq_len), 2)
-  end
+  local t, pos = blocks.span("Transformer", ids, cache, self.config.max_seq_len, "max_seq_len")
   local cos, sin = self.rope_cos:narrow(1, pos + 1, t), self.rope_sin:narrow(1, pos + 1, t)
-  local h = self.tok_embeddings(ids)
-  for i, layer in self.layers:ipairs() do
-    local c
-    if cache then cache[i] = cache[i] or {} c = cache[i] end
-    h = layer(h, cos, sin, c)
-  end
-  if cache then cache.pos = pos + t end
+  local h = blocks.run_layers(self.layers, self.tok_embeddings(ids), cache, t,
+                              function(layer, h, c) return layer(h, cos, sin, c) end)
   return self.output(self.norm(h))
 end
 
 -- generate(ids, {max_new_tokens, temperature, top_k, top_p, seed, ...}):
 -- see loom.models.generate (a KV cache; greedy unless sampling is asked)
-function Transformer:generate(ids, opts) return require("loom.models.generate").generate(self, ids, opts) end
+Transformer.generate = blocks.generate
 
 -- new(cfg): the model; build it inside loom.device("meta"):use(...) to get
 -- its shapes without memory, then parallelise, to_empty and init_weights.
@@ -176,13 +136,8 @@ function M.tp_plan(opts, model)
   local tp = require "loom.parallel"
   local dt = require "loom.distributed.dtensor"
   local Shard, Replicate = dt.Shard, dt.Replicate
-  if model and opts.tp then
-    local c = model.config
-    for _, kv in ipairs { { "n_heads", c.n_heads }, { "n_kv_heads", c.n_kv_heads } } do
-      if kv[2] % opts.tp ~= 0 then
-        error(string.format("tp_plan: %s (%d) must divide by the tensor-parallel degree (%d)", kv[1], kv[2], opts.tp), 2)
-      end
-    end
+  if model then
+    blocks.check_tp(opts.tp, { { "n_heads", model.config.n_heads }, { "n_kv_heads", model.config.n_kv_heads } })
   end
   local sp, lp = opts.sequence_parallel, opts.loss_parallel
   local plan = {

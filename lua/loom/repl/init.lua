@@ -7,7 +7,7 @@ local ffi = require "ffi"
 local session = require "loom.repl.session"
 local complete = require "loom.repl.complete"
 
-pcall(ffi.cdef, "int isatty(int fd);")
+require "loom.posix"   -- declares isatty
 
 local M = {}
 

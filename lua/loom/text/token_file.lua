@@ -6,14 +6,7 @@
 local ffi = require "ffi"
 local T = require "loom.tensor"
 
-pcall(ffi.cdef, [[
-int open(const char *path, int flags, ...);
-int close(int fd);
-int64_t lseek(int fd, int64_t offset, int whence);
-void *mmap(void *addr, size_t len, int prot, int flags, int fd, int64_t off);
-int munmap(void *addr, size_t len);
-]])
-pcall(ffi.cdef, "char *strerror(int errnum);")
+local errno_msg = require("loom.posix").errno_msg   -- and the libc functions used here
 
 local M = {}
 local O_RDONLY, SEEK_END, PROT_READ, MAP_PRIVATE = 0, 2, 1, 2
@@ -27,7 +20,7 @@ M.TokenFile = TokenFile
 -- a mapping: unmapped when the last view of it is collected
 local function map(path)
   local fd = ffi.C.open(path, O_RDONLY)
-  if fd < 0 then error("TokenFile: cannot open " .. path .. ": " .. ffi.string(ffi.C.strerror(ffi.errno())), 3) end
+  if fd < 0 then error("TokenFile: cannot open " .. path .. ": " .. errno_msg(), 3) end
   local size = ffi.C.lseek(fd, 0, SEEK_END)
   if size <= 0 then
     ffi.C.close(fd)

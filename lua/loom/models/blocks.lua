@@ -1,0 +1,97 @@
+-- blocks.lua: what the decoder models (loom.models.transformer, Llama-style,
+-- and loom.models.gpt2) share: filling a config, attention over a KV cache,
+-- the pre-norm residual step, and running the layers over a sequence that
+-- may continue a cache.
+local loom = require "loom"
+local F = loom.F
+local T = require "loom.tensor"
+
+local M = {}
+
+-- config(who, defaults, cfg, optional): defaults overridden by cfg; a key of
+-- cfg in neither defaults nor the set optional (keys without a default) is
+-- an error naming who, at the caller of the model's config().
+function M.config(who, defaults, cfg, optional)
+  local c = {}
+  for k, v in pairs(defaults) do c[k] = v end
+  for k, v in pairs(cfg or {}) do
+    if defaults[k] == nil and not optional[k] then error(string.format("%s: unknown config key %q", who, k), 4) end
+    c[k] = v
+  end
+  return c
+end
+
+-- (B, T, kv, hd) -> (B, T, kv * n_rep, hd), each kv head repeated n_rep times
+local function repeat_kv(x, n_rep)
+  if n_rep == 1 then return x end
+  local b, t, kv, hd = unpack(x:size())
+  return x:unsqueeze(4):expand(b, t, kv, n_rep, hd):reshape(b, t, kv * n_rep, hd)
+end
+
+-- attend(who, q, k, v, n_rep, cache) -> (B, T, heads * hd): attention of q
+-- (B, T, heads, hd) over k, v (B, T, kv heads, hd), each kv head serving
+-- n_rep query heads. cache (generation): this layer's {k, v} so far, of
+-- (B, T, kv heads of this rank, hd), extended here; then attention is causal
+-- only when the queries are the whole sequence (a prefill), and a decoded
+-- token attends to every cached position.
+function M.attend(who, q, k, v, n_rep, cache)
+  local b, t = q:size(1), q:size(2)
+  if cache then
+    if cache.k then k, v = loom.cat({ cache.k, k }, 2), loom.cat({ cache.v, v }, 2) end
+    cache.k, cache.v = k, v
+  end
+  local causal = k:size(2) == t
+  if not causal and t > 1 then error(who .. ": a cached step takes one token at a time", 4) end
+  k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
+  local o = F.scaled_dot_product_attention(q:transpose(2, 3), k:transpose(2, 3), v:transpose(2, 3),
+                                           { is_causal = causal })
+  return o:transpose(2, 3):reshape(b, t, -1)
+end
+
+-- residual(x, y, drop): x + y, y through the dropout drop when there is one
+function M.residual(x, y, drop)
+  if drop then y = drop(y) end
+  return x + y
+end
+
+-- span(who, ids, cache, limit, limit_name) -> t, pos: the length of ids
+-- (B, T) and the position they start at (cache.pos, else 0), checked
+-- against the model's longest sequence.
+function M.span(who, ids, cache, limit, limit_name)
+  T.check_tensor(ids, who, "ids")
+  local t, pos = ids:size(2), cache and cache.pos or 0
+  if pos + t > limit then
+    error(string.format("%s: sequence length %d exceeds %s %d", who, pos + t, limit_name, limit), 3)
+  end
+  return t, pos
+end
+
+-- run_layers(layers, h, cache, t, call) -> h: h through each layer as
+-- call(layer, h, layer_cache), layer i's cache being cache[i] (made on first
+-- use) when there is a cache; then the cache holds t more positions.
+function M.run_layers(layers, h, cache, t, call)
+  for i, layer in layers:ipairs() do
+    local c
+    if cache then cache[i] = cache[i] or {} c = cache[i] end
+    h = call(layer, h, c)
+  end
+  if cache then cache.pos = (cache.pos or 0) + t end
+  return h
+end
+
+-- check_tp(tp, counts): each {name, count} of counts (head counts) must
+-- divide by the tensor-parallel degree tp, when given.
+function M.check_tp(tp, counts)
+  if not tp then return end
+  for _, kv in ipairs(counts) do
+    if kv[2] % tp ~= 0 then
+      error(string.format("tp_plan: %s (%d) must divide by the tensor-parallel degree (%d)", kv[1], kv[2], tp), 3)
+    end
+  end
+end
+
+-- generate(model, ids, opts): the models' generate method, see
+-- loom.models.generate (a KV cache; greedy unless sampling is asked)
+function M.generate(model, ids, opts) return require("loom.models.generate").generate(model, ids, opts) end
+
+return M

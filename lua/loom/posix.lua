@@ -1,0 +1,42 @@
+-- posix.lua: the libc functions loom's Lua side calls (files, locks, memory
+-- maps, clocks, the REPL's descriptors), declared in one place so that two
+-- modules never declare one function two ways, and errno's message.
+-- Requiring it declares them; call them through ffi.C.
+local ffi = require "ffi"
+
+-- one declaration at a time: one already made (by readline, say) fails
+-- alone and leaves the rest
+for _, decl in ipairs {
+  "typedef struct { long tv_sec; long tv_nsec; } loom_timespec;",
+  "typedef struct FILE FILE;",
+  "int open(const char *path, int flags, ...);",
+  "int close(int fd);",
+  "int64_t lseek(int fd, int64_t offset, int whence);",
+  "long read(int fd, void *buf, size_t n);",
+  "long write(int fd, const void *buf, size_t n);",
+  "long pread(int fd, void *buf, size_t n, int64_t offset);",
+  "int fsync(int fd);",
+  "int flock(int fd, int op);",
+  "int dup(int fd);",
+  "int dup2(int fd, int fd2);",
+  "int isatty(int fd);",
+  "int getpid(void);",
+  "void *mmap(void *addr, size_t len, int prot, int flags, int fd, int64_t off);",
+  "int munmap(void *addr, size_t len);",
+  "int memcmp(const void *a, const void *b, size_t n);",
+  "char *strerror(int errnum);",
+  "int clock_gettime(int clk, loom_timespec *ts);",
+  "int nanosleep(const loom_timespec *req, loom_timespec *rem);",
+  "FILE *tmpfile(void);",
+  "FILE *fdopen(int fd, const char *mode);",
+  "int fileno(FILE *f);",
+  "int fflush(FILE *f);",
+  "int fclose(FILE *f);",
+} do pcall(ffi.cdef, decl) end
+
+local M = {}
+
+-- errno_msg(): the message of errno, as strerror gives it
+function M.errno_msg() return ffi.string(ffi.C.strerror(ffi.errno())) end
+
+return M
