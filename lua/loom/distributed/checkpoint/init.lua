@@ -39,6 +39,7 @@ local M = {}
 M.MANIFEST = format.MANIFEST
 M.optim_state_dict = optim.optim_state_dict
 M.load_optim_state_dict = optim.load_optim_state_dict
+M.param_index = optim.param_index
 
 -- A hook for tests: called on every rank with a stage name ("write", after
 -- the directory is made and before any shard is written; "rename", after

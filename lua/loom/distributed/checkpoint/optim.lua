@@ -26,6 +26,31 @@ local function index_arg(fname, opt, opts)
   return index
 end
 
+-- param_index(whole, stage) -> {[i] = n} for opts.param_index below: n is
+-- the number, among the whole model's parameters, of stage's i-th one (by
+-- name; pipelining keeps the whole model's names). whole: the whole model
+-- (a module; one not cut into stages, e.g. a twin) or its parameter names
+-- in named_parameters order.
+function M.param_index(whole, stage)
+  local names = whole
+  if type(whole) == "table" and type(whole.named_parameters) == "function" then
+    names = {}
+    for i, kv in ipairs(whole:named_parameters()) do names[i] = kv[1] end
+  end
+  if type(names) ~= "table" then T.argerror("param_index", "whole", "a module or a list of names", T.describe(whole)) end
+  if type(stage) ~= "table" or type(stage.named_parameters) ~= "function" then
+    T.argerror("param_index", "stage", "a module", T.describe(stage))
+  end
+  local number = {}
+  for i, name in ipairs(names) do number[name] = i end
+  local index = {}
+  for i, kv in ipairs(stage:named_parameters()) do
+    index[i] = number[kv[1]]
+    if index[i] == nil then error("param_index: the stage's parameter " .. kv[1] .. " is not in the whole model", 2) end
+  end
+  return index
+end
+
 -- optim_state_dict(opt): the optimizer's state_dict for save/load, with the
 -- state tensors of DTensor parameters (plain local shards in the
 -- optimizer) wrapped as DTensors with their parameter's mesh, placements
