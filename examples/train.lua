@@ -237,7 +237,7 @@ local function run_folder(o, w, dist)
     dir = name()
   end
   if o.log == "" then o.log = dir .. "/log.jsonl" end
-  if o.save == "" and w.pp == 1 then o.save = dir .. "/checkpoints" end   -- (checkpoints of pipeline stages: not yet)
+  if o.save == "" then o.save = dir .. "/checkpoints" end
   if w.rank == 0 then fs.mkdir_p(dir) end
   return dir
 end
@@ -411,9 +411,9 @@ local function main(argv)
       model:load_state_dict(extra.model)
       opt:load_state_dict(extra.optim)
     else
-      extra = ckpt().load({ model = model:state_dict(), optim = ckpt().optim_state_dict(opt) }, src)
+      extra = ckpt().load({ model = model:state_dict(), optim = ckpt().optim_state_dict(opt, L.optim_opts(model, w)) }, src)
       check(extra)
-      ckpt().load_optim_state_dict(opt, extra.optim)
+      ckpt().load_optim_state_dict(opt, extra.optim, L.optim_opts(model, w))
     end
     sampler:set_state(extra.sampler)
     loom.set_rng_state(extra.rng)
@@ -428,7 +428,7 @@ local function main(argv)
       sd.model, sd.optim = model:state_dict(), opt:state_dict()
       loom.save(sd, o.save .. "/checkpoint.loom")
     else
-      sd.model, sd.optim = model:state_dict(), ckpt().optim_state_dict(opt)
+      sd.model, sd.optim = model:state_dict(), ckpt().optim_state_dict(opt, L.optim_opts(model, w))
       require("loom.fs").mkdir_p(o.save)
       ckpt().save(sd, o.save .. "/state")
     end

@@ -38,9 +38,6 @@ function M.world(o, dist, device)
   if cp > 1 and (dp > 1 or o.fsdp or o["sequence-parallel"]) then
     error("layout: --cp > 1 works with --tp and --pp; with --dp > 1, --fsdp or --sequence-parallel not yet", 0)
   end
-  if pp > 1 and ((o.save or "") ~= "" or (o.resume or "") ~= "") then
-    error("layout: --save and --resume do not work with --pp > 1 yet (checkpoints of pipeline stages)", 0)
-  end
   if cp > 1 then require("loom.distributed.context_parallel").set_rotate_method(o["cp-rotate"] or "allgather") end
   local mesh = dist.init_device_mesh(device, { pp, dp, cp, tp }, { mesh_dim_names = { "pp", "dp", "cp", "tp" } })
   return { world = world, pp = pp, cp = cp, tp = tp, dp = dp, mesh = mesh, rank = dist.rank(), device = device,
@@ -88,11 +85,21 @@ end
 function M.split(model, w, o)
   if w.pp == 1 then return model end
   local pipelining = require "loom.distributed.pipelining"
+  w.whole_names = {}   -- the whole model's parameters, for checkpoints (optim_opts)
+  for i, kv in ipairs(model:named_parameters()) do w.whole_names[i] = kv[1] end
   local pipe = pipelining.pipeline(model, { num_stages = w.pp })
   w.stage = pipe:build_stage(w.pp_rank, { group = w.mesh, mesh_dim = "pp" })
   w.microbatches = o.microbatches or w.pp
   w.schedule_name = o.schedule or "1F1B"
   return w.stage.submod
+end
+
+-- the opts of dist.checkpoint.optim_state_dict / load_optim_state_dict:
+-- with pp > 1 a stage's optimizer state is numbered as in the whole model,
+-- so that a checkpoint resumes at any layout
+function M.optim_opts(model, w)
+  if w.pp == 1 then return nil end
+  return { param_index = require("loom.distributed.checkpoint").param_index(w.whole_names, model) }
 end
 
 -- the schedule of the stage, with loss_fn(out, y) computed on the last stage

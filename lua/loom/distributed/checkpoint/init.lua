@@ -13,8 +13,10 @@
 -- tensors) is written once. Partial DTensors are reduced first (a
 -- redistribute to Replicate on their Partial dims, a collective).
 --
--- save and load are collective over the world: every rank calls them with
--- state_dicts holding the same paths (SPMD), and an error on any rank is
+-- save and load are collective over the world: every rank calls them (SPMD),
+-- with the same paths or, as pipeline stages do, each with its own: save
+-- writes the union (union.lua) and load fills whatever paths a rank's
+-- state_dict asks for, at any layout. An error on any rank is
 -- raised on every rank (the failing rank's message), so none is left
 -- waiting in a collective. The directory must be visible to every rank
 -- (a shared filesystem on several machines).
@@ -28,6 +30,7 @@ local state = require "loom.distributed.checkpoint.state"
 local ranks = require "loom.distributed.checkpoint.ranks"
 local optim = require "loom.distributed.checkpoint.optim"
 local interop = require "loom.distributed.checkpoint.interop"
+local union = require "loom.distributed.checkpoint.union"
 local fs = require "loom.fs"
 local C = loom.C
 
@@ -36,6 +39,7 @@ local M = {}
 M.MANIFEST = format.MANIFEST
 M.optim_state_dict = optim.optim_state_dict
 M.load_optim_state_dict = optim.load_optim_state_dict
+M.param_index = optim.param_index
 
 -- A hook for tests: called on every rank with a stage name ("write", after
 -- the directory is made and before any shard is written; "rename", after
@@ -101,16 +105,11 @@ function M.save(state_dict, dir)
   end)
   local entries, values = flat[1], flat[2]
 
-  local cnt, cp = ranks.i64s(1)
-  cp[0] = #entries
-  local counts = ranks.gather_i64(cnt)
-  for r = 0, world - 1 do
-    if counts[r] ~= #entries then
-      error(string.format("checkpoint.save: rank %d has %d tensors in its state_dict, rank %d has %d "
-                          .. "(every rank must save the same paths)", rank, #entries, r, tonumber(counts[r])), 2)
-    end
-  end
+  -- every rank's paths (pipeline stages hold different layers)
+  local u = together(function() return { union.union(entries, values, world) } end)
+  entries, values = u[1], u[2]
   local writers, mine = plan.writers(entries, rank, world)
+  together(function() union.describe_absent(entries, world) end)
 
   local lock = nil   -- rank 0's hold on DIR.lock, from make_tmp to install
   local ok, err = pcall(function()

@@ -10,6 +10,47 @@ local M = {}
 local is_dtensor, sizes = plan.is_dtensor, plan.sizes
 local function dist() return require "loom.distributed" end
 
+-- opts.param_index, checked: one distinct number per parameter of opt
+local function index_arg(fname, opt, opts)
+  local index = opts and opts.param_index
+  if index == nil then return {} end
+  local seen = {}
+  for i = 1, #opt.params do
+    local n = type(index) == "table" and index[i] or nil
+    if not T.is_int(n) or n < 1 or seen[n] then
+      T.argerror(fname, "opts.param_index", "a distinct number >= 1 for each of the " .. #opt.params
+                 .. " parameters", "at " .. i .. ": " .. T.describe(n), 3)
+    end
+    seen[n] = true
+  end
+  return index
+end
+
+-- param_index(whole, stage) -> {[i] = n} for opts.param_index below: n is
+-- the number, among the whole model's parameters, of stage's i-th one (by
+-- name; pipelining keeps the whole model's names). whole: the whole model
+-- (a module; one not cut into stages, e.g. a twin) or its parameter names
+-- in named_parameters order.
+function M.param_index(whole, stage)
+  local names = whole
+  if type(whole) == "table" and type(whole.named_parameters) == "function" then
+    names = {}
+    for i, kv in ipairs(whole:named_parameters()) do names[i] = kv[1] end
+  end
+  if type(names) ~= "table" then T.argerror("param_index", "whole", "a module or a list of names", T.describe(whole)) end
+  if type(stage) ~= "table" or type(stage.named_parameters) ~= "function" then
+    T.argerror("param_index", "stage", "a module", T.describe(stage))
+  end
+  local number = {}
+  for i, name in ipairs(names) do number[name] = i end
+  local index = {}
+  for i, kv in ipairs(stage:named_parameters()) do
+    index[i] = number[kv[1]]
+    if index[i] == nil then error("param_index: the stage's parameter " .. kv[1] .. " is not in the whole model", 2) end
+  end
+  return index
+end
+
 -- optim_state_dict(opt): the optimizer's state_dict for save/load, with the
 -- state tensors of DTensor parameters (plain local shards in the
 -- optimizer) wrapped as DTensors with their parameter's mesh, placements
@@ -17,7 +58,10 @@ local function dist() return require "loom.distributed" end
 -- with the optimizer's state. AdamW state is made for every parameter that
 -- has none yet (step 0 and zero moments, which is what its first step
 -- would make), so a fresh optimizer has tensors to load into.
-function M.optim_state_dict(opt)
+-- opts.param_index: {[i] = n}, the number n under which the state of the
+-- optimizer's i-th parameter is saved (a pipeline stage's parameters are
+-- numbered as in the whole model, so that every layout reads them alike).
+function M.optim_state_dict(opt, opts)
   if type(opt) ~= "table" or type(opt.params) ~= "table" or type(opt.state) ~= "table" then
     T.argerror("optim_state_dict", "opt", "an optimizer", T.describe(opt))
   end
@@ -36,6 +80,7 @@ function M.optim_state_dict(opt)
       end
     end)
   end
+  local index = index_arg("optim_state_dict", opt, opts)
   local base = opt:state_dict()
   local out = { options = base.options, state = {} }
   for i, s in pairs(base.state) do
@@ -51,27 +96,38 @@ function M.optim_state_dict(opt)
       end
       o[k] = v
     end
-    out.state[i] = o
+    out.state[index[i] or i] = o
   end
   return out
 end
 
 -- load_optim_state_dict(opt, sd): gives the optimizer the state (options,
 -- step counters, tensors as local shards) of sd, a table from
--- optim_state_dict that dist.checkpoint.load has filled.
-function M.load_optim_state_dict(opt, sd)
+-- optim_state_dict that dist.checkpoint.load has filled. opts.param_index:
+-- as for optim_state_dict (state of other numbers, another stage's, is
+-- left out).
+function M.load_optim_state_dict(opt, sd, opts)
   if type(opt) ~= "table" or type(opt.params) ~= "table" then
     T.argerror("load_optim_state_dict", "opt", "an optimizer", T.describe(opt))
   end
   if type(sd) ~= "table" or type(sd.state) ~= "table" then
     T.argerror("load_optim_state_dict", "sd", "a table from optim_state_dict", T.describe(sd))
   end
+  local index, local_of = index_arg("load_optim_state_dict", opt, opts), nil
+  if next(index) ~= nil then
+    local_of = {}
+    for i, n in pairs(index) do local_of[n] = i end
+  end
   for k, v in pairs(sd.options or {}) do opt.defaults[k] = v end
   local state = {}
   for i, s in pairs(sd.state) do
-    local o = {}
-    for k, v in pairs(s) do o[k] = is_dtensor(v) and v:to_local() or v end
-    state[tonumber(i)] = o
+    local li = tonumber(i)
+    if local_of then li = local_of[li] end
+    if li ~= nil then
+      local o = {}
+      for k, v in pairs(s) do o[k] = is_dtensor(v) and v:to_local() or v end
+      state[li] = o
+    end
   end
   opt.state = state
 end

@@ -12,6 +12,7 @@ local M = {}
 M.MAXD = 8               -- dims of a tensor (lm's limit)
 local MAXD = M.MAXD
 local W = 3 + 3 * MAXD   -- i64 words per tensor in the exchanged metadata
+local ABSENT = -1        -- the dtype word of a path this rank does not hold
 
 local function dist() return require "loom.distributed" end
 function M.is_dtensor(x) return T.is_tensor(x) and x.dist ~= nil end
@@ -67,19 +68,25 @@ end
 
 -- writers(entries, rank, world) -> writers, mine: for each entry i,
 -- writers[i] = {{rank, offset, size}, ...} (the blocks that cover it, each
--- written once), and mine[i] = true where this rank writes one. Checks
--- that every rank holds the same tensors. Collective.
+-- written once), and mine[i] = true where this rank writes one. Entries
+-- marked absent (another rank's paths) are filled with the dtype and size
+-- of the lowest rank that holds them. Checks that the ranks holding a
+-- tensor agree on it and that their blocks cover it. Collective.
 function M.writers(entries, rank, world)
   local n = #entries
   local rec, rp = ranks.i64s(math.max(1, n * W))
   require("loom").no_grad(function()
     for i, e in ipairs(entries) do
-      describe(e)
       local b = (i - 1) * W
       rp[b] = ffi.cast("int64_t", C.lm_fnv1a(e.key, #e.key, 0))
-      rp[b + 1], rp[b + 2] = e.dtype_, #e.shape
-      for d = 1, #e.shape do
-        rp[b + 2 + d], rp[b + 2 + MAXD + d], rp[b + 2 + 2 * MAXD + d] = e.shape[d], e.boff[d], e.bsize[d]
+      if e.absent then
+        rp[b + 1] = ABSENT   -- another rank's path (union.lua)
+      else
+        describe(e)
+        rp[b + 1], rp[b + 2] = e.dtype_, #e.shape
+        for d = 1, #e.shape do
+          rp[b + 2 + d], rp[b + 2 + MAXD + d], rp[b + 2 + 2 * MAXD + d] = e.shape[d], e.boff[d], e.bsize[d]
+        end
       end
     end
   end)
@@ -92,23 +99,32 @@ function M.writers(entries, rank, world)
   local writers, mine = {}, {}
   for i, e in ipairs(entries) do
     writers[i] = {}
-    local covered = 0
+    local covered, first, holders = 0, nil, {}
     for r = 0, world - 1 do
-      if at(r, i, 0) ~= at(0, i, 0) or at(r, i, 1) ~= at(0, i, 1) or at(r, i, 2) ~= at(0, i, 2) then
+      if at(r, i, 1) ~= ABSENT then first = first or r holders[#holders + 1] = r end
+    end
+    if e.absent then   -- its dtype and global size, from the first rank that holds it
+      e.dtype_, e.shape = tonumber(at(first, i, 1)), {}
+      for d = 1, tonumber(at(first, i, 2)) do e.shape[d] = tonumber(at(first, i, 2 + d)) end
+    end
+    local function held(r) return at(r, i, 1) ~= ABSENT end
+    for r = first, world - 1 do
+      if held(r) and (at(r, i, 0) ~= at(first, i, 0) or at(r, i, 1) ~= at(first, i, 1)
+                      or at(r, i, 2) ~= at(first, i, 2)) then
         error(string.format("checkpoint.save: %s differs between ranks (its name, dtype or dims on rank %d "
-                            .. "are not those on rank 0)", e.name, r), 0)
+                            .. "are not those on rank %d)", e.name, r, first), 0)
       end
-      for d = 1, #e.shape do
-        if at(r, i, 2 + d) ~= at(0, i, 2 + d) then
-          error(string.format("checkpoint.save: %s has another global size on rank %d than on rank 0",
-                              e.name, r), 0)
+      for d = 1, held(r) and #e.shape or 0 do
+        if at(r, i, 2 + d) ~= at(first, i, 2 + d) then
+          error(string.format("checkpoint.save: %s has another global size on rank %d than on rank %d",
+                              e.name, r, first), 0)
         end
       end
-      local nonempty, dup = true, false
+      local nonempty, dup = held(r), false
       for d = 1, #e.shape do if len(r, i, d) == 0 then nonempty = false end end
-      for q = 0, nonempty and r - 1 or -1 do   -- a lower rank offers the same block
-        local same = true
-        for d = 1, #e.shape do
+      for q = first, nonempty and r - 1 or -1 do   -- a lower rank offers the same block
+        local same = held(q)
+        for d = 1, same and #e.shape or 0 do
           if off(q, i, d) ~= off(r, i, d) or len(q, i, d) ~= len(r, i, d) then same = false break end
         end
         if same then dup = true break end
@@ -122,9 +138,9 @@ function M.writers(entries, rank, world)
       end
     end
     if covered ~= numel(e.shape) then
-      error(string.format("checkpoint.save: the ranks' blocks of %s hold %d elements, not the %d of its "
-                          .. "global size %s (overlapping shards?)", e.name, covered, numel(e.shape),
-                          M.sizes(e.shape)), 0)
+      error(string.format("checkpoint.save: the blocks of %s on the ranks that hold it (%s) hold %d elements, "
+                          .. "not the %d of its global size %s (overlapping shards, or a rank left it out?)",
+                          e.name, table.concat(holders, ", "), covered, numel(e.shape), M.sizes(e.shape)), 0)
     end
   end
   return writers, mine

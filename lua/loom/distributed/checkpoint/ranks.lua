@@ -25,6 +25,29 @@ function M.gather_i64(t)
   return ffi.cast("int64_t*", C.lm_data(g)), g
 end
 
+-- gather_strings(s) -> every rank's string s, in rank order
+function M.gather_strings(s)
+  local d = dist()
+  if d.world_size() == 1 then return { s } end
+  local n, np = M.i64s(1)
+  np[0] = #s
+  local lens = M.gather_i64(n)
+  local maxlen = 1
+  for r = 0, d.world_size() - 1 do maxlen = math.max(maxlen, tonumber(lens[r])) end
+  local t = TC.zeros({ maxlen }, { dtype = "i32" })
+  local p = ffi.cast("int32_t*", C.lm_data(t))
+  for i = 1, #s do p[i - 1] = s:byte(i) end
+  local g = d.all_gather(t, 1, d.world_group())
+  local q = ffi.cast("int32_t*", C.lm_data(g))
+  local out = {}
+  for r = 0, d.world_size() - 1 do
+    local b = {}
+    for i = 0, tonumber(lens[r]) - 1 do b[i + 1] = string.char(q[r * maxlen + i]) end
+    out[r + 1] = table.concat(b)
+  end
+  return out
+end
+
 -- every rank passes its error message (or nil); returns the message of the
 -- lowest failing rank and that rank, or nil
 local function agree(msg)
