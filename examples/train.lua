@@ -29,7 +29,8 @@ local FLAGS = {
   { "skip-nonfinite", false, "skip the optimizer step when the loss is NaN or inf (default: stop with an error)" },
   { "log", "", "write one JSON object per line (step, loss, val_loss, tokens_per_s)" },
   { "save", "", "save a checkpoint into this directory at the end (and at each eval)" },
-  { "resume", "", "resume from the checkpoint in this directory (its model settings and --steps come with it)" },
+  { "resume", "", "resume from the checkpoint in this directory (its model and training settings and --steps "
+                 .. "come with it, unless given)" },
   { "run-dir", "auto", "the run's folder: config.json, log.jsonl, the loss plot, checkpoints/ "
                        .. "(auto: runs/<UTC date-time>; none: no folder)" },
   { "config", "", "a Lua file returning a table of flag values; flags given here override it" },
@@ -251,10 +252,16 @@ end
 
 -- the settings that make a checkpoint's model: --resume takes them
 local MODEL_FLAGS = { "dim", "layers", "heads", "kv-heads", "seq" }
+-- what else a resumed run takes from its checkpoint unless given again, so
+-- that it goes on as the interrupted run would have (given ones may differ:
+-- a new --lr for the rest of a run is fine)
+local TRAIN_FLAGS = { "data", "tokenizer", "batch", "dropout", "lr", "warmup", "weight-decay", "grad-clip", "seed",
+                      "eval-every", "eval-iters", "dtype" }
 
--- --resume: the checkpoint's model settings (DIR/model_config.json) and
--- --steps replace the defaults; a model flag given that differs is refused
--- in one line. Returns the checkpoint's settings, or nil (an older one).
+-- --resume: the checkpoint's model settings (DIR/model_config.json), its
+-- training settings and --steps replace the defaults; a model flag given
+-- that differs is refused in one line. Returns the checkpoint's settings,
+-- or nil (an older one).
 local function resume_settings(o, given)
   local path = o.resume .. "/model_config.json"
   local f = io.open(path, "rb")
@@ -279,6 +286,10 @@ local function resume_settings(o, given)
           .. "; leave these flags out to use the checkpoint's", 0)
   end
   if not given.steps and type(c.flags.steps) == "number" then o.steps = c.flags.steps end
+  for _, name in ipairs(TRAIN_FLAGS) do
+    local v = c.flags[name]
+    if not given[name] and v ~= nil and type(v) == type(o[name]) then o[name] = v end
+  end
   return c
 end
 
@@ -435,6 +446,7 @@ local function main(argv)
     if main_rank then   -- what --resume reads first: the model's settings
       local flags = { steps = o.steps }
       for _, name in ipairs(MODEL_FLAGS) do flags[name] = o[name] end
+      for _, name in ipairs(TRAIN_FLAGS) do flags[name] = o[name] end
       write_json(o.save .. "/model_config.json", { flags = flags, step = step })
     end
     say(string.format("saved the checkpoint of step %d in %s", step, o.save))

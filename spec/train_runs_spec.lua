@@ -58,6 +58,30 @@ describe("train.lua's runs", function()
     assert.equal("the run in r1/checkpoints finished: step 4 of 4; nothing to train (pass --steps N > 4 to go on)\n", out)
   end)
 
+  it("--resume takes the training settings too: the resumed run has the uninterrupted run's losses", function()
+    local flags = " --steps 6 --eval-every 3 --eval-iters 1 --dim 32 --layers 1 --heads 2 --seq 16 --sample 0"
+                  .. " --run-dir none --batch 6 --lr 1e-2 --warmup 2 --seed 7 --grad-clip 0.5"
+    local rc, out = train(flags .. " --log full.jsonl")
+    assert.equal(0, rc, out)
+    rc, out = train(flags .. " --stop-after 3 --save ck")
+    assert.equal(0, rc, out)
+    rc, out = train("--resume ck --run-dir none --sample 0 --log resumed.jsonl")   -- nothing repeated
+    assert.equal(0, rc, out)
+    local function losses(f)
+      local t = {}
+      for line in io.lines(dir .. "/" .. f) do
+        local e = json.decode(line)
+        if e.loss then t[e.step] = e.loss end
+      end
+      return t
+    end
+    local full, resumed = losses("full.jsonl"), losses("resumed.jsonl")
+    for step = 4, 6 do
+      assert.is_not_nil(resumed[step], "step " .. step)
+      assert.equal(full[step], resumed[step], "step " .. step)   -- one process, same order: bit for bit
+    end
+  end)
+
   it("--config FILE sets flags, the command line overrides it, unknown names are refused", function()
     sys.write(dir .. "/c.lua", 'return { steps = 3, dim = 32, layers = 1, heads = 2, seq = 16, batch = 4, '
                                .. 'eval_every = 3, ["eval-iters"] = 1, sample = 0 }\n')
