@@ -31,10 +31,6 @@ function M.world(o, dist, device)
     error(string.format("layout: --pp %s x --cp %s x --tp %s x --dp %s must equal the world size %d", tostring(o.pp),
                         tostring(o.cp), tostring(o.tp), tostring(o.dp), world), 0)
   end
-  if pp > 1 and o["sequence-parallel"] then
-    error("layout: --pp > 1 with --sequence-parallel does not work yet (a stage would take its sequence shard's "
-          .. "length for the sequence's)", 0)
-  end
   if cp > 1 and o["sequence-parallel"] then
     error("layout: --cp > 1 works with --tp, --dp, --fsdp and --pp; with --sequence-parallel not yet", 0)
   end
@@ -43,6 +39,7 @@ function M.world(o, dist, device)
   local w = { world = world, pp = pp, cp = cp, tp = tp, dp = dp, mesh = mesh, rank = dist.rank(), device = device,
               pp_rank = mesh:get_local_rank("pp"), dp_rank = mesh:get_local_rank("dp") }
   w.grad_mesh = M.grad_mesh(w)
+  w.seq_shards = (o["sequence-parallel"] and tp > 1) and tp or 1   -- what sequence parallelism cuts
   return w
 end
 
@@ -108,6 +105,7 @@ function M.split(model, w, o)
   for i, kv in ipairs(model:named_parameters()) do w.whole_names[i] = kv[1] end
   local pipe = pipelining.pipeline(model, { num_stages = w.pp })
   w.stage = pipe:build_stage(w.pp_rank, { group = w.mesh, mesh_dim = "pp" })
+  w.stage.submod.seq_shards = w.seq_shards   -- a stage's hidden states in: 1/tp of the sequence with SP
   w.microbatches = o.microbatches or w.pp
   w.schedule_name = o.schedule or "1F1B"
   return w.stage.submod

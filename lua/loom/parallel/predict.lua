@@ -40,7 +40,7 @@ end
 -- their gradients back), f32
 function M.p2p_bytes(c, w, s, batch, seq)
   c = require("loom.models.transformer").config(c)
-  local act = (batch / w.dp) * (seq / w.cp) * c.dim * 4
+  local act = (batch / w.dp) * (seq / w.cp / (w.seq_shards or 1)) * c.dim * 4   -- SP: 1/tp of the sequence
   return ((s < w.pp - 1) and act or 0) + ((s > 0) and act or 0)
 end
 
