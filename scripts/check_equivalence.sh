@@ -14,7 +14,7 @@ steps=${1:-100}; shift || true
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 flags=(--steps "$steps" --dim 64 --layers 2 --heads 4 --seq 32 --batch 8 --eval-every 100000
-       --sample 0 --quiet --lr 1e-3 "$@")
+       --sample 0 --quiet --lr 1e-3 --run-dir none "$@")   # no runs/ folder per row
 
 run() { # name, ranks, flags...
   local name=$1 n=$2; shift 2
