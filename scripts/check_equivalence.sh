@@ -3,7 +3,7 @@
 # at TP=1, TP=2, TP=4, DP=2 x TP=2, FSDP=2 x TP=2 and the pipeline layouts
 # (PP=2, PP=2 x TP=2, PP=2 x TP=2 + SP (+ async TP, + FSDP=2 on 8 ranks), DP=2 x PP=2 x TP=2 on 8 ranks, oversubscribed) and context-parallel ones
 # (CP=2, CP=2 x TP=2, CP=2 x PP=2, CP=2 x DP=2, CP=2 x FSDP=2, CP=2 with FSDP
-# over cp, CP=2 x FSDP=2 x TP=2 on 8 ranks) and async TP with the same seed, and prints the
+# over cp, CP=2 x FSDP=2 x TP=2 on 8 ranks, CP=2 x TP=2 + SP (+ async TP, ring)) and async TP with the same seed, and prints the
 # largest relative difference of each layout's loss from TP=1's, over all
 # steps. Tensor parallelism is right when these stay at float rounding
 # (target <= 1e-5 in f32). Extra arguments go to examples/train.lua.
@@ -43,10 +43,12 @@ run cp2xdp2 4 --cp 2 --dp 2
 run cp2xfsdp2 4 --cp 2 --dp 2 --fsdp
 run cp2_fsdp 2 --cp 2 --fsdp
 run cp2xfsdp2xtp2 8 --cp 2 --dp 2 --tp 2 --fsdp
+run cp2xtp2_sp 4 --cp 2 --tp 2 --sequence-parallel
+run cp2xtp2_sp_async_ring 4 --cp 2 --tp 2 --sequence-parallel --async-tp --cp-rotate alltoall
 run tp2_sp_async 2 --tp 2 --sequence-parallel --async-tp
 
 printf "%-22s %8s %22s %14s\n" layout steps "max rel. loss diff" "final loss"
-for name in tp1 tp2 tp4 dp2xtp2 tp2_sp fsdp2xtp2 pp2 pp2xtp2 pp2xtp2_sp pp2xtp2_sp_async fsdp2xpp2xtp2_sp dp2xpp2xtp2 fsdp2xpp2xtp2 cp2 cp2xtp2 cp2_ring cp2xpp2 cp2xdp2 cp2xfsdp2 cp2_fsdp cp2xfsdp2xtp2 tp2_sp_async; do
+for name in tp1 tp2 tp4 dp2xtp2 tp2_sp fsdp2xtp2 pp2 pp2xtp2 pp2xtp2_sp pp2xtp2_sp_async fsdp2xpp2xtp2_sp dp2xpp2xtp2 fsdp2xpp2xtp2 cp2 cp2xtp2 cp2_ring cp2xpp2 cp2xdp2 cp2xfsdp2 cp2_fsdp cp2xfsdp2xtp2 cp2xtp2_sp cp2xtp2_sp_async_ring tp2_sp_async; do
   LUA_PATH="spec/?.lua;;" luajit - "$dir/tp1.json" "$dir/$name.json" "$name" <<'LUA'
 local losses = require("support.sys").losses
 local ref, got = losses(arg[1]), losses(arg[2])

@@ -31,9 +31,6 @@ function M.world(o, dist, device)
     error(string.format("layout: --pp %s x --cp %s x --tp %s x --dp %s must equal the world size %d", tostring(o.pp),
                         tostring(o.cp), tostring(o.tp), tostring(o.dp), world), 0)
   end
-  if cp > 1 and o["sequence-parallel"] then
-    error("layout: --cp > 1 works with --tp, --dp, --fsdp and --pp; with --sequence-parallel not yet", 0)
-  end
   if cp > 1 then require("loom.distributed.context_parallel").set_rotate_method(o["cp-rotate"] or "allgather") end
   local mesh = dist.init_device_mesh(device, { pp, dp, cp, tp }, { mesh_dim_names = { "pp", "dp", "cp", "tp" } })
   local w = { world = world, pp = pp, cp = cp, tp = tp, dp = dp, mesh = mesh, rank = dist.rank(), device = device,
