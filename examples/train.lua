@@ -41,7 +41,7 @@ local FLAGS = {
                             .. "seconds too (0: off)" },
   { "tp", 0, "tensor-parallel degree (0: the world size over --dp)" },
   { "dp", 0, "data-parallel degree (0: the world size over --tp); tp * dp = world size" },
-  { "fsdp", false, "shard parameters, gradients and AdamW state over dp (fully_shard on each block, then the root) "
+  { "fsdp", false, "shard parameters, gradients and AdamW state over dp (x cp) (fully_shard on each block, then the root) "
                    .. "instead of replicating them" },
   { "pp", 1, "pipeline-parallel degree: the layers cut into pp stages (loom.distributed.pipelining); "
                .. "pp * dp * tp = world size" },
