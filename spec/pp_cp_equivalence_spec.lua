@@ -10,7 +10,7 @@
 -- PP=2 x TP=2 continuing on the uninterrupted run's losses (relative 1e-5).
 local sys = require "support.sys"
 
-local flags = "--steps 20 --dim 32 --layers 3 --heads 4 --seq 16 --batch 8 --eval-every 10 --sample 0 --quiet"
+local flags = "--steps 20 --dim 32 --layers 3 --heads 4 --seq 16 --batch 8 --eval-every 10 --sample 0 --quiet --run-dir none"
 
 local function run(ranks, extra, log) return sys.train(ranks, flags .. " " .. extra, log) end
 
