@@ -106,6 +106,19 @@ describe("DeviceMesh", function()
     end)
   end
 
+  it("flattens every dim of a mesh into one over the world (default name: the names joined)", function()
+    local m = dist.init_device_mesh("cpu", { 1, k }, { mesh_dim_names = { "a", "b" } })
+    local f = m[{ "a", "b" }]:_flatten()
+    assert.same({ "a_b" }, f.mesh_dim_names)
+    assert.equal(k, f:size())
+    assert.equal(me, f:get_local_rank())
+    assert.same({ k * (k - 1) / 2 }, dist.all_reduce(loom.tensor({ me }), "sum", f):totable())
+    local unnamed = dist.init_device_mesh("cpu", { k })
+    local ok, e = pcall(function() return unnamed:_flatten("x") end)
+    assert.is_false(ok)
+    assert.matches("has no mesh_dim_names", e)
+  end)
+
   if k % 4 == 0 then
     it("flattens dims into one (_flatten, PyTorch's dp_shard_cp) and slices by the new name", function()
       local t = k / 4
