@@ -42,7 +42,7 @@ local FLAGS = {
                             .. "seconds too (0: off)" },
   { "tp", 0, "tensor-parallel degree (0: the world size over --dp)" },
   { "dp", 0, "data-parallel degree (0: the world size over --tp); tp * dp = world size" },
-  { "fsdp", false, "shard parameters, gradients and AdamW state over dp (fully_shard on each block, then the root) "
+  { "fsdp", false, "shard parameters, gradients and AdamW state over dp (x cp) (fully_shard on each block, then the root) "
                    .. "instead of replicating them" },
   { "pp", 1, "pipeline-parallel degree: the layers cut into pp stages (loom.distributed.pipelining); "
                .. "pp * dp * tp = world size" },
@@ -161,8 +161,8 @@ end
 
 -- flags that cannot apply at this layout are errors, not silently ignored
 local function check_applies(o, tp, dp)
-  if o.fsdp and dp == 1 then
-    error("train.lua: --fsdp shards over data-parallel ranks and --dp is 1: launch more ranks "
+  if o.fsdp and dp == 1 and o.cp <= 1 then
+    error("train.lua: --fsdp shards over data-parallel (or context-parallel) ranks and --dp is 1: launch more ranks "
           .. "(scripts/loomrun -n 2 examples/train.lua --fsdp --tp 1) or leave --fsdp out", 0)
   end
   if o["no-reshard"] and not o.fsdp then error("train.lua: --no-reshard applies with --fsdp only", 0) end
@@ -205,19 +205,12 @@ local function build_model(o, cfg, w, dist)
     tp.parallelize_module(model, w.mesh["tp"], L.plan_for(L.async_tp(transformer.tp_plan(
       { sequence_parallel = o["sequence-parallel"], loss_parallel = o.lp, tp = w.tp }, model), o, w), model), { src_data_rank = false })
   end
-  if w.dp > 1 and not o.fsdp then tp.replicate(model, w.mesh["dp"]) end
-  L.replicate_cp(model, w)
+  L.replicate(model, w, o)   -- gradients averaged over dp x cp (not with --fsdp)
   return model
 end
 
--- FSDP over dp (after any weights are loaded): each block, then the root
-local function shard_model(o, model, w)
-  if not o.fsdp or w.dp == 1 then return end
-  local fsdp = require "loom.distributed.fsdp"
-  local opts = { mesh = w.mesh["dp"], reshard_after_forward = not o["no-reshard"] }
-  for _, block in model.layers:ipairs() do fsdp.fully_shard(block, opts) end
-  fsdp.fully_shard(model, { mesh = w.mesh["dp"] })
-end
+-- FSDP over dp x cp (after any weights are loaded): each block, then the root
+local function shard_model(o, model, w) L.fully_shard(model, w, o) end
 
 -- the run's folder, runs/<UTC date-time> (rank 0's clock, a suffix when
 -- taken: the same name on every rank); --log and --save default into it

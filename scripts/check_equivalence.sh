@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # check_equivalence.sh: trains the same small model for N steps (default 100)
 # at TP=1, TP=2, TP=4, DP=2 x TP=2, FSDP=2 x TP=2 and the pipeline layouts
-# (PP=2, PP=2 x TP=2, DP=2 x PP=2 x TP=2 on 8 ranks, oversubscribed) and context-parallel ones
-# (CP=2, CP=2 x TP=2, CP=2 x PP=2) and async TP with the same seed, and prints the
+# (PP=2, PP=2 x TP=2, PP=2 x TP=2 + SP (+ async TP, + FSDP=2 on 8 ranks), DP=2 x PP=2 x TP=2 on 8 ranks, oversubscribed) and context-parallel ones
+# (CP=2, CP=2 x TP=2, CP=2 x PP=2, CP=2 x DP=2, CP=2 x FSDP=2, CP=2 with FSDP
+# over cp, CP=2 x FSDP=2 x TP=2 on 8 ranks, CP=2 x TP=2 + SP (+ async TP, ring)) and async TP with the same seed, and prints the
 # largest relative difference of each layout's loss from TP=1's, over all
 # steps. Tensor parallelism is right when these stay at float rounding
 # (target <= 1e-5 in f32). Extra arguments go to examples/train.lua.
@@ -13,7 +14,7 @@ steps=${1:-100}; shift || true
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 flags=(--steps "$steps" --dim 64 --layers 2 --heads 4 --seq 32 --batch 8 --eval-every 100000
-       --sample 0 --quiet --lr 1e-3 "$@")
+       --sample 0 --quiet --lr 1e-3 --run-dir none "$@")   # no runs/ folder per row
 
 run() { # name, ranks, flags...
   local name=$1 n=$2; shift 2
@@ -29,16 +30,25 @@ run tp2_sp 2 --tp 2 --sequence-parallel
 run fsdp2xtp2 4 --tp 2 --dp 2 --fsdp
 run pp2 2 --pp 2
 run pp2xtp2 4 --pp 2 --tp 2
+run pp2xtp2_sp 4 --pp 2 --tp 2 --sequence-parallel
+run pp2xtp2_sp_async 4 --pp 2 --tp 2 --sequence-parallel --async-tp
+run fsdp2xpp2xtp2_sp 8 --pp 2 --dp 2 --tp 2 --fsdp --sequence-parallel --microbatches 4
 run dp2xpp2xtp2 8 --pp 2 --dp 2 --tp 2
 run fsdp2xpp2xtp2 8 --pp 2 --dp 2 --tp 2 --fsdp --microbatches 4
 run cp2 2 --cp 2
 run cp2xtp2 4 --cp 2 --tp 2
 run cp2_ring 2 --cp 2 --cp-rotate alltoall
 run cp2xpp2 4 --cp 2 --pp 2
+run cp2xdp2 4 --cp 2 --dp 2
+run cp2xfsdp2 4 --cp 2 --dp 2 --fsdp
+run cp2_fsdp 2 --cp 2 --fsdp
+run cp2xfsdp2xtp2 8 --cp 2 --dp 2 --tp 2 --fsdp
+run cp2xtp2_sp 4 --cp 2 --tp 2 --sequence-parallel
+run cp2xtp2_sp_async_ring 4 --cp 2 --tp 2 --sequence-parallel --async-tp --cp-rotate alltoall
 run tp2_sp_async 2 --tp 2 --sequence-parallel --async-tp
 
 printf "%-22s %8s %22s %14s\n" layout steps "max rel. loss diff" "final loss"
-for name in tp1 tp2 tp4 dp2xtp2 tp2_sp fsdp2xtp2 pp2 pp2xtp2 dp2xpp2xtp2 fsdp2xpp2xtp2 cp2 cp2xtp2 cp2_ring cp2xpp2 tp2_sp_async; do
+for name in tp1 tp2 tp4 dp2xtp2 tp2_sp fsdp2xtp2 pp2 pp2xtp2 pp2xtp2_sp pp2xtp2_sp_async fsdp2xpp2xtp2_sp dp2xpp2xtp2 fsdp2xpp2xtp2 cp2 cp2xtp2 cp2_ring cp2xpp2 cp2xdp2 cp2xfsdp2 cp2_fsdp cp2xfsdp2xtp2 cp2xtp2_sp cp2xtp2_sp_async_ring tp2_sp_async; do
   LUA_PATH="spec/?.lua;;" luajit - "$dir/tp1.json" "$dir/$name.json" "$name" <<'LUA'
 local losses = require("support.sys").losses
 local ref, got = losses(arg[1]), losses(arg[2])

@@ -1,25 +1,29 @@
 -- pp_cp_equivalence_spec.lua: examples/train.lua with pipeline or
 -- context parallelism logs the same loss at every step as one process
 -- (relative 1e-5 in f32): PP=2 (1F1B), PP=2 x TP=2 (GPipe, 4
--- microbatches), CP=2, CP=2 x TP=2 (the p2p ring) and async TP (TP=2, sequence
--- parallel), the cheap rows of
+-- microbatches), CP=2, CP=2 x TP=2 (the p2p ring), CP=2 x DP=2 and CP=2 x
+-- FSDP=2 (gradients averaged / sharded over the flattened dp x cp mesh),
+-- PP=2 x TP=2 and CP=2 x TP=2 with sequence parallelism (stages take
+-- sequence shards) and async TP (TP=2, sequence parallel), the cheap rows of
 -- scripts/check_equivalence.sh (which runs 100 steps and the 8-rank
 -- DP=2 x PP=2 x TP=2); and a PP=2 checkpoint resumed at one process and at
 -- PP=2 x TP=2 continuing on the uninterrupted run's losses (relative 1e-5).
 local sys = require "support.sys"
 
-local flags = "--steps 20 --dim 32 --layers 3 --heads 4 --seq 16 --batch 8 --eval-every 10 --sample 0 --quiet"
+local flags = "--steps 20 --dim 32 --layers 3 --heads 4 --seq 16 --batch 8 --eval-every 10 --sample 0 --quiet --run-dir none"
 
 local function run(ranks, extra, log) return sys.train(ranks, flags .. " " .. extra, log) end
 
 describe("pipeline-parallel training", function()
-  it("logs the same losses as one process at PP=2, PP=2 x TP=2 (uneven stages: 3 layers), CP=2, CP=2 x TP=2 and async TP", function()
+  it("logs the same losses as one process at PP=2, PP=2 x TP=2 (uneven stages: 3 layers), CP=2, CP=2 x TP=2, CP=2 x DP=2, CP=2 x FSDP=2, PP=2 x TP=2 + SP, CP=2 x TP=2 + SP and async TP", function()
     local dir = sys.tmpdir()
     local ref = run(1, "", dir .. "/ref.json")
     assert.are.equal(20, #ref)
     assert.is_true(ref[20] < ref[1])
     for i, layout in ipairs { { 2, "--pp 2" }, { 4, "--pp 2 --tp 2 --schedule gpipe --microbatches 4" },
                               { 2, "--cp 2" }, { 4, "--cp 2 --tp 2 --cp-rotate alltoall" },
+                              { 4, "--cp 2 --dp 2" }, { 4, "--cp 2 --dp 2 --fsdp" },
+                              { 4, "--pp 2 --tp 2 --sequence-parallel" }, { 4, "--cp 2 --tp 2 --sequence-parallel" },
                               { 2, "--tp 2 --sequence-parallel --async-tp" } } do
       local got = run(layout[1], layout[2], dir .. "/run" .. i .. ".json")
       sys.same_losses(layout[2], got, ref, 1e-5)   -- the reference: one process

@@ -29,7 +29,7 @@ describe("train.lua's refusals", function()
   it("says how to launch what one process cannot run, and refuses flags that cannot apply", function()
     refused("--tp 2", "--tp 2 x --dp 1 needs 2 ranks and this is one process: launch with "
                       .. "scripts/loomrun -n 2 examples/train.lua ...")
-    refused("--fsdp", "--fsdp shards over data-parallel ranks and --dp is 1: launch more ranks "
+    refused("--fsdp", "--fsdp shards over data-parallel (or context-parallel) ranks and --dp is 1: launch more ranks "
                       .. "(scripts/loomrun -n 2 examples/train.lua --fsdp --tp 1) or leave --fsdp out")
     refused("--no-reshard", "--no-reshard applies with --fsdp only")
     refused("--sequence-parallel", "--sequence-parallel needs --tp > 1 (launch with scripts/loomrun -n 2)")

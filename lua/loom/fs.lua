@@ -20,7 +20,8 @@ function M.is_file(path) return lfs.attributes(path, "mode") == "file" end
 -- mkdir_p(path): makes path and its missing parents, like mkdir -p
 local function mkdir(path)
   if M.is_dir(path) then return end
-  if M.exists(path) then error(path .. " exists and is not a directory", 0) end
+  -- (is_dir again: another rank may have made it since)
+  if M.exists(path) and not M.is_dir(path) then error(path .. " exists and is not a directory", 0) end
   local parent = path:match("^(.*[^/])/+[^/]+/*$")
   if parent then mkdir(parent) end
   local ok, err = lfs.mkdir(path)

@@ -106,6 +106,63 @@ describe("DeviceMesh", function()
     end)
   end
 
+  it("flattens every dim of a mesh into one over the world (default name: the names joined)", function()
+    local m = dist.init_device_mesh("cpu", { 1, k }, { mesh_dim_names = { "a", "b" } })
+    local f = m[{ "a", "b" }]:_flatten()
+    assert.same({ "a_b" }, f.mesh_dim_names)
+    assert.equal(k, f:size())
+    assert.equal(me, f:get_local_rank())
+    assert.same({ k * (k - 1) / 2 }, dist.all_reduce(loom.tensor({ me }), "sum", f):totable())
+    local unnamed = dist.init_device_mesh("cpu", { k })
+    local ok, e = pcall(function() return unnamed:_flatten("x") end)
+    assert.is_false(ok)
+    assert.matches("has no mesh_dim_names", e)
+  end)
+
+  if k % 4 == 0 then
+    it("flattens dims into one (_flatten, PyTorch's dp_shard_cp) and slices by the new name", function()
+      local t = k / 4
+      local m = dist.init_device_mesh("cpu", { 2, 2, t }, { mesh_dim_names = { "dp", "cp", "tp" } })
+      local a, c, b = math.floor(me / (2 * t)), math.floor(me / t) % 2, me % t
+      local f = m[{ "dp", "cp" }]:_flatten("dp_cp")
+      assert.equal(1, f.ndim)
+      assert.same({ "dp_cp" }, f.mesh_dim_names)
+      assert.equal(4, f:size())
+      assert.equal(2 * a + c, f:get_local_rank())
+      assert.same({ b, t + b, 2 * t + b, 3 * t + b }, f:tolist())
+      assert.same({ b, t + b, 2 * t + b, 3 * t + b }, f:get_group():ranks())
+      assert.equal(2 * a + c, f:get_group():rank())
+      assert.equal(m, f:root_mesh())
+      -- a collective on it reaches the 4 ranks of my tp column
+      assert.same({ 4 * b + 6 * t }, dist.all_reduce(loom.tensor({ me }), "sum", f):totable())
+      -- the root slices by the new name, alone or beside another dim
+      assert.equal(f:get_group(), m["dp_cp"]:get_group())
+      local ft = m[{ "dp_cp", "tp" }]
+      assert.same({ 4, t }, ft.shape)
+      assert.same({ 2 * a + c, b }, ft:get_coordinate())
+      local rows = {}
+      for i = 0, 3 do
+        rows[i + 1] = {}
+        for j = 0, t - 1 do rows[i + 1][j + 1] = i * t + j end
+      end
+      assert.same(rows, ft:tolist())
+      assert.equal(m, ft:root_mesh())
+      -- the same dims again: the same mesh (default name: the names joined)
+      assert.is_true(rawequal(f, m[{ "dp", "cp" }]:_flatten()))
+      local function err(fn)
+        local ok, e = pcall(fn)
+        assert.is_false(ok)
+        return e
+      end
+      assert.matches("dims expected in the root mesh's order", err(function() return m[{ "cp", "dp" }]:_flatten("x") end))
+      assert.matches('"dp_cp" names another flattening already', err(function() return m[{ "dp", "tp" }]:_flatten("dp_cp") end))
+      assert.matches('"tp" names a dim of the mesh already', err(function() return m[{ "dp", "cp" }]:_flatten("tp") end))
+      assert.matches("is flattened already", err(function() return m["dp_cp"]:_flatten("again") end))
+      assert.matches('named twice', err(function() return m[{ "dp_cp", "cp" }] end))
+      assert.matches("mesh_dim_name expected a string", err(function() return m[{ "dp", "cp" }]:_flatten(3) end))
+    end)
+  end
+
   it("rejects bad shapes, names and device types", function()
     local function err(f, ...)
       local ok, e = pcall(f, ...)

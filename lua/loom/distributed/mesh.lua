@@ -219,35 +219,51 @@ function methods:tolist()
   return build(1, 0)
 end
 
+-- a slice's entry for dim name n: the root dims it covers (one, or several
+-- for a dim made by _flatten), their sizes, my coordinate and communicator
+local function entry(self, n, fname)
+  local flat = rawget(self, "_flat")
+  if flat and flat[n] then return flat[n] end
+  local d = self:_dim(n, fname)
+  return { dims = { d }, sizes = { self.shape[d] }, size = self.shape[d], coord = self._coord[d],
+           group = self._groups[d], name = self.mesh_dim_names[d] }
+end
+
 -- mesh["tp"] or mesh[{"dp", "tp"}]: the sub-mesh through this rank on those
--- dims. It reuses the parent's communicators, so slicing is not collective.
+-- dims (a dim made by _flatten among them). It reuses the parent's
+-- communicators, so slicing is not collective.
 function methods:slice(names)
   local fname = "DeviceMesh slice"
   if not self.mesh_dim_names then
     error(fname .. ": this mesh has no mesh_dim_names, so it cannot be sliced by name", 3)
   end
   if type(names) == "string" then names = { names } end
-  local dims, seen = {}, {}
+  local entries, seen = {}, {}
   for i, n in ipairs(names) do
     if type(n) ~= "string" then
       error(string.format("%s: expected dim names, got %s at position %d", fname, describe(n), i), 3)
     end
-    local d = self:_dim(n, fname)
-    if seen[d] then error(string.format("%s: dim %q named twice", fname, n), 3) end
-    seen[d], dims[i] = true, d
+    local e = entry(self, n, fname)
+    for _, d in ipairs(e.dims) do
+      if seen[d] then error(string.format("%s: dim %q named twice (or inside a flattened dim named too)", fname, n), 3) end
+      seen[d] = true
+    end
+    entries[i] = e
   end
-  if #dims == 0 then error(fname .. ": expected at least one dim name", 3) end
+  if #entries == 0 then error(fname .. ": expected at least one dim name", 3) end
   local shape, coord, groups, sub_names = {}, {}, {}, {}
-  for i, d in ipairs(dims) do
-    shape[i], coord[i], groups[i], sub_names[i] = self.shape[d], self._coord[d], self._groups[d],
-                                                  self.mesh_dim_names[d]
+  for i, e in ipairs(entries) do
+    shape[i], coord[i], groups[i], sub_names[i] = e.size, e.coord, e.group, e.name
   end
   -- ranks: walk the sub-mesh row-major, the other dims fixed at mine
   local ranks, n = {}, 1
   for _, s in ipairs(shape) do n = n * s end
   for i = 0, n - 1 do
     local sub, c = unravel(i, shape), self:get_coordinate()
-    for k, d in ipairs(dims) do c[d] = sub[k] end
+    for k, e in ipairs(entries) do
+      local parts = unravel(sub[k], e.sizes)
+      for j, d in ipairs(e.dims) do c[d] = parts[j] end
+    end
     ranks[i + 1] = self._ranks[ravel(c, self.shape) + 1]
   end
   local sub = M.new(self.device_type, shape, sub_names, ranks, coord, groups)
@@ -259,6 +275,65 @@ end
 -- The mesh a slice was cut from (the top one, for slices of slices), or nil
 -- for a mesh made by init_device_mesh.
 function methods:root_mesh() return rawget(self, "_root") end
+
+-- mesh[{"dp", "cp"}]:_flatten("dp_cp"): one dim over those dims of the
+-- root mesh (PyTorch's DeviceMesh._flatten), its rank dp_rank * cp + cp_rank;
+-- the root then slices by the new name too (root["dp_cp"],
+-- root[{"dp_cp", "tp"}]). Collective over the world (a new communicator):
+-- every rank calls it, in the same order. The name defaults to the dims'
+-- names joined by "_"; flattening the same dims again returns that mesh.
+function methods:_flatten(name)
+  local fname = "DeviceMesh:_flatten"
+  local root = rawget(self, "_root") or self
+  if not self.mesh_dim_names or not root.mesh_dim_names then
+    error(fname .. ": the mesh has no mesh_dim_names: slice a named mesh (mesh[{\"dp\", \"cp\"}])", 2)
+  end
+  local dims, sizes = {}, {}
+  for i, n in ipairs(self.mesh_dim_names) do
+    local d
+    for j, m in ipairs(root.mesh_dim_names) do if m == n then d = j end end
+    if not d then error(string.format("%s: dim %q is flattened already (flatten the root's dims)", fname, n), 2) end
+    if i > 1 and d <= dims[i - 1] then
+      error(string.format("%s: dims expected in the root mesh's order (%s), got %s", fname,
+                          table.concat(root.mesh_dim_names, ", "), table.concat(self.mesh_dim_names, ", ")), 2)
+    end
+    dims[i], sizes[i] = d, root.shape[d]
+  end
+  name = name == nil and table.concat(self.mesh_dim_names, "_") or name
+  if type(name) ~= "string" or name == "" or methods[name] or name == "ndim" or name == "device_type"
+     or name == "mesh_dim_names" or name == "shape" then
+    error(fname .. ": mesh_dim_name expected a string that is not a DeviceMesh field, got " .. describe(name), 2)
+  end
+  for _, m in ipairs(root.mesh_dim_names) do
+    if m == name then error(string.format("%s: %q names a dim of the mesh already", fname, name), 2) end
+  end
+  local flat = rawget(root, "_flat") or {}
+  rawset(root, "_flat", flat)
+  local old = flat[name]
+  if old then
+    if table.concat(old.dims, ",") ~= table.concat(dims, ",") then
+      error(string.format("%s: %q names another flattening already", fname, name), 2)
+    end
+    return old.mesh
+  end
+  -- color: my position on the other dims; key: my position on the flattened ones
+  local rest, rest_shape, mine, inside = {}, {}, {}, {}
+  for _, d in ipairs(dims) do inside[d] = true end
+  for e = 1, root.ndim do
+    if not inside[e] then rest[#rest + 1], rest_shape[#rest_shape + 1] = root._coord[e], root.shape[e] end
+  end
+  for i, d in ipairs(dims) do mine[i] = root._coord[d] end
+  local key, size = ravel(mine, sizes), 1
+  for _, v in ipairs(sizes) do size = size * v end
+  local group = M.wrap_group(C.lm_comm_split(C.lm_comm_world(), ravel(rest, rest_shape), key), true)
+  if root.device_type == "cuda" then
+    local k = C.lm_dist_local_rank() % loom.cuda.device_count()
+    if C.lm_comm_nccl_init(group.comm, C.LM_CUDA0 + k) < 0 then cerr(2) end
+  end
+  flat[name] = { dims = dims, sizes = sizes, size = size, coord = key, group = group, name = name }
+  flat[name].mesh = root:slice({ name })
+  return flat[name].mesh
+end
 
 -- mesh:use(fn, ...): fn runs with this mesh as the ambient one (nestable;
 -- the previous one is restored even when fn raises).

@@ -1,5 +1,5 @@
 -- layout.lua: the parallel layout of a training run, shared by
--- examples/train.lua and the benchmarks: the (pp, dp, tp) mesh from the
+-- examples/train.lua and the benchmarks: the (pp, dp, cp, tp) mesh from the
 -- degrees asked for, the line that says it, and what pipeline parallelism
 -- changes in a step (the stage this rank holds, its schedule, the loss and
 -- the gradient norm summed over stages).
@@ -31,23 +31,36 @@ function M.world(o, dist, device)
     error(string.format("layout: --pp %s x --cp %s x --tp %s x --dp %s must equal the world size %d", tostring(o.pp),
                         tostring(o.cp), tostring(o.tp), tostring(o.dp), world), 0)
   end
-  if pp > 1 and o["sequence-parallel"] then
-    error("layout: --pp > 1 with --sequence-parallel does not work yet (a stage would take its sequence shard's "
-          .. "length for the sequence's)", 0)
-  end
-  if cp > 1 and (dp > 1 or o.fsdp or o["sequence-parallel"]) then
-    error("layout: --cp > 1 works with --tp and --pp; with --dp > 1, --fsdp or --sequence-parallel not yet", 0)
-  end
   if cp > 1 then require("loom.distributed.context_parallel").set_rotate_method(o["cp-rotate"] or "allgather") end
   local mesh = dist.init_device_mesh(device, { pp, dp, cp, tp }, { mesh_dim_names = { "pp", "dp", "cp", "tp" } })
-  return { world = world, pp = pp, cp = cp, tp = tp, dp = dp, mesh = mesh, rank = dist.rank(), device = device,
-           pp_rank = mesh:get_local_rank("pp"), dp_rank = mesh:get_local_rank("dp") }
+  local w = { world = world, pp = pp, cp = cp, tp = tp, dp = dp, mesh = mesh, rank = dist.rank(), device = device,
+              pp_rank = mesh:get_local_rank("pp"), dp_rank = mesh:get_local_rank("dp") }
+  w.grad_mesh = M.grad_mesh(w)
+  w.seq_shards = (o["sequence-parallel"] and tp > 1) and tp or 1   -- what sequence parallelism cuts
+  return w
+end
+
+-- the 1-D mesh gradients are averaged (replicate) or sharded (FSDP) over:
+-- cp ranks are data-parallel for the parameters (each holds a share of the
+-- sequence's tokens), so dp x cp flattened into "dp_cp" when both are > 1
+-- (torchtitan's dp_shard_cp); nil when dp = cp = 1. Collective (every rank
+-- calls it once, from world()).
+function M.grad_mesh(w)
+  if w.dp > 1 and w.cp > 1 then return w.mesh[{ "dp", "cp" }]:_flatten("dp_cp") end
+  if w.dp > 1 then return w.mesh["dp"] end
+  if w.cp > 1 then return w.mesh["cp"] end
+  return nil
+end
+
+-- the number of ranks FSDP shards over (1: no FSDP)
+function M.fsdp_degree(w, o)
+  return (o.fsdp and w.grad_mesh) and w.dp * w.cp or 1
 end
 
 -- "world 8 = pp 2 x dp 2 x cp 1 x tp 2 (FSDP), 4 microbatches (1F1B)"
 function M.describe(w, o)
   local s = string.format("world %d = pp %d x dp %d x cp %d x tp %d", w.world, w.pp, w.dp, w.cp, w.tp)
-  if o.fsdp and w.dp > 1 then s = s .. " (FSDP)" end
+  if M.fsdp_degree(w, o) > 1 then s = s .. (w.cp > 1 and " (FSDP over dp x cp)" or " (FSDP)") end
   if o["async-tp"] then s = s .. ", async TP" end
   if w.cp > 1 then s = s .. ", cp " .. (o["cp-rotate"] or "allgather") end
   if w.pp > 1 then s = s .. string.format(", %d microbatches (%s)", w.microbatches, w.schedule_name) end
@@ -89,6 +102,7 @@ function M.split(model, w, o)
   for i, kv in ipairs(model:named_parameters()) do w.whole_names[i] = kv[1] end
   local pipe = pipelining.pipeline(model, { num_stages = w.pp })
   w.stage = pipe:build_stage(w.pp_rank, { group = w.mesh, mesh_dim = "pp" })
+  w.stage.submod.seq_shards = w.seq_shards   -- a stage's hidden states in: 1/tp of the sequence with SP
   w.microbatches = o.microbatches or w.pp
   w.schedule_name = o.schedule or "1F1B"
   return w.stage.submod
@@ -109,10 +123,19 @@ function M.schedule(w, loss_fn)
   return make(w.stage, w.microbatches, loss_fn)
 end
 
--- with cp > 1: gradients averaged over cp as data parallelism does (each
--- cp rank's loss is its share of the sequence's tokens)
-function M.replicate_cp(model, w)
-  if w.cp > 1 then require("loom.parallel").replicate(model, w.mesh["cp"]) end
+-- without --fsdp: gradients averaged over dp x cp (w.grad_mesh) as data
+-- parallelism does (each cp rank's loss is its share of the sequence's tokens)
+function M.replicate(model, w, o)
+  if w.grad_mesh and not o.fsdp then require("loom.parallel").replicate(model, w.grad_mesh) end
+end
+
+-- with --fsdp: each block, then the root, sharded over dp x cp (w.grad_mesh)
+function M.fully_shard(model, w, o)
+  if not o.fsdp or not w.grad_mesh then return end
+  local fsdp = require "loom.distributed.fsdp"
+  local opts = { mesh = w.grad_mesh, reshard_after_forward = not o["no-reshard"] }
+  for _, block in model.layers:ipairs() do fsdp.fully_shard(block, opts) end
+  fsdp.fully_shard(model, { mesh = w.grad_mesh })
 end
 
 -- f(x, y) with x and y sharded on the sequence and attention

@@ -15,7 +15,7 @@ end
 -- numel this rank holds of a weight (out, in): TP cuts `tp_dim` (1 or 2,
 -- nil: replicated), FSDP the other dim (or dim 1 of a vector)
 local function held(out, inp, tp_dim, w, fsdp)
-  local tp, dp = w.tp, fsdp and w.dp or 1
+  local tp, dp = w.tp, fsdp and w.dp * (w.cp or 1) or 1   -- FSDP shards over dp x cp
   if inp == nil then return ceil_div(out, dp) end   -- a norm's weight
   if tp_dim == 1 then out = ceil_div(out, tp) elseif tp_dim == 2 then inp = ceil_div(inp, tp) end
   if tp_dim == 1 then inp = ceil_div(inp, dp) else out = ceil_div(out, dp) end
@@ -40,13 +40,13 @@ end
 -- their gradients back), f32
 function M.p2p_bytes(c, w, s, batch, seq)
   c = require("loom.models.transformer").config(c)
-  local act = (batch / w.dp) * (seq / w.cp) * c.dim * 4
+  local act = (batch / w.dp) * (seq / w.cp / (w.seq_shards or 1)) * c.dim * 4   -- SP: 1/tp of the sequence
   return ((s < w.pp - 1) and act or 0) + ((s > 0) and act or 0)
 end
 
 -- the line said before training (for rank 0, stage 0)
 function M.before(c, w, o)
-  local p = M.params(c, w, 0, o.fsdp and w.dp > 1)
+  local p = M.params(c, w, 0, o.fsdp and w.dp * w.cp > 1)
   return string.format("predicted for rank 0: parameters %.2f MB + AdamW state %.2f MB, p2p %.3f MB sent per step",
                        p * 4 / 2^20, 2 * p * 4 / 2^20, M.p2p_bytes(c, w, 0, o.batch, o.seq) / 2^20)
 end
@@ -55,7 +55,7 @@ end
 -- what comm_mode counted, nil without pp)
 function M.after(c, w, o, model, opt, sent_bytes)
   local mem = require("loom.distributed.fsdp").memory(model, opt)
-  local p = M.params(c, w, 0, o.fsdp and w.dp > 1) * 4
+  local p = M.params(c, w, 0, o.fsdp and w.dp * w.cp > 1) * 4
   local want = M.p2p_bytes(c, w, 0, o.batch, o.seq)
   return string.format("measured on rank 0: parameters %.2f MB (predicted %.2f), AdamW state %.2f MB (%.2f), "
                        .. "p2p %.3f MB sent (%.3f)", mem.params / 2^20, p / 2^20, mem.optimizer / 2^20, 2 * p / 2^20,

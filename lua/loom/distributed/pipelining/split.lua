@@ -72,11 +72,14 @@ function StageModule:__init(kind, model, parts)
 end
 
 -- ids (first stage) or hidden states in; hidden states or logits out. The
--- rotary tables are cut to the sequence length of what comes in.
+-- rotary tables are cut to the sequence length of what comes in: with
+-- sequence parallelism hidden states hold 1/seq_shards of the sequence
+-- (set stage.submod.seq_shards = tp; the ids of the first stage hold all).
 function StageModule:forward(h)
   local cos, sin
   if self.kind == "transformer" then
     local t = h:size(2)
+    if self.order[1][3] ~= "embed" then t = t * (self.seq_shards or 1) end
     cos, sin = self.rope_cos:narrow(1, 1, t), self.rope_sin:narrow(1, 1, t)
   end
   for _, p in ipairs(self.order) do
