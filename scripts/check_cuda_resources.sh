@@ -8,7 +8,8 @@
 #   - no spills in the forward attention kernels (other spills are listed);
 #   - static shared memory within the 48 KiB a block gets without opting in
 #     (the attention kernels' dynamic shared memory is static_assert'ed
-#     against sm_80's opt-in limit in their sources).
+#     against sm_80's opt-in limit in their sources; f32 tiles of head
+#     dims above 128 against sm_90's, sm_80 refusing them at the launch).
 # Prints a table; exits 1 on a violation, 0 when all fit, and 0 with a
 # printed reason when there is no nvcc (the CUDA toolkit is not installed).
 # Usage: scripts/check_cuda_resources.sh [--quiet] [file.cu...] (quiet:

@@ -1,7 +1,7 @@
 -- cuda_fused_spec.lua: the ops that run on fused CUDA kernels (attention,
 -- cross entropy, softmax and norm backward, rope, the unary derivatives),
 -- forward and gradients, at the sizes where those kernels change path:
--- several tiles, rows longer than a block, head dims 64 and 128, bf16.
+-- several tiles, rows longer than a block, head dims 64, 128, 192, 256, bf16.
 -- The same op on the CPU is the ground truth; tolerances are |cuda - cpu| /
 -- |cpu| (support/cuda.lua: f32 2e-5, bf16 1e-2; attention in bf16 2e-2,
 -- its probabilities being rounded to bf16 before P V as in FlashAttention).
@@ -74,6 +74,47 @@ describe("cuda fused kernels", function()
         end
       end
     end)
+  end
+
+  -- head dims above 128: 192 and 256, and 136 and 200 on zero-padded
+  -- copies (192, 256); each tile of rows has two blocks, one per half of
+  -- the output's columns. Causal, not, a bool mask and a float (H, L, S)
+  -- bias; forward and dq/dk/dv against the composed CPU ops (f32 2e-5,
+  -- bf16 2e-2). On the emulated device, forward and backward under bf16
+  -- autocast run no GEMM at all (so none in f32): the fused kernels.
+  for _, dt in ipairs({ "f32", "bf16" }) do
+    for _, D in ipairs({ 256, 192, 136, 200 }) do
+      it(("attention %s, head dim %d: causal, not, masked (the fused kernels)"):format(dt, D), function()
+        local B, H, L, S = 1, 2, 70, 100
+        local tol = dt == "bf16" and 2e-2 or 2e-5
+        local q, k, v = loom.randn({ B, H, L, D }):to(dt), loom.randn({ B, H, S, D }):to(dt), loom.randn({ B, H, S, D }):to(dt)
+        local r = loom.rand({ L, S })
+        r:narrow(2, 1, 1):fill_(0) -- every row keeps its first key
+        for _, causal in ipairs({ false, true }) do
+          fw_bw(tol, function(a, b, c) return F.scaled_dot_product_attention(a, b, c, { is_causal = causal }) end,
+                { q, k, v }, { true, true, true })
+        end
+        for _, m in ipairs({ r:lt(0.7), loom.randn({ H, L, S }) }) do
+          fw_bw(tol, function(a, b, c, mk) return F.scaled_dot_product_attention(a, b, c, { attn_mask = mk }) end,
+                { q, k, v, m }, { true, true, true })
+        end
+        if dt == "bf16" and loom.cuda.emu_counters then
+          local qc, kc, vc = loom.randn({ B, H, L, D }, { device = "cuda" }):requires_grad_(true),
+                             loom.randn({ B, H, S, D }, { device = "cuda" }):requires_grad_(true),
+                             loom.randn({ B, H, S, D }, { device = "cuda" }):requires_grad_(true)
+          local mc = r:lt(0.7):to("cuda")
+          local c0 = loom.cuda.emu_counters()
+          loom.autocast("bf16", function()
+            F.scaled_dot_product_attention(qc, kc, vc, { is_causal = true }):sum():backward()
+            F.scaled_dot_product_attention(qc, kc, vc, { attn_mask = mc }):sum():backward()
+          end)
+          local c1 = loom.cuda.emu_counters()
+          assert.equal(c0.f32_gemms_under_autocast, c1.f32_gemms_under_autocast, "f32 GEMMs under bf16 autocast")
+          assert.equal(c0.gemms, c1.gemms, "attention under bf16 autocast ran GEMMs (composed)")
+          assert.is_truthy(qc.grad and kc.grad and vc.grad, "gradients reached q, k, v")
+        end
+      end)
+    end
   end
 
   it("attention with a mask that drops every key of a row: zeros there, finite gradients", function()

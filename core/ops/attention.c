@@ -147,14 +147,15 @@ static lm_tensor *as_batch3(lm_scope *s, lm_tensor *t) {
 
 /* A kernel that answers LM_UNSUPPORTED for a head dim E (or the operands'
  * alignment) gets one more try on fresh copies padded with zeros to Dp, the
- * width it is asked with next: E itself (a fresh, aligned copy), else 64 or
- * 128 above it (a multiple of 8 below 128; q and v of the same head dim).
+ * width it is asked with next: E itself (a fresh, aligned copy), else 64,
+ * 128, 192 or 256 above it (a multiple of 8 up to 256; q and v of the same
+ * head dim).
  * Zero columns leave q k^T, and so the probabilities and lse, unchanged,
  * and give zero output columns; the scale stays E's. 0: no retry. */
 static int64_t sdpa_pad_dim(const lm_tensor *q, const lm_tensor *v) {
   int64_t E = q->shape_[q->ndim - 1];
-  if (E != v->shape_[v->ndim - 1] || E % 8 || E <= 0 || E > 128) return 0;
-  return E == 64 || E == 128 ? E : E < 64 ? 64 : 128;
+  if (E != v->shape_[v->ndim - 1] || E % 8 || E <= 0 || E > 256) return 0;
+  return E <= 64 ? 64 : E <= 128 ? 128 : E <= 192 ? 192 : 256;
 }
 
 /* t (B, R, E) as a fresh (B, R, Dp) whose first E columns are t's, the rest

@@ -4,7 +4,8 @@
  * online softmax per row (running max m and sum l, earlier output rescaled
  * by exp(m_old - m_new)), P through shared memory into O += P V. At the end
  * O / l is written and lse = m + log l kept for the backward. Causal blocks
- * stop at their diagonal tile and start first, heaviest first. */
+ * stop at their diagonal tile and start first, heaviest first. Above D =
+ * 128 each tile of queries has two blocks, one per half of O's columns. */
 #include "attention.cuh"
 
 template <typename T, int D> struct FwdCfg {
@@ -12,7 +13,8 @@ template <typename T, int D> struct FwdCfg {
   static const int LD = D + lm_tile_pad<T>::value; /* pitch of the Q, K, V tiles */
   static const int LDP = BC + lm_tile_pad<T>::value;
   static const size_t smem = ((size_t)(BR + 2 * BC) * LD + (size_t)ATTN_WARPS * 16 * LDP) * sizeof(T);
-  static_assert(smem <= ATTN_SMEM_MAX, "attention tiles exceed sm_80's shared memory per block");
+  static const int DC = attn_cols<D>::value, NCOL = D / DC; /* O's columns per block */
+  static_assert(smem <= attn_smem_max<T, D>::value, "attention tiles exceed the shared memory per block");
 };
 
 struct FwdArgs {
@@ -30,17 +32,18 @@ template <typename T, int D> __global__ void __launch_bounds__(ATTN_THREADS) att
   LM_DYNAMIC_SMEM(smem);
   T *sQ = (T *)smem, *sK = sQ + K::BR * K::LD, *sV = sK + K::BC * K::LD, *sP = sV + K::BC * K::LD;
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  int64_t ntile = (a.L + K::BR - 1) / K::BR, b = blockIdx.x / ntile;
-  int64_t q0 = (ntile - 1 - blockIdx.x % ntile) * K::BR; /* the last (heaviest when causal) first */
+  int64_t ntile = (a.L + K::BR - 1) / K::BR, id = blockIdx.x / K::NCOL, b = id / ntile;
+  int64_t q0 = (ntile - 1 - id % ntile) * K::BR; /* the last (heaviest when causal) first */
+  const int c0 = (int)(blockIdx.x % K::NCOL) * K::DC;
   const T *q = (const T *)a.q + (b * a.L + q0) * D, *k = (const T *)a.k + b * a.S * D;
   const T *v = (const T *)a.v + b * a.S * D;
   T *myQ = sQ + warp * 16 * K::LD, *myP = sP + warp * 16 * K::LDP;
   int64_t row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8}; /* this thread's two rows */
 
   lm_tile_load<T, K::BR, D>(sQ, K::LD, q, a.L - q0);
-  float o[D / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};
+  float o[K::DC / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};
 #pragma unroll
-  for (int j = 0; j < D / 8; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0;
+  for (int j = 0; j < K::DC / 8; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0;
   int64_t kend = a.causal ? attn_min(a.S, q0 + K::BR) : a.S;
   for (int64_t k0 = 0; k0 < kend; k0 += K::BC) {
     __syncthreads(); /* everyone is done with the previous tiles */
@@ -81,10 +84,10 @@ template <typename T, int D> __global__ void __launch_bounds__(ATTN_THREADS) att
         l[e >> 1] += p;
       }
 #pragma unroll
-    for (int j = 0; j < D / 8; j++) o[j][0] *= alpha[0], o[j][1] *= alpha[0], o[j][2] *= alpha[1], o[j][3] *= alpha[1];
+    for (int j = 0; j < K::DC / 8; j++) o[j][0] *= alpha[0], o[j][1] *= alpha[0], o[j][2] *= alpha[1], o[j][3] *= alpha[1];
     lm_tile_store<T, K::BC / 8>(myP, K::LDP, s);
     __syncwarp();
-    lm_tile<T, K::BC, D / 8>::nn(o, myP, K::LDP, sV, K::LD);
+    lm_tile<T, K::BC, K::DC / 8>::nn(o, myP, K::LDP, sV + c0, K::LD);
   }
   /* l was summed per thread; the row's sum is over its 4 lanes */
 #pragma unroll
@@ -98,9 +101,9 @@ template <typename T, int D> __global__ void __launch_bounds__(ATTN_THREADS) att
     if (row[r] >= a.L) continue;
     float inv = l[r] > 0 ? 1 / l[r] : 0;
 #pragma unroll
-    for (int j = 0; j < D / 8; j++)
-      lm_put2(out + row[r] * D + 8 * j + 2 * t, o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
-    if (t == 0) a.lse[b * a.L + row[r]] = l[r] > 0 ? m[r] + logf(l[r]) : -INFINITY;
+    for (int j = 0; j < K::DC / 8; j++)
+      lm_put2(out + row[r] * D + c0 + 8 * j + 2 * t, o[j][2 * r] * inv, o[j][2 * r + 1] * inv);
+    if (t == 0 && c0 == 0) a.lse[b * a.L + row[r]] = l[r] > 0 ? m[r] + logf(l[r]) : -INFINITY;
   }
 }
 
@@ -122,7 +125,7 @@ static int attention(lm_tensor *o, lm_tensor *lse, const lm_tensor *q, const lm_
     const int D = decltype(dim)::value;
     typedef FwdCfg<T, D> K;
     LM_TRY(attn_smem(attn_fwd_kernel<T, D>, K::smem, "attention"));
-    unsigned blocks = (unsigned)(d.B * ((d.L + K::BR - 1) / K::BR));
+    unsigned blocks = (unsigned)(d.B * ((d.L + K::BR - 1) / K::BR) * K::NCOL);
     LM_LAUNCH(blocks, ATTN_THREADS, K::smem, attn_fwd_kernel<T, D>)(a);
     return lm_cuda_launched("attention");
   });

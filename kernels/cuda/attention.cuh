@@ -5,8 +5,11 @@
  * tile products of tile.cuh; no (L, S) matrix is ever in global memory.
  *
  * What the kernels take: contiguous q (B, L, D), k (B, S, D), v (B, S, D)
- * of one dtype, f32, bf16 or f16, with D = 64 or 128 and 16-byte aligned
- * data. Other calls (f64, another head dim, E != Ev, an odd alignment)
+ * of one dtype, f32, bf16 or f16, with D = 64, 128, 192 or 256 and 16-byte
+ * aligned data. Above 128 a block computes the scores over all D but
+ * accumulates only half of the output columns (attn_cols), so the
+ * accumulators stay the size of D = 128's and do not spill: the grid has
+ * twice the blocks and the scores are computed twice. Other calls (f64, another head dim, E != Ev, an odd alignment)
  * return LM_CUDA_UNSUPPORTED with an error starting "unsupported:", which
  * the op layer answers with the composed form. */
 #ifndef LOOM_CUDA_ATTENTION_CUH
@@ -20,6 +23,17 @@
  * sm_90: 227 KiB): each kernel's tiles are checked against it when built
  * (scripts/check_cuda_resources.sh checks the static part) */
 #define ATTN_SMEM_MAX (163 * 1024)
+/* sm_90's: f32 tiles of D > 128 need it (sm_80 answers LM_CUDA_UNSUPPORTED
+ * at the launch, and f32 composes in f32); 16-bit tiles fit sm_80 */
+#define ATTN_SMEM_MAX_SM90 (227 * 1024)
+template <typename T, int D> struct attn_smem_max {
+  static const size_t value = sizeof(T) == 4 && D > 128 ? ATTN_SMEM_MAX_SM90 : ATTN_SMEM_MAX;
+};
+/* output columns per block: all of D up to 128, half above */
+template <int D> struct attn_cols {
+  static const int value = D <= 128 ? D : D / 2;
+  static_assert(D % value == 0 && value % 16 == 0, "column split in whole mma tiles");
+};
 
 struct AttnDims {
   int64_t B, L, S;
@@ -47,8 +61,8 @@ static inline int attn_dims(const char *what, const lm_tensor *q, const lm_tenso
   int64_t E = q->shape_[2], Ev = v->shape_[2];
   if (d->dtype == LM_F64 || !lm_is_float(d->dtype))
     return lm_cuda_unsupported("%s kernel: no kernel for dtype %s", what, lm_dtype_name(d->dtype));
-  if (E != Ev || (E != 64 && E != 128))
-    return lm_cuda_unsupported("%s kernel: head dims (%lld, %lld), expected both 64 or both 128",
+  if (E != Ev || (E != 64 && E != 128 && E != 192 && E != 256))
+    return lm_cuda_unsupported("%s kernel: head dims (%lld, %lld), expected both 64, 128, 192 or 256",
                                what, (long long)E, (long long)Ev);
   d->D = (int)E;
   LM_TRY(attn_is(what, "q", q, d->B, d->L, E, d->dtype));
@@ -56,7 +70,7 @@ static inline int attn_dims(const char *what, const lm_tensor *q, const lm_tenso
   LM_TRY(attn_is(what, "v", v, d->B, d->S, E, d->dtype));
   if (!attn_aligned(q) || !attn_aligned(k) || !attn_aligned(v))
     return lm_cuda_unsupported("%s kernel: q, k, v not 16-byte aligned", what);
-  if (d->B * (((d->L > d->S ? d->L : d->S) + 63) / 64) > INT32_MAX)
+  if (d->B * (((d->L > d->S ? d->L : d->S) + 63) / 64) * (E / (E <= 128 ? E : E / 2)) > INT32_MAX)
     return lm_cuda_unsupported("%s kernel: more than 2^31 tiles", what);
   return 0;
 }
@@ -71,13 +85,19 @@ static inline int attn_lse_ok(const char *what, const lm_tensor *lse, const Attn
 
 /* f(T(), std::integral_constant<int, D>()) for the storage type T of dtype
  * and head dim D (attn_dims admitted both) */
+template <typename T, typename F> int attn_dispatch_dim(int D, F f) {
+  switch (D) {
+  case 64: return f(T(), std::integral_constant<int, 64>());
+  case 128: return f(T(), std::integral_constant<int, 128>());
+  case 192: return f(T(), std::integral_constant<int, 192>());
+  default: return f(T(), std::integral_constant<int, 256>());
+  }
+}
 template <typename F> int attn_dispatch(const AttnDims &d, F f) {
-  typedef std::integral_constant<int, 64> D64;
-  typedef std::integral_constant<int, 128> D128;
   switch (d.dtype) {
-  case LM_F32: return d.D == 64 ? f(float(), D64()) : f(float(), D128());
-  case LM_BF16: return d.D == 64 ? f(__nv_bfloat16(), D64()) : f(__nv_bfloat16(), D128());
-  default: return d.D == 64 ? f(__half(), D64()) : f(__half(), D128());
+  case LM_F32: return attn_dispatch_dim<float>(d.D, f);
+  case LM_BF16: return attn_dispatch_dim<__nv_bfloat16>(d.D, f);
+  default: return attn_dispatch_dim<__half>(d.D, f);
   }
 }
 

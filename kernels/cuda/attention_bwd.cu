@@ -7,7 +7,10 @@
  *              transposed, keys as rows)
  *   attn_dq:   per 64 queries, over key tiles of 32: dQ += dS K
  * Splitting dQ from dK/dV recomputes two products but needs no atomics:
- * every gradient is written once, by one block, in a fixed order. */
+ * every gradient is written once, by one block, in a fixed order. Above
+ * D = 128 both kernels have two blocks per tile, one per half of the
+ * gradients' columns (attn_cols): the products over D are computed twice,
+ * the accumulators are D = 128's. */
 #include "attention.cuh"
 
 struct BwdArgs {
@@ -41,7 +44,8 @@ template <typename T, int D> struct DkdvCfg {
   static const int LDP = BQ + lm_tile_pad<T>::value; /* pitch of P^T and dS^T */
   static const size_t smem = ((size_t)(2 * BK + 2 * BQ) * LD + (size_t)2 * ATTN_WARPS * 16 * LDP) * sizeof(T) +
                              2 * BQ * sizeof(float);
-  static_assert(smem <= ATTN_SMEM_MAX, "attention tiles exceed sm_80's shared memory per block");
+  static const int DC = attn_cols<D>::value, NCOL = D / DC; /* gradient columns per block */
+  static_assert(smem <= attn_smem_max<T, D>::value, "attention tiles exceed the shared memory per block");
 };
 
 /* BIAS: with a mask's bias, a kernel of its own so that the unmasked one
@@ -56,8 +60,9 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_dkdv_kernel(BwdArgs a) {
   T *sP = sG + K::BQ * K::LD, *sS = sP + ATTN_WARPS * 16 * K::LDP;
   float *sLse = (float *)(sS + ATTN_WARPS * 16 * K::LDP), *sDd = sLse + K::BQ;
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  int64_t ntile = (a.S + K::BK - 1) / K::BK, b = blockIdx.x / ntile;
-  int64_t k0 = blockIdx.x % ntile * K::BK; /* causal: the first key tiles have the most queries */
+  int64_t ntile = (a.S + K::BK - 1) / K::BK, id = blockIdx.x / K::NCOL, b = id / ntile;
+  int64_t k0 = id % ntile * K::BK; /* causal: the first key tiles have the most queries */
+  const int c0 = (int)(blockIdx.x % K::NCOL) * K::DC;
   const T *q = (const T *)a.q + b * a.L * D, *go = (const T *)a.g + b * a.L * D;
   T *myP = sP + warp * 16 * K::LDP, *myS = sS + warp * 16 * K::LDP;
   const T *myK = sK + warp * 16 * K::LD, *myV = sV + warp * 16 * K::LD;
@@ -68,9 +73,9 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_dkdv_kernel(BwdArgs a) {
 
   lm_tile_load<T, K::BK, D>(sK, K::LD, (const T *)a.k + (b * a.S + k0) * D, a.S - k0);
   lm_tile_load<T, K::BK, D>(sV, K::LD, (const T *)a.v + (b * a.S + k0) * D, a.S - k0);
-  float dk[D / 8][4], dv[D / 8][4];
+  float dk[K::DC / 8][4], dv[K::DC / 8][4];
 #pragma unroll
-  for (int j = 0; j < D / 8; j++)
+  for (int j = 0; j < K::DC / 8; j++)
 #pragma unroll
     for (int e = 0; e < 4; e++) dk[j][e] = dv[j][e] = 0;
   for (int64_t q0 = a.causal ? k0 / K::BQ * K::BQ : 0; q0 < a.L; q0 += K::BQ) {
@@ -104,16 +109,16 @@ __global__ void __launch_bounds__(ATTN_THREADS) attn_dkdv_kernel(BwdArgs a) {
     lm_tile_store<T, K::BQ / 8>(myP, K::LDP, s);
     lm_tile_store<T, K::BQ / 8>(myS, K::LDP, dp);
     __syncwarp();
-    lm_tile<T, K::BQ, D / 8>::nn(dv, myP, K::LDP, sG, K::LD); /* dV += P^T dO */
-    lm_tile<T, K::BQ, D / 8>::nn(dk, myS, K::LDP, sQ, K::LD); /* dK += dS^T Q */
+    lm_tile<T, K::BQ, K::DC / 8>::nn(dv, myP, K::LDP, sG + c0, K::LD); /* dV += P^T dO */
+    lm_tile<T, K::BQ, K::DC / 8>::nn(dk, myS, K::LDP, sQ + c0, K::LD); /* dK += dS^T Q */
   }
   T *dkp = (T *)a.dk + b * a.S * D, *dvp = (T *)a.dv + b * a.S * D;
 #pragma unroll
   for (int r = 0; r < 2; r++) {
     if (key[r] >= a.S) continue;
 #pragma unroll
-    for (int j = 0; j < D / 8; j++) {
-      int64_t at = key[r] * D + 8 * j + 2 * t;
+    for (int j = 0; j < K::DC / 8; j++) {
+      int64_t at = key[r] * D + c0 + 8 * j + 2 * t;
       if (a.dk) lm_put2(dkp + at, dk[j][2 * r] * a.scale, dk[j][2 * r + 1] * a.scale);
       if (a.dv) lm_put2(dvp + at, dv[j][2 * r], dv[j][2 * r + 1]);
     }
@@ -126,7 +131,8 @@ template <typename T, int D> struct DqCfg {
   static const int LD = D + lm_tile_pad<T>::value;
   static const int LDP = BK + lm_tile_pad<T>::value;
   static const size_t smem = ((size_t)(2 * BQ + 2 * BK) * LD + (size_t)ATTN_WARPS * 16 * LDP) * sizeof(T);
-  static_assert(smem <= ATTN_SMEM_MAX, "attention tiles exceed sm_80's shared memory per block");
+  static const int DC = attn_cols<D>::value, NCOL = D / DC; /* gradient columns per block */
+  static_assert(smem <= attn_smem_max<T, D>::value, "attention tiles exceed the shared memory per block");
 };
 
 template <typename T, int D> __global__ void __launch_bounds__(ATTN_THREADS) attn_dq_kernel(BwdArgs a) {
@@ -135,8 +141,9 @@ template <typename T, int D> __global__ void __launch_bounds__(ATTN_THREADS) att
   T *sQ = (T *)smem, *sG = sQ + K::BQ * K::LD, *sK = sG + K::BQ * K::LD, *sV = sK + K::BK * K::LD;
   T *sS = sV + K::BK * K::LD;
   int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  int64_t ntile = (a.L + K::BQ - 1) / K::BQ, b = blockIdx.x / ntile;
-  int64_t q0 = (ntile - 1 - blockIdx.x % ntile) * K::BQ; /* the last (heaviest when causal) first */
+  int64_t ntile = (a.L + K::BQ - 1) / K::BQ, id = blockIdx.x / K::NCOL, b = id / ntile;
+  int64_t q0 = (ntile - 1 - id % ntile) * K::BQ; /* the last (heaviest when causal) first */
+  const int c0 = (int)(blockIdx.x % K::NCOL) * K::DC;
   const T *k = (const T *)a.k + b * a.S * D, *v = (const T *)a.v + b * a.S * D;
   T *myS = sS + warp * 16 * K::LDP;
   const T *myQ = sQ + warp * 16 * K::LD, *myG = sG + warp * 16 * K::LD;
@@ -151,9 +158,9 @@ template <typename T, int D> __global__ void __launch_bounds__(ATTN_THREADS) att
 
   lm_tile_load<T, K::BQ, D>(sQ, K::LD, (const T *)a.q + (b * a.L + q0) * D, a.L - q0);
   lm_tile_load<T, K::BQ, D>(sG, K::LD, (const T *)a.g + (b * a.L + q0) * D, a.L - q0);
-  float dq[D / 8][4];
+  float dq[K::DC / 8][4];
 #pragma unroll
-  for (int j = 0; j < D / 8; j++) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0;
+  for (int j = 0; j < K::DC / 8; j++) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0;
   int64_t kend = a.causal ? attn_min(a.S, q0 + K::BQ) : a.S;
   for (int64_t k0 = 0; k0 < kend; k0 += K::BK) {
     __syncthreads();
@@ -178,15 +185,15 @@ template <typename T, int D> __global__ void __launch_bounds__(ATTN_THREADS) att
       }
     lm_tile_store<T, K::BK / 8>(myS, K::LDP, dp);
     __syncwarp();
-    lm_tile<T, K::BK, D / 8>::nn(dq, myS, K::LDP, sK, K::LD); /* dQ += dS K */
+    lm_tile<T, K::BK, K::DC / 8>::nn(dq, myS, K::LDP, sK + c0, K::LD); /* dQ += dS K */
   }
   T *out = (T *)a.dq + b * a.L * D;
 #pragma unroll
   for (int r = 0; r < 2; r++) {
     if (row[r] >= a.L) continue;
 #pragma unroll
-    for (int j = 0; j < D / 8; j++)
-      lm_put2(out + row[r] * D + 8 * j + 2 * t, dq[j][2 * r] * a.scale, dq[j][2 * r + 1] * a.scale);
+    for (int j = 0; j < K::DC / 8; j++)
+      lm_put2(out + row[r] * D + c0 + 8 * j + 2 * t, dq[j][2 * r] * a.scale, dq[j][2 * r + 1] * a.scale);
   }
 }
 
@@ -199,13 +206,13 @@ template <typename T, int D> static int attn_bwd_launch(BwdArgs &a) {
   if ((a.dk || a.dv) && a.S > 0) {
     auto kernel = a.bias.p ? attn_dkdv_kernel<T, D, true> : attn_dkdv_kernel<T, D, false>;
     LM_TRY(attn_smem(kernel, KV::smem, "attention_bwd"));
-    unsigned blocks = (unsigned)(a.B * ((a.S + KV::BK - 1) / KV::BK));
+    unsigned blocks = (unsigned)(a.B * ((a.S + KV::BK - 1) / KV::BK) * KV::NCOL);
     LM_LAUNCH(blocks, ATTN_THREADS, KV::smem, kernel)(a);
     LM_TRY(lm_cuda_launched("attention_bwd (dk, dv)"));
   }
   if (a.dq) {
     LM_TRY(attn_smem(attn_dq_kernel<T, D>, KQ::smem, "attention_bwd"));
-    unsigned blocks = (unsigned)(a.B * ((a.L + KQ::BQ - 1) / KQ::BQ));
+    unsigned blocks = (unsigned)(a.B * ((a.L + KQ::BQ - 1) / KQ::BQ) * KQ::NCOL);
     LM_LAUNCH(blocks, ATTN_THREADS, KQ::smem, attn_dq_kernel<T, D>)(a);
     LM_TRY(lm_cuda_launched("attention_bwd (dq)"));
   }

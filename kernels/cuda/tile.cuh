@@ -98,7 +98,11 @@ template <typename T> __device__ __forceinline__ void lm_frag_b2(uint32_t (&b)[4
 template <bool BT, typename T, int KD, int NJ>
 __device__ __forceinline__ void lm_mma_16(float (&acc)[NJ][4], const T *A, int lda, const T *B, int ldb) {
   static_assert(NJ % 2 == 0 && KD % 16 == 0, "n-tiles in pairs, k in steps of 16");
-#pragma unroll
+  /* k up to 128 unrolled whole; above, 4 steps at a time, so the fragments
+   * loaded ahead do not spill the D = 256 backward's accumulators */
+  constexpr int UNROLL = KD > 128 ? 4 : KD / 16;
+  (void)UNROLL; /* the host compiler (kernels/emu) ignores the pragma */
+#pragma unroll UNROLL
   for (int k0 = 0; k0 < KD; k0 += 16) {
     uint32_t a[4];
     lm_frag_a(a, A, lda, k0);

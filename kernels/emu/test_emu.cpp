@@ -444,6 +444,11 @@ int main() {
   attention_case(LM_F16, 1, 70, 70, 128, 1);
   attention_case(LM_F32, 1, 65, 33, 128, 0);
   attention_case(LM_BF16, 1, 96, 160, 128, 1);
+  /* above 128: two blocks per row tile, one per half of the columns */
+  attention_case(LM_F32, 1, 70, 100, 256, 1);
+  attention_case(LM_BF16, 1, 70, 100, 256, 0);
+  attention_case(LM_F16, 1, 65, 33, 192, 1);
+  attention_case(LM_BF16, 1, 40, 70, 192, 0);
   printf("(%ld barriers emulated)\ntest_cuda_emu: %d passed, %d failed\n", lm_emu::barriers, passed, failed);
   return failed ? 1 : 0;
 }
