@@ -139,4 +139,29 @@ describe("async TP", function()
     ok, err = pcall(tp.RowwiseParallel, { async_tp = true })
     assert.matches("RowwiseParallel: async_tp needs output_layouts=Shard(2)", err, 1, true)
   end)
+
+  it("AsyncTPInput refuses bad consumers, a consumer not parallelized async, and a consumer called twice", function()
+    local ok, err = pcall(tp.AsyncTPInput, {})
+    assert.is_false(ok)
+    assert.matches("AsyncTPInput: consumers expected a list of child names, got nil", err, 1, true)
+    ok, err = pcall(tp.AsyncTPInput, { consumers = { "w1", 3 } })
+    assert.matches("AsyncTPInput: consumers[2] expected a child name (string), got number", err, 1, true)
+    -- w3 left plain: the hook names it instead of gathering for it
+    local ff = Tr.FeedForward(cfg)
+    tp.parallelize_module(ff, mesh, { [""] = tp.AsyncTPInput { consumers = { "w1", "w3" } },
+                                      w1 = tp.ColwiseParallel { input_layouts = Shard(2), async_tp = true },
+                                      w3 = tp.ColwiseParallel {} })
+    local x = loom.randn(2, 4, cfg.dim)
+    ok, err = pcall(ff, x)
+    assert.is_false(ok)
+    assert.matches("AsyncTPInput: the module.w3 must be a Linear parallelized by ColwiseParallel", err, 1, true)
+    -- a forward that calls a consumer twice gets an error, not the placeholder's zeros
+    local twice = Tr.FeedForward(cfg)
+    twice.forward = function(self, h) return self.w1(h) + self.w1(h) end
+    tp.parallelize_module(twice, mesh, { [""] = tp.AsyncTPInput { consumers = { "w1" } },
+                                         w1 = tp.ColwiseParallel { input_layouts = Shard(2), async_tp = true } })
+    ok, err = pcall(twice, x)
+    assert.is_false(ok)
+    assert.matches("this Linear's product was already used", err, 1, true)
+  end)
 end)
