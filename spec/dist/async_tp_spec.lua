@@ -126,9 +126,14 @@ describe("async TP", function()
     assert.equal((ws - 1) * (fwp.bytes.all_gather + fwp.bytes.reduce_scatter / ws), fwa.bytes.send)
     -- backward: the plain plan sums the input's gradient over ranks once
     -- per column-wise Linear (wq, wk, wv, w1, w3: 5 all-reduces of the
-    -- gathered input), the shared gather once per module (2): 3 fewer
-    assert.equal(bwp.counts.all_reduce - 3, bwa.counts.all_reduce)
-    assert.equal(bwp.bytes.all_reduce - 3 * ws * shard, bwa.bytes.all_reduce)
+    -- gathered input); the shared gather reduce-scatters it once per
+    -- module (2). The all-reduces left are the 2 norms' weights (dim f32).
+    assert.equal(7, bwp.counts.all_reduce)
+    assert.equal(5 * ws * shard + 2 * cfg.dim * 4, bwp.bytes.all_reduce)
+    assert.equal(2, bwa.counts.all_reduce)
+    assert.equal(2 * cfg.dim * 4, bwa.bytes.all_reduce)
+    assert.equal(2, bwa.counts.reduce_scatter)
+    assert.equal(2 * ws * shard, bwa.bytes.reduce_scatter)
     assert.equal(bwp.bytes.all_gather, bwa.bytes.all_gather)
   end)
 

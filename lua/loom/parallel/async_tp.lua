@@ -44,17 +44,13 @@ function M.all_gather_matmuls(x, ws, g)
   local xd = x:detach():contiguous()
   local sends = {}
   for s = 1, tp - 1 do sends[s] = dist.isend(xd, (me + s) % tp, g.group, nil, { tag = TAG_AG }) end
-  -- pad(x) carries the gradient: zeros but x's rows; summed over ranks in
-  -- backward (once, whatever the number of weights: autograd adds the
-  -- weights' terms first), each rank's rows of it are its shard's gradient
-  -- (without gradients the chunks are used as they are)
+  -- pad(x) carries the gradient: zeros but x's rows (_dist_pad); its
+  -- backward reduce-scatters, once whatever the number of weights
+  -- (autograd adds the weights' terms first): each rank gets its rows'
+  -- sum over ranks, its shard's gradient. Without gradients the chunks are
+  -- used as they are.
   local grad = loom.is_grad_enabled() and x.requires_grad
-  local pad
-  if grad then
-    local parts = {}
-    for r = 0, tp - 1 do parts[r + 1] = r == me and x or loom.zeros(x:size(), { dtype = x.dtype }) end
-    pad = T.op(C.LM_OP_DIST_GRAD_REDUCE, { loom.cat(parts, 2) }, nil, nil, { g.group.comm })
-  end
+  local pad = grad and T.op(C.LM_OP_DIST_PAD, { x }, { 1 }, nil, { g.group.comm })
   local wts, outs = {}, {}
   for i, w in ipairs(ws) do wts[i], outs[i] = w:t(), {} end
   local function multiply(r, xc)
