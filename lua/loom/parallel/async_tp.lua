@@ -4,14 +4,16 @@
 -- and moved by p2p while the matmuls of the chunks already there run.
 --
 --   all_gather_matmul(x, w, g):    (B, T/tp, in) shard -> (B, T, out/tp):
---     this rank's chunk first, then each other rank's as it arrives.
+--     this rank's chunk first, then each other rank's as it arrives;
+--     all_gather_matmuls(x, {w...}, g) multiplies each chunk by every w
+--     (one gather for wq, wk, wv: AsyncTPInput's hook, below).
 --   matmul_reduce_scatter(x, w, g): (B, T, in/tp) -> (B, T/tp, out): the
 --     partial product of each other rank's chunk is computed and sent at
 --     once; this rank's own is computed while they travel.
 -- Forward values are those of the plain plan (chunks of one GEMM; partial
 -- sums added in rank order). Gradients go through differentiable
 -- collectives in backward (not overlapped): the gathered input's through a
--- sum over ranks, the scattered output's through an all-gather.
+-- reduce-scatter (_dist_pad), the scattered output's through an all-gather.
 local loom = require "loom"
 local dist = require "loom.distributed"
 local T = require "loom.tensor"
