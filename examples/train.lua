@@ -46,7 +46,7 @@ local FLAGS = {
                    .. "instead of replicating them" },
   { "pp", 1, "pipeline-parallel degree: the layers cut into pp stages (loom.distributed.pipelining); "
                .. "pp * dp * tp = world size" },
-  { "async-tp", false, "with --sequence-parallel: reduce-scatter after wo and w2 in chunks overlapped with the matmul" },
+  { "async-tp", false, "with --sequence-parallel: the gathers before wq/wk/wv and w1/w3 (one per module) and the reduce-scatters after wo and w2 in chunks overlapped with the matmuls" },
   { "cp", 1, "context-parallel degree: the sequence sharded over cp ranks (load-balanced causal attention)" },
   { "cp-rotate", "allgather", "with --cp: how keys and values reach every rank: allgather or alltoall (a p2p ring)" },
   { "microbatches", 0, "with --pp: microbatches per step (0: pp); they must divide the batch over dp" },

@@ -97,7 +97,7 @@ local cases = {
   _dist_all_gather = { none = COLLECTIVE }, _dist_slice = { none = COLLECTIVE },
   _dist_all_reduce = { none = COLLECTIVE }, _dist_reduce_scatter = { none = COLLECTIVE },
   _dist_all_to_all = { none = COLLECTIVE }, _dist_to_partial = { none = COLLECTIVE },
-  _dist_grad_reduce = { none = COLLECTIVE }, _dist_alias = { none = COLLECTIVE },
+  _dist_grad_reduce = { none = COLLECTIVE }, _dist_alias = { none = COLLECTIVE }, _dist_pad = { none = COLLECTIVE },
 }
 
 local function value(v, dt) if type(v) == "function" then return v(dt) end return v end

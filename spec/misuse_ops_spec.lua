@@ -174,6 +174,7 @@ local collectives = {
   { "_dist_all_reduce with reduce op 99", child = comm .. "loom.op('_dist_all_reduce', { loom.ones(2) }, { 99 }, nil, { g })", "all_reduce", "got 99" },
   { "_dist_all_gather over dim 5 of 1", child = comm .. "loom.op('_dist_all_gather', { loom.ones(2) }, { 5, 1 }, nil, { g })", "all_gather", "dim" },
   { "_dist_slice over dim 9 of 1", child = comm .. "loom.op('_dist_slice', { loom.ones(2) }, { 9 }, nil, { g })", "dim" },
+  { "_dist_pad over dim 7 of 1", child = comm .. "loom.op('_dist_pad', { loom.ones(2) }, { 7 }, nil, { g })", "_dist_pad", "dim 7 is out of range" },
   { "_dist_all_to_all split over dim 4 of 1", child = comm .. "loom.op('_dist_all_to_all', { loom.ones(2) }, { 4, 0, -1 }, nil, { g })", "all_to_all", "split_dim" },
   { "_dist_reduce_scatter over dim 6 of 1", child = comm .. "loom.op('_dist_reduce_scatter', { loom.ones(2) }, { 0, 6 }, nil, { g })", "reduce_scatter", "dim" },
 }

@@ -5,6 +5,7 @@
 #include "../comm/comm.h"
 #include "op.h"
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 lm_comm *lm_attr_comm(const lm_attrs *a, int k, const char *op) {
@@ -141,4 +142,31 @@ int lm_fw_dist_alias(const lm_call *c, lm_tensor **out) {
 int lm_bw_dist_grad_reduce(const lm_saved *n, lm_tensor *const *g, lm_tensor **gin) {
   COMM(&n->attrs, n->op);
   return (gin[0] = lm_all_reduce(comm, g[0], LM_RED_SUM)) ? 0 : -1;
+}
+
+/* _dist_pad(x; dim) (async TP's shared gather): x in this rank's chunk of
+ * a tensor k times longer on dim, zeros elsewhere, without communication;
+ * its backward reduce-scatters the gradient (each rank's rows summed over
+ * the comm), the gradient of the sequence shard a gather fed. */
+int lm_fw_dist_pad(const lm_call *c, lm_tensor **out) {
+  COMM(c->a, c->op);
+  lm_tensor *x = c->in[0];
+  int d = (int)c->a->i[0], k = lm_comm_size(comm), r = lm_comm_rank(comm);
+  if (d < 0 || d >= x->ndim) return lm_error("_dist_pad: dim %d is out of range for a %d-d tensor", d, x->ndim);
+  lm_tensor **parts = malloc(sizeof *parts * (size_t)k), *z = lm_empty_like(x);
+  *out = NULL;
+  if (parts && z && lm_fill_(z, 0) == 0) {
+    for (int i = 0; i < k; i++) parts[i] = i == r ? x : z;
+    *out = lm_run(LM_OP_CAT, k, parts, &(lm_attrs){.i = {d}, .ni = 1});
+  } else if (!parts) {
+    lm_error("_dist_pad: out of memory");
+  }
+  free(parts);
+  lm_release(z);
+  return *out ? 0 : -1;
+}
+
+int lm_bw_dist_pad(const lm_saved *n, lm_tensor *const *g, lm_tensor **gin) {
+  COMM(&n->attrs, n->op);
+  return (gin[0] = lm_reduce_scatter(comm, g[0], LM_RED_SUM, (int)n->attrs.i[0])) ? 0 : -1;
 }

@@ -91,6 +91,8 @@ return {
     .. "  a table from child names (or fnmatch patterns; 1-based numbers for nn.Sequential) to styles",
   ["tp.ColwiseParallel"] = "tp.ColwiseParallel{input_layouts=, output_layouts=, use_local_output=} -> a Linear's weight Shard(1) (PyTorch's Shard(0))",
   ["tp.RowwiseParallel"] = "tp.RowwiseParallel{...} -> a Linear's weight sharded on its input dim; output all-reduced",
+  ["tp.AsyncTPInput"] = "tp.AsyncTPInput{consumers={\"wq\",\"wk\",\"wv\"}} -> the module's sequence-sharded input gathered once\n"
+    .. "  in chunks, each multiplied by every consumer (ColwiseParallel{input_layouts=Shard(2), async_tp=true})",
   ["help"] = "help(obj) or ?name -> these notes; help() lists the topics",
   ["quit"] = "quit() or exit() (or Ctrl-D) -> ends the REPL",
 }

@@ -5,7 +5,10 @@
 -- output, the input's and every parameter's gradient, after an SGD step.
 -- Tolerance: output and input gradient equal the plain plan within f32
 -- rtol 1e-6 / atol 1e-7; weight gradients (sums over chunks instead of one
--- GEMM) and the unsharded MLP within rtol 1e-5 / atol 1e-6.
+-- GEMM) and the unsharded MLP within rtol 1e-5 / atol 1e-6. A Llama block
+-- (train.lua's --async-tp layout: wq/wk/wv and w1/w3 share one chunked
+-- gather per module) against the plain plan: output rtol 1e-6 / atol 1e-7,
+-- input and weight gradients rtol 1e-5 / atol 1e-6; bytes counted.
 --   scripts/loomrun -n 2 --quiet-others scripts/run_specs.lua -o plainTerminal spec/dist/async_tp_spec.lua
 local loom = require "loom"
 local dist = require "loom.distributed"
@@ -65,11 +68,105 @@ describe("async TP", function()
     assert.same({}, bad)
   end)
 
+  -- a Llama block (attention + SwiGLU feed-forward) on sequence shards: the
+  -- plain sequence-parallel plan against --async-tp's (train.lua's layout),
+  -- whose column-wise side gathers the normed input once per module
+  local L = require "loom.parallel.layout"
+  local Tr = require "loom.models.transformer"
+  local function block_plan(async)
+    local full = Tr.tp_plan { sequence_parallel = true, tp = ws }
+    if async then full = L.async_tp(full, { ["async-tp"] = true, ["sequence-parallel"] = true }, { tp = ws }) end
+    local p = {}
+    for k, v in pairs(full) do
+      local sub = k:match("^layers%.%*%.(.+)$")
+      if sub then p[sub] = v end
+    end
+    return p
+  end
+  local cfg = Tr.config { vocab_size = 8, dim = 32, n_layers = 1, n_heads = 4, max_seq_len = 16 }
+  local function run_block(async)
+    loom.manual_seed(7)
+    local b = Tr.TransformerBlock(cfg)
+    tp.parallelize_module(b, mesh, block_plan(async))
+    loom.manual_seed(8)
+    local x = loom.randn(2, 4 * ws, cfg.dim)
+    local w = loom.randn(2, 4 * ws, cfg.dim):chunk(ws, 2)[me + 1]
+    local cos, sin = loom.F.rope_tables(4 * ws, cfg.dim / cfg.n_heads)
+    local lx = x:chunk(ws, 2)[me + 1]:contiguous():requires_grad_(true)
+    local y
+    local fw = dist.comm_mode(function() y = b(lx, cos, sin) end)
+    local ly = dist.is_dtensor(y) and y:to_local() or y
+    local bw = dist.comm_mode(function() (ly * w):sum():backward() end)
+    return b, ly, lx.grad, fw, bw
+  end
+
+  it("a Llama block: output, input and weight gradients equal the plain plan; one gather per module", function()
+    local bp, yp, gp, fwp, bwp = run_block(false)
+    local ba, ya, ga, fwa, bwa = run_block(true)
+    local bad = {}
+    H.close(bad, "block output vs plain", ya, yp, 1e-6, 1e-7)
+    H.close(bad, "block input grad vs plain", ga, gp, 1e-5, 1e-6)
+    for _, kv in ipairs(bp:named_parameters()) do
+      H.close(bad, kv[1] .. ".grad vs plain", H.param(ba, kv[1]).grad, H.full(kv[2].grad), 1e-5, 1e-6)
+    end
+    assert.same({}, bad)
+    if me == 0 then
+      io.stderr:write(string.format("[async_tp_spec] tp %d block fwd plain %s\n  fwd async %s\n  bwd plain %s\n  bwd async %s\n",
+                                    ws, tostring(fwp), tostring(fwa), tostring(bwp), tostring(bwa)))
+    end
+    -- forward: no all-gather left; p2p moves what the plain plan's two
+    -- all-gathers (attention, feed-forward) and two reduce-scatters (wo,
+    -- w2) move per rank: (tp-1) shards each, not three (two) times that
+    local shard = 2 * 4 * cfg.dim * 4   -- (B, T/tp, dim) f32 bytes
+    assert.equal(2, fwp.counts.all_gather)
+    assert.equal(2 * shard, fwp.bytes.all_gather)
+    assert.equal(0, fwa.counts.all_gather)
+    assert.equal(0, fwa.counts.reduce_scatter)
+    assert.equal(4 * (ws - 1), fwa.counts.send)
+    assert.equal((ws - 1) * (fwp.bytes.all_gather + fwp.bytes.reduce_scatter / ws), fwa.bytes.send)
+    -- backward: the plain plan sums the input's gradient over ranks once
+    -- per column-wise Linear (wq, wk, wv, w1, w3: 5 all-reduces of the
+    -- gathered input); the shared gather reduce-scatters it once per
+    -- module (2). The all-reduces left are the 2 norms' weights (dim f32).
+    assert.equal(7, bwp.counts.all_reduce)
+    assert.equal(5 * ws * shard + 2 * cfg.dim * 4, bwp.bytes.all_reduce)
+    assert.equal(2, bwa.counts.all_reduce)
+    assert.equal(2 * cfg.dim * 4, bwa.bytes.all_reduce)
+    assert.equal(2, bwa.counts.reduce_scatter)
+    assert.equal(2 * ws * shard, bwa.bytes.reduce_scatter)
+    assert.equal(bwp.bytes.all_gather, bwa.bytes.all_gather)
+  end)
+
   it("refuses async_tp on layouts it does not overlap, naming the style", function()
     local ok, err = pcall(tp.ColwiseParallel, { async_tp = true })
     assert.is_false(ok)
     assert.matches("ColwiseParallel: async_tp needs input_layouts=Shard(2)", err, 1, true)
     ok, err = pcall(tp.RowwiseParallel, { async_tp = true })
     assert.matches("RowwiseParallel: async_tp needs output_layouts=Shard(2)", err, 1, true)
+  end)
+
+  it("AsyncTPInput refuses bad consumers, a consumer not parallelized async, and a consumer called twice", function()
+    local ok, err = pcall(tp.AsyncTPInput, {})
+    assert.is_false(ok)
+    assert.matches("AsyncTPInput: consumers expected a list of child names, got nil", err, 1, true)
+    ok, err = pcall(tp.AsyncTPInput, { consumers = { "w1", 3 } })
+    assert.matches("AsyncTPInput: consumers[2] expected a child name (string), got number", err, 1, true)
+    -- w3 left plain: the hook names it instead of gathering for it
+    local ff = Tr.FeedForward(cfg)
+    tp.parallelize_module(ff, mesh, { [""] = tp.AsyncTPInput { consumers = { "w1", "w3" } },
+                                      w1 = tp.ColwiseParallel { input_layouts = Shard(2), async_tp = true },
+                                      w3 = tp.ColwiseParallel {} })
+    local x = loom.randn(2, 4, cfg.dim)
+    ok, err = pcall(ff, x)
+    assert.is_false(ok)
+    assert.matches("AsyncTPInput: the module.w3 must be a Linear parallelized by ColwiseParallel", err, 1, true)
+    -- a forward that calls a consumer twice gets an error, not the placeholder's zeros
+    local twice = Tr.FeedForward(cfg)
+    twice.forward = function(self, h) return self.w1(h) + self.w1(h) end
+    tp.parallelize_module(twice, mesh, { [""] = tp.AsyncTPInput { consumers = { "w1" } },
+                                         w1 = tp.ColwiseParallel { input_layouts = Shard(2), async_tp = true } })
+    ok, err = pcall(twice, x)
+    assert.is_false(ok)
+    assert.matches("this Linear's product was already used", err, 1, true)
   end)
 end)

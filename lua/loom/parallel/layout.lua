@@ -77,9 +77,10 @@ function M.plan_for(plan, module)
 end
 
 -- --async-tp: the plan's row-wise projections back to the sequence (wo,
--- w2) reduce-scatter in chunks overlapped with their matmul. It needs
--- --sequence-parallel; the column-wise side stays as it is (one all-gather
--- feeds wq, wk and wv, which async_tp on each would triple).
+-- w2) reduce-scatter in chunks overlapped with their matmul; on the
+-- column-wise side the attention's and the feed-forward's input is
+-- gathered once in chunks, each chunk multiplied by wq, wk and wv (w1 and
+-- w3) as it arrives (AsyncTPInput). It needs --sequence-parallel.
 function M.async_tp(plan, o, w)
   if not o["async-tp"] then return plan end
   if not o["sequence-parallel"] or w.tp == 1 then
@@ -88,6 +89,13 @@ function M.async_tp(plan, o, w)
   local tp, dt = require "loom.parallel", require "loom.distributed.dtensor"
   for _, k in ipairs { "layers.*.attention.wo", "layers.*.feed_forward.w2" } do
     plan[k] = tp.RowwiseParallel { output_layouts = dt.Shard(2), async_tp = true }
+  end
+  local shared = { attention = { "wq", "wk", "wv" }, feed_forward = { "w1", "w3" } }
+  for parent, consumers in pairs(shared) do
+    plan["layers.*." .. parent] = tp.AsyncTPInput { consumers = consumers }
+    for _, c in ipairs(consumers) do
+      plan["layers.*." .. parent .. "." .. c] = tp.ColwiseParallel { input_layouts = dt.Shard(2), async_tp = true }
+    end
   end
   return plan
 end

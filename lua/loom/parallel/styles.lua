@@ -54,6 +54,7 @@ function M.ColwiseParallel:apply(module, mesh, fqn)
   if self.async_tp then   -- the all-gather overlapped with the matmul (async_tp.lua)
     if k ~= "Linear" then unsupported(self, module, fqn or "") end
     module.forward = require("loom.parallel.async_tp").colwise_forward(mesh)
+    rawset(module, "_async_tp", true)
     return module
   end
   module:register_forward_pre_hook(input_hook(mesh, self.input_layouts, Replicate()))
@@ -97,6 +98,32 @@ function M.RowwiseParallel:apply(module, mesh, fqn)
   local from = self.input_layouts or (linear and Shard(-1) or Replicate())
   module:register_forward_pre_hook(input_hook(mesh, from, linear and Shard(-1) or Replicate()))
   module:register_forward_hook(output_hook(mesh, self.output_layouts, self.use_local_output))
+  return module
+end
+
+---------------------------------------------------------------------------
+-- AsyncTPInput{consumers = {"wq", "wk", "wv"}} (loom's, not PyTorch's): on
+-- a module whose first input is sequence shards (Shard(2)) and whose named
+-- children are ColwiseParallel{input_layouts=Shard(2), async_tp=true}: the
+-- input is gathered once, chunk by chunk over p2p, each chunk multiplied by
+-- every child's weight as it arrives (async_tp.lua); the children return
+-- those products, so the gather is not repeated per child.
+M.AsyncTPInput = S.ParallelStyle:extend("AsyncTPInput")
+function M.AsyncTPInput:__init(o)
+  local c = o.consumers
+  if type(c) ~= "table" or #c == 0 then
+    error("AsyncTPInput: consumers expected a list of child names, got " .. (type(c) == "table" and "an empty table" or type(c)), 3)
+  end
+  for i, n in ipairs(c) do
+    if type(n) ~= "string" then
+      error(string.format("AsyncTPInput: consumers[%d] expected a child name (string), got %s", i, type(n)), 3)
+    end
+  end
+  self.consumers = c
+end
+function M.AsyncTPInput:repr() return "AsyncTPInput(consumers={" .. table.concat(self.consumers, ", ") .. "})" end
+function M.AsyncTPInput:apply(module, mesh, fqn)
+  module:register_forward_pre_hook(require("loom.parallel.async_tp").shared_gather_hook(mesh, self.consumers, fqn or ""))
   return module
 end
 
