@@ -19,8 +19,9 @@ local SIZES = {
   ["0.8M"] = { dim = 128, layers = 4, heads = 4, vocab = 65, seq = 64, batch = 12 },
   ["10M"] = { dim = 320, layers = 8, heads = 8, vocab = 2048, seq = 128, batch = 8 },
   ["97M"] = { dim = 768, layers = 12, heads = 12, vocab = 8192, seq = 256, batch = 4 },
+  ["350M"] = { dim = 1024, layers = 26, heads = 16, vocab = 8192, seq = 256, batch = 4 },
 }
-local c = SIZES[o.size] or error("bench_curves.lua: --size expected one of 0.8M, 10M, 97M, got " .. o.size, 0)
+local c = SIZES[o.size] or error("bench_curves.lua: --size expected one of 0.8M, 10M, 97M, 350M, got " .. o.size, 0)
 
 local multi = os.getenv("OMPI_COMM_WORLD_SIZE") ~= nil
 local dist = multi and require "loom.distributed" or nil

@@ -1,22 +1,22 @@
 #!/usr/bin/env bash
 # bench_curves.sh: loom's cost curves from one command. Runs
-# scripts/bench_curves.lua for each point (model sizes 0.8M, 10M, 97M on one
+# scripts/bench_curves.lua for each point (model sizes 0.8M, 10M, 97M, 350M on one
 # rank; the 10M model with TP and FSDP on 2 and 4 ranks, more ranks than
 # cores oversubscribed), collects the JSON lines, prints markdown tables and
 # draws docs/img/curves_size.png, curves_degree.png, curves_memory.png and
 # curves_comm.png with gnuplot. Each point runs alone, in turn.
 # Usage: bash scripts/bench_curves.sh [--quick | --plot-only]
-#   --quick: no 97M point; --plot-only: tables and plots from the last run's
+#   --quick: no 97M and 350M points; --plot-only: tables and plots from the last run's
 #   JSON lines ($LOOM_CURVES_OUT, default /tmp/loom_curves.jsonl)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${LOOM_CURVES_OUT:-/tmp/loom_curves.jsonl}
 if [ "${1:-}" != "--plot-only" ]; then
   : >"$out"
-  sizes=(0.8M 10M 97M)
+  sizes=(0.8M 10M 97M 350M)
   [ "${1:-}" = "--quick" ] && sizes=(0.8M 10M)
   for s in "${sizes[@]}"; do
-    steps=3; [ "$s" = 97M ] && steps=2
+    steps=3; case $s in 97M|350M) steps=2 ;; esac
     luajit scripts/bench_curves.lua --size "$s" --steps $steps --out "$out" >/dev/null
   done
   for n in 2 4; do
@@ -33,7 +33,7 @@ local recs = {}
 for line in io.lines(arg[1]) do recs[#recs + 1] = json.decode(line) end
 local function w(name, lines) local f = assert(io.open(arg[2] .. "/" .. name, "w")) f:write(table.concat(lines, "\n"), "\n") f:close() end
 local size, tp, fsdp, mem, comm = {}, {}, {}, {}, {}
-print("CPU: " .. recs[1].cpu .. ", 2 vCPUs shared with other jobs while measured\n")
+print("CPU: " .. recs[1].cpu .. " (check `uptime`: figures are only as good as the machine is idle)\n")
 print("| size | params | layout | ranks | step ms | tokens/s | PyTorch eager step ms | PyTorch tokens/s | live MiB/rank | peak MiB/rank | comm MB/step/rank measured | predicted |")
 print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 for _, r in ipairs(recs) do
