@@ -131,16 +131,22 @@ function M.clip_grad_norm_(params, max_norm, opts)
     return norm:item()
   end
   local norm = math.sqrt(M.grad_norm_squared(params))
-  local coef = max_norm / (norm + 1e-6)
-  if coef < 1 then
-    loom.no_grad(function()
-      for _, p in ipairs(params) do
-        local g = p.grad
-        if g ~= nil then g:copy_(g * coef) end
-      end
-    end)
-  end
+  M.clip_grads_with_norm_(params, max_norm, norm)
   return norm
+end
+
+-- clip_grads_with_norm_(params, max_norm, total_norm): scales gradients in
+-- place by max_norm / (total_norm + 1e-6) when that is below 1, with a norm
+-- computed elsewhere (PyTorch's name; pipeline stages sum theirs over pp)
+function M.clip_grads_with_norm_(params, max_norm, total_norm)
+  local coef = max_norm / (total_norm + 1e-6)
+  if coef >= 1 then return end
+  loom.no_grad(function()
+    for _, p in ipairs(params) do
+      local g = p.grad
+      if g ~= nil then g:copy_(g * coef) end
+    end
+  end)
 end
 
 return M

@@ -195,15 +195,7 @@ function M.clip_grad_norm_(params, max_norm, w, dist, opts)
   if w.pp == 1 then return U.clip_grad_norm_(params, max_norm, opts) end
   local sq = dist.all_reduce(loom.tensor({ U.grad_norm_squared(params) }, { dtype = "f64" }), "sum", w.mesh, "pp")
   local norm = math.sqrt(sq:item())
-  local coef = max_norm / (norm + 1e-6)
-  if coef < 1 then
-    loom.no_grad(function()
-      for _, p in ipairs(params) do
-        local g = p.grad
-        if g ~= nil then g:copy_(g * coef) end
-      end
-    end)
-  end
+  U.clip_grads_with_norm_(params, max_norm, norm)
   return norm
 end
 
