@@ -12,16 +12,7 @@ bash scripts/setup.sh || exit 1
 passed=0; failed=0
 log=$(mktemp)
 
-# busted summary: "N successes / N failures / N errors / N pending : T seconds"
-count_busted() {
-  local line s f e
-  line=$(grep -aE '[0-9]+ success(es)? / [0-9]+ failures? / [0-9]+ errors?' "$log" | tail -1)
-  if [ -z "$line" ]; then failed=$((failed + 1)); echo "  (no busted summary: counted as a failure)"; return; fi
-  s=$(grep -oE '[0-9]+ success' <<<"$line" | grep -oE '[0-9]+')
-  f=$(grep -oE '[0-9]+ failure' <<<"$line" | grep -oE '[0-9]+')
-  e=$(grep -oE '[0-9]+ error' <<<"$line" | grep -oE '[0-9]+')
-  passed=$((passed + s)); failed=$((failed + f + e))
-}
+source scripts/count_busted.sh   # count_busted: the last busted summary in $log into passed/failed
 
 # a suite that ends with a plain line: adds its last "<what>: N passed, N failed"
 count_line() {

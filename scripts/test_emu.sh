@@ -33,17 +33,8 @@ passed=0; failed=0
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 
-# busted's summary: "N successes / N failures / N errors / N pending"
-count_busted() {
-  local line s f e
-  line=$(grep -aE '[0-9]+ success(es)? / [0-9]+ failures? / [0-9]+ errors?' "$log" | tail -1)
-  if [ -z "$line" ]; then failed=$((failed + 1)); echo "   (no busted summary: counted as a failure)"; return; fi
-  s=$(grep -oE '[0-9]+ success' <<<"$line" | grep -oE '[0-9]+')
-  f=$(grep -oE '[0-9]+ failure' <<<"$line" | grep -oE '[0-9]+')
-  e=$(grep -oE '[0-9]+ error' <<<"$line" | grep -oE '[0-9]+')
-  passed=$((passed + s)); failed=$((failed + f + e))
-  echo "   $line"
-}
+source scripts/count_busted.sh   # count_busted: the last busted summary in $log into passed/failed
+show_busted() { count_busted && [ -n "$busted_line" ] && echo "   $busted_line"; }
 run() { # what, command...
   local what=$1; shift
   local t0; t0=$(date +%s)
@@ -78,11 +69,11 @@ fi
 run "CUDA specs, 1 process, 2 emulated GPUs" timeout 1200 luajit scripts/run_specs.lua -o plainTerminal "${filters[@]}" \
   spec/cuda_spec.lua spec/cuda_parity_spec.lua spec/cuda_fused_spec.lua spec/module_to_spec.lua \
   spec/devices_spec.lua spec/cuda_emu_spec.lua spec/cuda_train_spec.lua
-count_busted
+show_busted
 
 run "tensor parallelism, 2 ranks, an emulated GPU each" timeout 600 scripts/loomrun -n 2 --quiet-others \
   scripts/run_specs.lua -o plainTerminal "${filters[@]}" spec/dist/cuda_tp_spec.lua
-count_busted
+show_busted
 
 echo "test_emu.sh: $(( $(date +%s) - start )) s in all (emulated: never a measure of speed)"
 echo "emulated: $passed passed, $failed failed"
