@@ -59,6 +59,7 @@ LM_OP(COS,                 cos,                          1,  1, LM_COS,         
 LM_OP(POW_SCALAR,          pow_scalar,                   1,  1, LM_POW_SCALAR,  0,                            unary,         unary,               unary,               pointwise,     unary)
 LM_OP(CLAMP,               clamp,                        1,  1, LM_CLAMP,       0,                            unary,         unary,               unary,               pointwise,     unary)
 LM_OP(SOFTPLUS,            softplus,                     1,  1, LM_SOFTPLUS,    0,                            unary,         unary,               unary,               pointwise,     unary)
+LM_OP(MISH,                mish,                         1,  1, LM_MISH,        0,                            unary,         unary,               unary,               pointwise,     unary)
 LM_OP(HARDTANH,            hardtanh,                     1,  1, LM_CLAMP,       0,                            unary,         unary,               unary,               pointwise,     unary)
 LM_OP(ADD_SCALAR,          add_scalar,                   1,  1, LM_ADD_SCALAR,  0,                            unary,         unary,               unary,               pointwise,     unary)
 LM_OP(MUL_SCALAR,          mul_scalar,                   1,  1, LM_MUL_SCALAR,  0,                            unary,         unary,               unary,               pointwise,     unary)

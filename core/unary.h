@@ -27,6 +27,8 @@ enum lm_unary_grad { LM_D_NONE, LM_D_X, LM_D_Y };
        LM_R(0.79788456080286535588) * (1 + 3 * LM_R(0.044715) * (x) * (x)))
 /* silu(x) = x s, s = sigmoid(x); silu'(x) = s (1 + x (1 - s)) */
 #define LM_SILU_D_OF(x) ((1 + (x) * (1 - 1 / (1 + exp(-(x))))) / (1 + exp(-(x))))
+/* mish(x) = x t, t = tanh(softplus(x)); mish'(x) = t + x (1 - t^2) sigmoid(x) */
+#define LM_MISH_T(x) tanh(log1p(exp(x)))
 
 /*      kind          f(x)                                  f'(x)                          reads */
 #define LM_UNARY_KINDS(X)                                                                       \
@@ -49,6 +51,7 @@ enum lm_unary_grad { LM_D_NONE, LM_D_X, LM_D_Y };
   X(CLAMP,        x < k0 ? k0 : x > k1 ? k1 : x,        x > k0 && x < k1,              LM_D_X)  \
   /* softplus(x) = log(1 + e^(k1 x)) / k1, linear where k1 x > k0 (PyTorch's beta k1, threshold k0) */ \
   X(SOFTPLUS,     k1 * x > k0 ? x : log1p(exp(k1 * x)) / k1, k1 * x > k0 ? 1 : 1 / (1 + exp(-k1 * x)), LM_D_X) \
+  X(MISH,         x * LM_MISH_T(x),  LM_MISH_T(x) + x * (1 - LM_MISH_T(x) * LM_MISH_T(x)) / (1 + exp(-x)), LM_D_X) \
   /* a Lua number as an operand (x + 1, x * 0.5, x / 4, 2 - x): no 0-dim tensor per call */          \
   X(ADD_SCALAR,   x + k0,                               1,                             LM_D_X)  \
   X(MUL_SCALAR,   x * k0,                               k0,                            LM_D_X)  \

@@ -39,6 +39,8 @@ function F.softplus(x, beta, threshold)
   end
   return T.op1(C.LM_OP_SOFTPLUS, x, nil, { threshold, beta })
 end
+-- mish(x) = x tanh(softplus(x)) (Misra 2019; PyTorch's F.mish)
+function F.mish(x) return T.op1(C.LM_OP_MISH, check(x, "mish", "input")) end
 -- swiglu(gate, up) = silu(gate) * up (SwiGLU's product, one pass where
 -- the backend has the fused kernel); gate and up broadcast
 function F.swiglu(a, b)

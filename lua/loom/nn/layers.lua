@@ -158,7 +158,7 @@ function M.Dropout:forward(x) return F.dropout(x, self.p, self.training) end
 function M.Dropout:extra_repr() return "p=" .. self.p end
 
 -- activations as modules
-for name, fn in pairs { ReLU = "relu", SiLU = "silu", Tanh = "tanh", Sigmoid = "sigmoid" } do
+for name, fn in pairs { ReLU = "relu", SiLU = "silu", Tanh = "tanh", Sigmoid = "sigmoid", Mish = "mish" } do
   M[name] = Module:extend(name)
   M[name].forward = function(_, x) return F[fn](x) end
 end
