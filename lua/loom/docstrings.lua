@@ -48,7 +48,7 @@ return {
   ["Tensor:full_tensor"] = "d:full_tensor() -> the whole DTensor on every rank (gathers)",
   ["Tensor:redistribute"] = "d:redistribute(mesh, placements) -> d with other placements (collectives)",
   ["nn"] = "loom.nn: Linear, Embedding, LayerNorm, RMSNorm, Dropout, Sequential, ModuleList,\n"
-    .. "  ReLU, GELU, SiLU, Hardtanh, Softplus; nn.Module:extend(\"Name\") for your own.",
+    .. "  ReLU, GELU, SiLU, Hardtanh, Softplus, Mish; nn.Module:extend(\"Name\") for your own.",
   ["nn.Module"] = "nn.Module:extend(\"Name\") -> a class; define __init and forward(x); model(x) calls forward.\n"
     .. "  m:parameters(), m:named_parameters(), m:to(device), m:train(), m:eval(), m:state_dict()",
   ["nn.Linear"] = "nn.Linear(in, out [, bias=true]) -> y = x @ weight:t() + bias; weight is out x in",
