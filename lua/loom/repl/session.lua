@@ -3,7 +3,6 @@
 -- globals (chunk.lua), expressions echo their values, errors come back as
 -- a message with the user's frames only (loom's own files, the REPL and C
 -- frames left out), and Ctrl-C during a chunk ends the chunk.
-local ffi = require "ffi"
 local chunk = require "loom.repl.chunk"
 local help = require "loom.repl.help"
 
