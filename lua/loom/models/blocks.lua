@@ -95,10 +95,9 @@ function M.run_layers(layers, h, cache, t, call)
   return h
 end
 
--- check_tp(tp, counts): each {name, count} of counts (head counts) must
--- divide by the tensor-parallel degree tp, when given.
-function M.check_tp(tp, counts)
-  if not tp then return end
+-- each {name, count} of counts (head counts) must divide by the
+-- tensor-parallel degree tp; the error lands at tp_plan's caller
+local function check_tp(tp, counts)
   for _, kv in ipairs(counts) do
     if kv[2] % tp ~= 0 then
       error(string.format("tp_plan: %s (%d) must divide by the tensor-parallel degree (%d)", kv[1], kv[2], tp), 3)
@@ -106,23 +105,38 @@ function M.check_tp(tp, counts)
   end
 end
 
--- tp_plan(names, opts): Megatron's split of a decoder in PyTorch's styles:
--- the Linears names.colwise Colwise and names.rowwise Rowwise, the
+-- tp_plan(names, opts, counts): Megatron's split of a decoder in PyTorch's
+-- styles: the Linears names.colwise Colwise and names.rowwise Rowwise, the
 -- embedding names.embedding vocabulary-parallel (Rowwise), the head
 -- names.output Colwise. opts.sequence_parallel: the Rowwise outputs and the
--- embedding's are sharded on the sequence (Shard(2)); opts.loss_parallel:
--- the logits stay a DTensor sharded on the vocabulary.
-function M.tp_plan(names, opts)
+-- embedding's are sharded on the sequence (Shard(2)), names.norms run
+-- SequenceParallel, and each module of names.gathered (fqn = its number of
+-- positional inputs) gets its inputs gathered from the sequence shards.
+-- opts.loss_parallel: the logits stay a DTensor sharded on the vocabulary.
+-- counts (the model's head counts, when it is given) are checked against
+-- opts.tp. The models' tp_plan tail-call this, so errors name their caller.
+function M.tp_plan(names, opts, counts)
+  opts = opts or {}
+  if counts and opts.tp then check_tp(opts.tp, counts) end
   local tp = require "loom.parallel"
   local dt = require "loom.distributed.dtensor"
   local Shard, Replicate = dt.Shard, dt.Replicate
   local sp, lp = opts.sequence_parallel, opts.loss_parallel
   local plan = {}
   for _, fqn in ipairs(names.colwise) do plan[fqn] = tp.ColwiseParallel{} end
-  for _, fqn in ipairs(names.rowwise) do plan[fqn] = tp.RowwiseParallel{ output_layouts = sp and Shard(2) or nil } end
+  for _, fqn in ipairs(names.rowwise) do
+    plan[fqn] = tp.RowwiseParallel{ output_layouts = sp and Shard(2) or nil }
+  end
   plan[names.embedding] = tp.RowwiseParallel{ input_layouts = Replicate(), output_layouts = sp and Shard(2) or Replicate() }
   plan[names.output] = tp.ColwiseParallel{ input_layouts = sp and Shard(2) or Replicate(),
                                            output_layouts = lp and Shard(-1) or Replicate(), use_local_output = not lp }
+  if sp then
+    for _, fqn in ipairs(names.norms) do plan[fqn] = tp.SequenceParallel{} end
+    for fqn, n in pairs(names.gathered) do
+      plan[fqn] = tp.PrepareModuleInput{ input_layouts = { Shard(2), n = n },
+                                         desired_input_layouts = { Replicate(), n = n } }
+    end
+  end
   return plan
 end
 

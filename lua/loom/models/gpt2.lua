@@ -96,10 +96,10 @@ function M.new(cfg) return GPT2(cfg) end
 -- replicated. With tp given, n_head is checked against it.
 function M.tp_plan(opts, model)
   opts = opts or {}
-  if model then blocks.check_tp(opts.tp, { { "n_head", model.config.n_head } }) end
   return blocks.tp_plan({ colwise = { "h.*.attn.q", "h.*.attn.k", "h.*.attn.v", "h.*.mlp.c_fc" },
                           rowwise = { "h.*.attn.c_proj", "h.*.mlp.c_proj" }, embedding = "wte", output = "lm_head" },
-                        { loss_parallel = opts.loss_parallel })
+                        { loss_parallel = opts.loss_parallel, tp = opts.tp },   -- no sequence parallelism
+                        model and { { "n_head", model.config.n_head } })
 end
 
 return M

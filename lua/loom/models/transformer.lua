@@ -125,28 +125,14 @@ function M.new(cfg) return Transformer(cfg) end
 -- on the vocabulary for loss_parallel). With tp given, the head counts are
 -- checked against it.
 function M.tp_plan(opts, model)
-  opts = opts or {}
-  local tp = require "loom.parallel"
-  local dt = require "loom.distributed.dtensor"
-  local Shard, Replicate = dt.Shard, dt.Replicate
-  if model then
-    blocks.check_tp(opts.tp, { { "n_heads", model.config.n_heads }, { "n_kv_heads", model.config.n_kv_heads } })
-  end
-  local plan = blocks.tp_plan({
+  return blocks.tp_plan({
     colwise = { "layers.*.attention.wq", "layers.*.attention.wk", "layers.*.attention.wv",
                 "layers.*.feed_forward.w1", "layers.*.feed_forward.w3" },
     rowwise = { "layers.*.attention.wo", "layers.*.feed_forward.w2" },
-    embedding = "tok_embeddings", output = "output" }, opts)
-  if opts.sequence_parallel then
-    plan["layers.*.attention_norm"] = tp.SequenceParallel{}
-    plan["layers.*.ffn_norm"] = tp.SequenceParallel{}
-    plan.norm = tp.SequenceParallel{}
-    plan["layers.*.attention"] = tp.PrepareModuleInput{ input_layouts = { Shard(2), n = 3 },
-                                                         desired_input_layouts = { Replicate(), n = 3 } }
-    plan["layers.*.feed_forward"] = tp.PrepareModuleInput{ input_layouts = { Shard(2) },
-                                                            desired_input_layouts = { Replicate() } }
-  end
-  return plan
+    embedding = "tok_embeddings", output = "output",
+    norms = { "layers.*.attention_norm", "layers.*.ffn_norm", "norm" },
+    gathered = { ["layers.*.attention"] = 3, ["layers.*.feed_forward"] = 1 },   -- (x, cos, sin) and (x)
+  }, opts, model and { { "n_heads", model.config.n_heads }, { "n_kv_heads", model.config.n_kv_heads } })
 end
 
 -- generate(model, ids (1, T), n, {temperature=1, top_k}): appends n sampled
