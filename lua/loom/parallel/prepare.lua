@@ -70,9 +70,20 @@ local function output_hook(self, mesh)
   end
 end
 
+-- a style class whose apply registers hook(style, mesh) on the module
+-- through its method `register` (a forward pre-hook or a forward hook)
+local function hook_style(name, register, hook)
+  local cls = S.ParallelStyle:extend(name)
+  function cls:apply(module, mesh)
+    module[register](module, hook(self, mesh))
+    return module
+  end
+  return cls
+end
+
 -- PrepareModuleInput{input_layouts, desired_input_layouts, input_kwarg_layouts,
 -- desired_input_kwarg_layouts, use_local_output=false}
-M.PrepareModuleInput = S.ParallelStyle:extend("PrepareModuleInput")
+M.PrepareModuleInput = hook_style("PrepareModuleInput", "register_forward_pre_hook", input_hook)
 function M.PrepareModuleInput:__init(o)
   local n = "PrepareModuleInput"
   self.input_layouts, self.desired_input_layouts = layout_pair(n, "input", o)
@@ -80,21 +91,13 @@ function M.PrepareModuleInput:__init(o)
   self.desired_input_kwarg_layouts = named(n, "desired_input_kwarg_layouts", o.desired_input_kwarg_layouts) or {}
   self.use_local_output = o.use_local_output == true
 end
-function M.PrepareModuleInput:apply(module, mesh)
-  module:register_forward_pre_hook(input_hook(self, mesh))
-  return module
-end
 
 -- PrepareModuleOutput{output_layouts, desired_output_layouts, use_local_output=true}
-M.PrepareModuleOutput = S.ParallelStyle:extend("PrepareModuleOutput")
+M.PrepareModuleOutput = hook_style("PrepareModuleOutput", "register_forward_hook", output_hook)
 function M.PrepareModuleOutput:__init(o)
   local n = "PrepareModuleOutput"
   self.output_layouts, self.desired_output_layouts = layout_pair(n, "output", o, true)
   self.use_local_output = o.use_local_output ~= false
-end
-function M.PrepareModuleOutput:apply(module, mesh)
-  module:register_forward_hook(output_hook(self, mesh))
-  return module
 end
 
 -- PrepareModuleInputOutput{...both sets...; use_local_input=false, use_local_output=true}
