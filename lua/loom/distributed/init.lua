@@ -28,20 +28,15 @@ function M.local_world_size() return C.lm_dist_local_size() end
 -- the runtime (the backend is MPI, and NCCL for CUDA tensors, whatever is
 -- asked); destroy_process_group has nothing to do (the runtime ends with
 -- the process).
-function M.get_rank(group)
-  if group ~= nil then
-    if getmetatable(group) ~= M.Group then T.argerror("get_rank", "group", "a dist.Group or nil", describe(group)) end
-    return group:rank()
+local function of_group(fname, method, world)
+  return function(group)
+    if group == nil then return M[world]() end
+    if getmetatable(group) ~= M.Group then T.argerror(fname, "group", "a dist.Group or nil", describe(group)) end
+    return group[method](group)
   end
-  return M.rank()
 end
-function M.get_world_size(group)
-  if group ~= nil then
-    if getmetatable(group) ~= M.Group then T.argerror("get_world_size", "group", "a dist.Group or nil", describe(group)) end
-    return group:size()
-  end
-  return M.world_size()
-end
+M.get_rank = of_group("get_rank", "rank", "rank")
+M.get_world_size = of_group("get_world_size", "size", "world_size")
 function M.get_local_rank() M.init() return tonumber(os.getenv("OMPI_COMM_WORLD_LOCAL_RANK") or os.getenv("MPI_LOCALRANKID") or 0) end
 function M.is_available() return true end
 function M.init_process_group() M.init() end
