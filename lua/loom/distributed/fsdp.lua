@@ -32,7 +32,6 @@
 -- gathered from forward to the end of backward, as FSDP2 does.
 -- Under no_grad (evaluation) the forward gathers into temporaries that are
 -- freed after it, with no hooks.
-local ffi = require "ffi"
 local loom = require "loom"
 local T = require "loom.tensor"
 local dist = require "loom.distributed"
@@ -43,7 +42,7 @@ local C = loom.C
 
 local M = {}
 
-local function address(t) return tostring(ffi.cast("void*", t)) end
+local address = T.address
 
 -- what one backward has under way, across all units
 -- (sync false: backwards accumulate into the gathered leaves and reduce
