@@ -42,8 +42,6 @@ local C = loom.C
 
 local M = {}
 
-local address = T.address
-
 -- what one backward has under way, across all units
 -- (sync false: backwards accumulate into the gathered leaves and reduce
 -- nothing, for pipeline microbatches; see set_requires_gradient_sync)
@@ -268,7 +266,7 @@ end
 local function hook_outputs(unit, out)
   local function one(t)
     if not (T.is_tensor(t) and t.requires_grad and not t.is_leaf) then return end
-    local key = address(t)
+    local key = T.address(t)
     local list = G.pre[key]
     if not list then
       list = {}
