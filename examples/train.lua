@@ -196,7 +196,7 @@ end
 
 -- the model on its device (f32: with --dtype bf16 autocast runs its GEMMs
 -- in bf16), tensor- and data-parallel as laid out
-local function build_model(o, cfg, w, dist)
+local function build_model(o, cfg, w)
   local tp = require "loom.parallel"
   loom.manual_seed(o.seed)   -- the same full weights on every rank, at any layout
   local model = loom.device(w.device):use(transformer.new, cfg)
@@ -349,7 +349,7 @@ local function main(argv)
   local hf = o["init-from"] ~= "" and loom.models.hf
   if hf then cfg = hf.train_config(o["init-from"], cfg, tok.vocab_size) end
   if hf then o.dim, o.layers, o.heads = cfg.dim, cfg.n_layers, cfg.n_heads end
-  local model = build_model(o, cfg, w, dist)
+  local model = build_model(o, cfg, w)
   if hf then hf.load_weights(model, o["init-from"]) say("initialised from " .. o["init-from"]) end
   shard_model(o, model, w)
   local nparams = L.count_params(model, w, dist)

@@ -23,15 +23,7 @@ local x = loom.randn(n)
 local half = n * 4
 local src, dst = ffi.C.malloc(half), ffi.C.malloc(half)
 ffi.fill(src, half, 1) ffi.fill(dst, half, 2)
-local function memcpy_round()
-  local best = math.huge
-  for _ = 1, o.iters do
-    local t = bench.now()
-    ffi.copy(dst, src, half)
-    best = math.min(best, bench.now() - t)
-  end
-  return best
-end
+local function memcpy_round() return bench.best(function() ffi.copy(dst, src, half) end, o.iters) end
 
 local y
 local function silu_round()
@@ -60,7 +52,7 @@ end
 local s = loom.randn(4)
 local kept = {}
 local function temporaries(keep)
-  for i = 1, o.temps do
+  for _ = 1, o.temps do
     local t = s + s
     if keep then kept[#kept + 1] = t end
   end

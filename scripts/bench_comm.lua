@@ -31,12 +31,11 @@ local function iters_for(bytes) return math.max(5, math.min(2000, math.floor(2^2
 local function memcpy_gbs(bytes)
   local a, b = ffi.new("uint8_t[?]", bytes), ffi.new("uint8_t[?]", bytes)
   ffi.fill(a, bytes, 1)
-  local dt = 0
   local iters = iters_for(bytes)
   for _ = 1, 2 do ffi.copy(b, a, bytes) end
   local t0 = now()
   for _ = 1, iters do ffi.copy(b, a, bytes) end
-  dt = (now() - t0) / iters
+  local dt = (now() - t0) / iters
   return bytes / dt / 1e9
 end
 

@@ -11,7 +11,6 @@ local loom = require "loom"
 local dist = require "loom.distributed"
 local cp = require "loom.distributed.context_parallel"
 local bench = require "loom.bench"
-local F = loom.F
 
 local o = bench.args(arg, { seq = 8192, heads = 4, iters = 1, rotate = "allgather" }, "bench_cp_memory.lua")
 cp.set_rotate_method(o.rotate)

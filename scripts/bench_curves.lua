@@ -31,7 +31,7 @@ loom.manual_seed(0)
 local model = tr.new { vocab_size = c.vocab, dim = c.dim, n_layers = c.layers, n_heads = c.heads, max_seq_len = c.seq }
 local nparams = 0
 for _, p in ipairs(model:parameters()) do nparams = nparams + p:numel() end
-local layout, batch, run = "plain", c.batch, nil
+local layout, batch = "plain", c.batch
 if multi and o.fsdp then
   layout = "fsdp"
   local fsdp = require "loom.distributed.fsdp"

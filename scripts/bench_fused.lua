@@ -109,13 +109,7 @@ local function memcpy_s(bytes)
   local half = math.floor(bytes / 2)
   local src, dst = ffi.new("uint8_t[?]", half), ffi.new("uint8_t[?]", half)
   ffi.fill(src, half, 1)
-  local best = math.huge
-  for _ = 1, 5 do
-    local t0 = bench.now()
-    ffi.copy(dst, src, half)
-    best = math.min(best, bench.now() - t0)
-  end
-  return best
+  return bench.best(function() ffi.copy(dst, src, half) end, 5)
 end
 
 -- a child's result lines: "case<TAB>fw<TAB>bw"

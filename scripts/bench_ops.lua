@@ -123,13 +123,7 @@ if listed(o.sections, "overhead") then overhead() end
 pcall(ffi.cdef, [[ void *malloc(size_t n); void free(void *p); ]])
 local function time_min(fn, reps)
   fn()
-  local best = math.huge
-  for _ = 1, reps do
-    local t0 = bench.now()
-    fn()
-    best = math.min(best, bench.now() - t0)
-  end
-  return best
+  return bench.best(fn, reps)
 end
 local memcpy_cache = {}
 local function memcpy_seconds(bytes, reps)

@@ -66,19 +66,13 @@ local rows, results = {}, {}
 for _, kind in ipairs { "gpt2", "llama3", "llama2", "metaspace" } do
   local tok = Tokenizer.from_file(DIR .. kind .. ".json")
   tok:encode(text:sub(1, 1000))
-  local best, ids = math.huge, nil
-  for _ = 1, o.reps do
-    local t0 = bench.now()
-    ids = tok:encode(text, { add_special_tokens = false })
-    best = math.min(best, bench.now() - t0)
-  end
-  local lines, lbest = {}, math.huge
+  local ids
+  local best = bench.best(function() ids = tok:encode(text, { add_special_tokens = false }) end, o.reps)
+  local lines = {}
   for line in text:gmatch("[^\n]*\n?") do if line ~= "" then lines[#lines + 1] = line end end
-  for _ = 1, o.reps do
-    local t0 = bench.now()
+  local lbest = bench.best(function()
     for _, line in ipairs(lines) do tok:encode(line, { add_special_tokens = false }) end
-    lbest = math.min(lbest, bench.now() - t0)
-  end
+  end, o.reps)
   local ht, hcount, hdigest, hlines = hf(DIR .. kind .. ".json")
   local mb = #text / 1e6
   local same = hdigest and ((hcount == #ids and hdigest == sha1_of(ids)) and "yes" or "NO") or "n/a"

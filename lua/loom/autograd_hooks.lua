@@ -31,7 +31,7 @@ if not S then
 end
 local hooks = S.hooks
 
-local function address(t) return tostring(ffi.cast("void*", t)) end
+local address = T.address
 
 local function dispatch(leaf)
   local entry = hooks[address(leaf)]
@@ -91,7 +91,7 @@ end
 -- node and the output's number, as the C callback reports them.
 S.pre = S.pre or {}          -- "node address:k" -> { tensor = t, fn = fn }
 S.npre = S.npre or 0
-local function pre_key(node, k) return tostring(ffi.cast("void*", node)) .. ":" .. tonumber(k) end
+local function pre_key(node, k) return address(node) .. ":" .. tonumber(k) end
 local function pre_dispatch(node, k)
   local e = S.pre[pre_key(node, k)]
   if not e then return end

@@ -39,6 +39,17 @@ function M.max(t)
   return m
 end
 
+-- best(fn, n): the fewest seconds one of n calls of fn took
+function M.best(fn, n)
+  local best = math.huge
+  for _ = 1, n do
+    local t0 = M.now()
+    fn()
+    best = math.min(best, M.now() - t0)
+  end
+  return best
+end
+
 -- time(fn, n): median seconds of n calls after two warm-up calls
 function M.time(fn, n)
   fn() fn()

@@ -28,9 +28,9 @@ for k, v in pairs(TO_LOOM) do FROM_LOOM[v] = k end
 M.dtypes = TO_LOOM
 local FLOATING = { f32 = true, f64 = true, f16 = true, bf16 = true }
 
-local function fail(fname, path, msg, ...) error(string.format("%s: %s: " .. msg, fname, path, ...), 0) end
+local fail = R.fail
 local function sizes(s) return #s == 0 and "a scalar" or table.concat(s, "x") end
-local numel = R.numel
+local numel = require("loom.size").Size.numel
 
 -- reading: loom.safetensors_reader (pread, the header parsed in C)
 M.open, M.MAX_HEADER = R.open, R.MAX_HEADER

@@ -32,13 +32,10 @@ for i = 0, 63 do
 end
 M.TO_LOOM = { F64 = "f64", F32 = "f32", F16 = "f16", BF16 = "bf16", I64 = "i64", I32 = "i32", BOOL = "bool" }
 
+-- fail(fname, path, msg, ...): an error naming the function and the file
 local function fail(fname, path, msg, ...) error(string.format("%s: %s: " .. msg, fname, path, ...), 0) end
-local function numel(s)
-  local n = 1
-  for _, v in ipairs(s) do n = n * v end
-  return n
-end
-M.numel = numel
+M.fail = fail
+local numel = require("loom.size").Size.numel
 
 -- reads n bytes at offset of fd into dst; false when the file ends first
 local function pread_all(fd, dst, n, offset)

@@ -20,6 +20,9 @@ M.replaced = setmetatable({}, { __mode = "k" })
 local tensor_ct = ffi.typeof("lm_tensor")
 local function is_tensor(x) return type(x) == "cdata" and ffi.istype(tensor_ct, x) end
 M.is_tensor = is_tensor
+-- address(p): a C object's pointer as a string, the key of tables that
+-- know tensors (or meshes) by identity
+function M.address(p) return tostring(ffi.cast("void*", p)) end
 
 local DTYPES = { "f32", "f64", "bf16", "f16", "i32", "i64", "bool" }
 local FLOATS = { f32 = true, f64 = true, bf16 = true, f16 = true }

@@ -49,7 +49,7 @@ local function empty_of(fname, size, opts)
   return t
 end
 
-local function finish(fname, t, opts)
+local function finish(t, opts)
   if opts.requires_grad then
     if C.lm_set_requires_grad(t, 1) < 0 then c_error(3) end
   end
@@ -58,7 +58,7 @@ end
 
 function M.empty(...)
   local size, opts = parse_size("empty", ...)
-  return finish("empty", empty_of("empty", size, opts), opts)
+  return finish(empty_of("empty", size, opts), opts)
 end
 
 function M.full(size, value, opts)
@@ -71,7 +71,7 @@ function M.full(size, value, opts)
   check_fits(value, opts.dtype and dtype_id(opts.dtype, "full") or 0, "full", "value")
   local t = empty_of("full", size, opts)
   if C.lm_fill_(t, value == true and 1 or value == false and 0 or value) < 0 then c_error() end
-  return finish("full", t, opts)
+  return finish(t, opts)
 end
 
 function M.zeros(...)
@@ -106,7 +106,7 @@ function M.arange(a, b, step, opts)
     check_fits(start + (math.ceil((stop - start) / step) - 1) * step, dt, "arange", "end")
   end
   local dev = device_of(opts, "arange")
-  return finish("arange", wrap(C.lm_arange(start, stop, step, dt, dev)), opts)
+  return finish(wrap(C.lm_arange(start, stop, step, dt, dev)), opts)
 end
 
 local RANDOM = { uniform = 0, normal = 1, randint = 2 }
@@ -121,7 +121,7 @@ end
 local function random(fname, kind, a, b, size, opts)
   local t = empty_of(fname, size, opts)
   if C.lm_random_(t, RANDOM[kind], a, b, nil, nil) < 0 then c_error(3) end
-  return finish(fname, t, opts)
+  return finish(t, opts)
 end
 
 function M.rand(...)
@@ -235,7 +235,7 @@ function M.tensor(data, opts)
   end
   local t = empty_of("tensor", dims, { dtype = dt, device = opts.device })
   if C.lm_copy_(t, src) < 0 then c_error() end
-  return finish("tensor", t, opts)
+  return finish(t, opts)
 end
 
 return M

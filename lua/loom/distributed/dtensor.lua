@@ -105,7 +105,7 @@ local function c_mesh(mesh)
   if h == nil then T.c_error(3) end
   h = ffi.gc(h, C.lm_mesh_release)
   rawset(mesh, "_c", h)
-  meshes[tostring(ffi.cast("void*", h))] = mesh
+  meshes[T.address(h)] = mesh
   return h
 end
 M._c_mesh = c_mesh
@@ -125,7 +125,7 @@ local function spec(x)
     else placements[k] = M.Partial(REDUCE_NAME[p.op]) end
   end
   for d = 1, x.ndim do size[d] = tonumber(spec_shape[d - 1]) end
-  return placements, size, meshes[tostring(ffi.cast("void*", spec_mesh[0]))]
+  return placements, size, meshes[T.address(spec_mesh[0])]
 end
 
 ---------------------------------------------------------------------------

@@ -32,7 +32,6 @@
 -- gathered from forward to the end of backward, as FSDP2 does.
 -- Under no_grad (evaluation) the forward gathers into temporaries that are
 -- freed after it, with no hooks.
-local ffi = require "ffi"
 local loom = require "loom"
 local T = require "loom.tensor"
 local dist = require "loom.distributed"
@@ -42,8 +41,6 @@ local setup = require "loom.distributed.fsdp_setup"
 local C = loom.C
 
 local M = {}
-
-local function address(t) return tostring(ffi.cast("void*", t)) end
 
 -- what one backward has under way, across all units
 -- (sync false: backwards accumulate into the gathered leaves and reduce
@@ -269,7 +266,7 @@ end
 local function hook_outputs(unit, out)
   local function one(t)
     if not (T.is_tensor(t) and t.requires_grad and not t.is_leaf) then return end
-    local key = address(t)
+    local key = T.address(t)
     local list = G.pre[key]
     if not list then
       list = {}

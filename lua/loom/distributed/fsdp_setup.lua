@@ -10,7 +10,6 @@
 -- dim TP shards (a Colwise bias) is cut inside its TP shard instead, on the
 -- {tp, dp} mesh (nested Shard: tp first, then dp). A plain parameter gets
 -- Shard(1) on the dp mesh.
-local ffi = require "ffi"
 local loom = require "loom"
 local T = require "loom.tensor"
 local dist = require "loom.distributed"
@@ -18,7 +17,7 @@ local L = require "loom.distributed.fsdp_layout"
 
 local M = {}
 
-local function address(t) return tostring(ffi.cast("void*", t)) end
+local address = T.address
 
 -- sharded parameter's address -> its unit (weak: units live with modules)
 local managed = setmetatable({}, { __mode = "v" })

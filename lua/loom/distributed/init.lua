@@ -28,20 +28,15 @@ function M.local_world_size() return C.lm_dist_local_size() end
 -- the runtime (the backend is MPI, and NCCL for CUDA tensors, whatever is
 -- asked); destroy_process_group has nothing to do (the runtime ends with
 -- the process).
-function M.get_rank(group)
-  if group ~= nil then
-    if getmetatable(group) ~= M.Group then T.argerror("get_rank", "group", "a dist.Group or nil", describe(group)) end
-    return group:rank()
+local function of_group(fname, method, world)
+  return function(group)
+    if group == nil then return M[world]() end
+    if getmetatable(group) ~= M.Group then T.argerror(fname, "group", "a dist.Group or nil", describe(group)) end
+    return group[method](group)
   end
-  return M.rank()
 end
-function M.get_world_size(group)
-  if group ~= nil then
-    if getmetatable(group) ~= M.Group then T.argerror("get_world_size", "group", "a dist.Group or nil", describe(group)) end
-    return group:size()
-  end
-  return M.world_size()
-end
+M.get_rank = of_group("get_rank", "rank", "rank")
+M.get_world_size = of_group("get_world_size", "size", "world_size")
 function M.get_local_rank() M.init() return tonumber(os.getenv("OMPI_COMM_WORLD_LOCAL_RANK") or os.getenv("MPI_LOCALRANKID") or 0) end
 function M.is_available() return true end
 function M.init_process_group() M.init() end
@@ -139,6 +134,13 @@ local function finish(ptr, async, level)
   return T.wrap(ptr, level + 1)
 end
 
+-- lm_<name>(...) as a tensor, or lm_<name>_async(...) as a Work when async
+-- (a tail call, so errors land where finish's level says)
+local function issue(name, async, ...)
+  if async then return finish(C["lm_" .. name .. "_async"](...), true, 2) end
+  return finish(C["lm_" .. name](...), false, 2)
+end
+
 local function opts_of(fname, opts)
   if opts == nil then return false, nil end
   if type(opts) ~= "table" then
@@ -163,8 +165,7 @@ function M.all_reduce(t, op, mesh, mesh_dim, opts)
   T.check_tensor(t, f, "tensor")
   local async = opts_of(f, opts)
   local c, o = comm_for(f, t, mesh, mesh_dim), op_of(f, op or "sum")
-  if async then return finish(C.lm_all_reduce_async(c, t, o), true, 2) end
-  return finish(C.lm_all_reduce(c, t, o), false, 2)
+  return issue("all_reduce", async, c, t, o)
 end
 
 -- all_gather(t, gather_dim, mesh, mesh_dim, {full_size, async_op}): the
@@ -175,8 +176,7 @@ function M.all_gather(t, gather_dim, mesh, mesh_dim, opts)
   T.check_tensor(t, f, "tensor")
   local async, o = opts_of(f, opts)
   local c, d, full = comm_for(f, t, mesh, mesh_dim), dim_of(f, gather_dim or 1, "gather_dim"), full_of(f, o)
-  if async then return finish(C.lm_all_gather_async(c, t, d, full), true, 2) end
-  return finish(C.lm_all_gather(c, t, d, full), false, 2)
+  return issue("all_gather", async, c, t, d, full)
 end
 
 -- reduce_scatter(t, op, scatter_dim, mesh, mesh_dim, {async_op}): reduces,
@@ -186,8 +186,7 @@ function M.reduce_scatter(t, op, scatter_dim, mesh, mesh_dim, opts)
   T.check_tensor(t, f, "tensor")
   local async = opts_of(f, opts)
   local c, o, d = comm_for(f, t, mesh, mesh_dim), op_of(f, op or "sum"), dim_of(f, scatter_dim or 1, "scatter_dim")
-  if async then return finish(C.lm_reduce_scatter_async(c, t, o, d), true, 2) end
-  return finish(C.lm_reduce_scatter(c, t, o, d), false, 2)
+  return issue("reduce_scatter", async, c, t, o, d)
 end
 
 -- all_to_all(t, split_dim, cat_dim, mesh, mesh_dim, {full_size, async_op}):
@@ -200,8 +199,7 @@ function M.all_to_all(t, split_dim, cat_dim, mesh, mesh_dim, opts)
   local c = comm_for(f, t, mesh, mesh_dim)
   local sd, cd = dim_of(f, split_dim or 1, "split_dim"), dim_of(f, cat_dim or 1, "cat_dim")
   local full = full_of(f, o)
-  if async then return finish(C.lm_all_to_all_async(c, t, sd, cd, full), true, 2) end
-  return finish(C.lm_all_to_all(c, t, sd, cd, full), false, 2)
+  return issue("all_to_all", async, c, t, sd, cd, full)
 end
 
 -- broadcast(t, src, mesh, mesh_dim, {async_op}): src's tensor on every rank.
@@ -216,8 +214,7 @@ function M.broadcast(t, src, mesh, mesh_dim, opts)
   if type(src) ~= "number" or src ~= math.floor(src) then
     error("broadcast: src expected a rank (an integer), got " .. describe(src), 2)
   end
-  if async then return finish(C.lm_broadcast_async(c, t, src), true, 2) end
-  return finish(C.lm_broadcast(c, t, src), false, 2)
+  return issue("broadcast", async, c, t, src)
 end
 
 -- barrier(mesh, mesh_dim, {async_op}); no mesh: all ranks.

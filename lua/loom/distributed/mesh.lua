@@ -187,24 +187,18 @@ function methods:size(d)
   return self.shape[self:_dim(d, "DeviceMesh:size")]
 end
 function methods:get_local_rank(d) return self._coord[self:_dim(d, "DeviceMesh:get_local_rank")] end
-function methods:get_coordinate()
+-- the getters below hand out copies: the mesh's own lists stay as made
+local function copy(list)
   local c = {}
-  for i, v in ipairs(self._coord) do c[i] = v end
+  for i, v in ipairs(list) do c[i] = v end
   return c
 end
+function methods:get_coordinate() return copy(self._coord) end
 function methods:get_group(d) return self._groups[self:_dim(d, "DeviceMesh:get_group")] end
-function methods:get_all_groups()
-  local g = {}
-  for i, v in ipairs(self._groups) do g[i] = v end
-  return g
-end
+function methods:get_all_groups() return copy(self._groups) end
 function methods:get_rank() return C.lm_dist_rank() end
 -- world ranks of this mesh, row-major (mesh.mesh.flatten() in PyTorch)
-function methods:ranks()
-  local r = {}
-  for i, v in ipairs(self._ranks) do r[i] = v end
-  return r
-end
+function methods:ranks() return copy(self._ranks) end
 -- nested tables of world ranks, like mesh.mesh.tolist()
 function methods:tolist()
   local function build(d, base)

@@ -19,8 +19,7 @@ local function dist() return require "loom.distributed" end
 
 -- a string as an i64 tensor (8 bytes an element, zero padded to n bytes)
 local function pack(s, n)
-  local T = require "loom.tensor"
-local TC = require "loom.tensor_create"
+  local TC = require "loom.tensor_create"
   local t = TC.zeros({ math.max(1, math.ceil(n / 8)) }, { dtype = "i64" })
   ffi.copy(t:data_ptr(), s, #s)
   return t

@@ -1,7 +1,8 @@
 -- blocks.lua: what the decoder models (loom.models.transformer, Llama-style,
--- and loom.models.gpt2) share: filling a config, attention over a KV cache,
--- the pre-norm residual step, and running the layers over a sequence that
--- may continue a cache.
+-- and loom.models.gpt2) share: filling a config, the q/k/v projections,
+-- attention over a KV cache, the pre-norm residual step, the stack of
+-- blocks, running the layers over a sequence that may continue a cache, and
+-- the tensor-parallel plan.
 local loom = require "loom"
 local F = loom.F
 local T = require "loom.tensor"
@@ -48,6 +49,14 @@ function M.attend(who, q, k, v, n_rep, cache)
   return o:transpose(2, 3):reshape(b, t, -1)
 end
 
+-- qkv(x, wq, wk, wv, hd) -> q, k, v: x (B, T, dim) through the three
+-- projections, each viewed as (B, T, heads, hd). The head count is left to
+-- the weights (-1): a tensor-parallel rank gets the heads it holds.
+function M.qkv(x, wq, wk, wv, hd)
+  local b, t = x:size(1), x:size(2)
+  return wq(x):view(b, t, -1, hd), wk(x):view(b, t, -1, hd), wv(x):view(b, t, -1, hd)
+end
+
 -- residual(x, y, drop): x + y, y through the dropout drop when there is one
 function M.residual(x, y, drop)
   if drop then y = drop(y) end
@@ -66,6 +75,13 @@ function M.span(who, ids, cache, limit, limit_name)
   return t, pos
 end
 
+-- stack(Block, c, n) -> an nn.ModuleList of n Block(c)
+function M.stack(Block, c, n)
+  local list = {}
+  for i = 1, n do list[i] = Block(c) end
+  return loom.nn.ModuleList(list)
+end
+
 -- run_layers(layers, h, cache, t, call) -> h: h through each layer as
 -- call(layer, h, layer_cache), layer i's cache being cache[i] (made on first
 -- use) when there is a cache; then the cache holds t more positions.
@@ -79,15 +95,49 @@ function M.run_layers(layers, h, cache, t, call)
   return h
 end
 
--- check_tp(tp, counts): each {name, count} of counts (head counts) must
--- divide by the tensor-parallel degree tp, when given.
-function M.check_tp(tp, counts)
-  if not tp then return end
+-- each {name, count} of counts (head counts) must divide by the
+-- tensor-parallel degree tp; the error lands at tp_plan's caller
+local function check_tp(tp, counts)
   for _, kv in ipairs(counts) do
     if kv[2] % tp ~= 0 then
       error(string.format("tp_plan: %s (%d) must divide by the tensor-parallel degree (%d)", kv[1], kv[2], tp), 3)
     end
   end
+end
+
+-- tp_plan(names, opts, counts): Megatron's split of a decoder in PyTorch's
+-- styles: the Linears names.colwise Colwise and names.rowwise Rowwise, the
+-- embedding names.embedding vocabulary-parallel (Rowwise), the head
+-- names.output Colwise. opts.sequence_parallel: the Rowwise outputs and the
+-- embedding's are sharded on the sequence (Shard(2)), names.norms run
+-- SequenceParallel, and each module of names.gathered (fqn = its number of
+-- positional inputs) gets its inputs gathered from the sequence shards.
+-- opts.loss_parallel: the logits stay a DTensor sharded on the vocabulary.
+-- counts (the model's head counts, when it is given) are checked against
+-- opts.tp. The models' tp_plan tail-call this, so errors name their caller.
+function M.tp_plan(names, opts, counts)
+  opts = opts or {}
+  if counts and opts.tp then check_tp(opts.tp, counts) end
+  local tp = require "loom.parallel"
+  local dt = require "loom.distributed.dtensor"
+  local Shard, Replicate = dt.Shard, dt.Replicate
+  local sp, lp = opts.sequence_parallel, opts.loss_parallel
+  local plan = {}
+  for _, fqn in ipairs(names.colwise) do plan[fqn] = tp.ColwiseParallel{} end
+  for _, fqn in ipairs(names.rowwise) do
+    plan[fqn] = tp.RowwiseParallel{ output_layouts = sp and Shard(2) or nil }
+  end
+  plan[names.embedding] = tp.RowwiseParallel{ input_layouts = Replicate(), output_layouts = sp and Shard(2) or Replicate() }
+  plan[names.output] = tp.ColwiseParallel{ input_layouts = sp and Shard(2) or Replicate(),
+                                           output_layouts = lp and Shard(-1) or Replicate(), use_local_output = not lp }
+  if sp then
+    for _, fqn in ipairs(names.norms) do plan[fqn] = tp.SequenceParallel{} end
+    for fqn, n in pairs(names.gathered) do
+      plan[fqn] = tp.PrepareModuleInput{ input_layouts = { Shard(2), n = n },
+                                         desired_input_layouts = { Replicate(), n = n } }
+    end
+  end
+  return plan
 end
 
 -- generate(model, ids, opts): the models' generate method, see

@@ -35,10 +35,7 @@ function Attention:__init(c)
 end
 -- cache (generation): see loom.models.blocks.attend
 function Attention:forward(x, cache)
-  local b, t, hd = x:size(1), x:size(2), self.head_dim
-  local q = self.q(x):view(b, t, -1, hd)   -- -1: the heads of this rank
-  local k = self.k(x):view(b, t, -1, hd)
-  local v = self.v(x):view(b, t, -1, hd)
+  local q, k, v = blocks.qkv(x, self.q, self.k, self.v, self.head_dim)
   return self.c_proj(blocks.attend("GPT2Attention", q, k, v, 1, cache))
 end
 
@@ -71,9 +68,7 @@ function GPT2:__init(cfg)
   self.config = c
   self.wte = nn.Embedding(c.vocab_size, c.n_embd)
   self.wpe = nn.Embedding(c.n_positions, c.n_embd)
-  local h = {}
-  for i = 1, c.n_layer do h[i] = Block(c) end
-  self.h = nn.ModuleList(h)
+  self.h = blocks.stack(Block, c, c.n_layer)
   self.ln_f = nn.LayerNorm(c.n_embd, { eps = c.layer_norm_epsilon })
   self.lm_head = nn.Linear(c.n_embd, c.vocab_size, { bias = false })
   self.lm_head.weight = self.wte.weight   -- tied, as in GPT-2
@@ -101,21 +96,10 @@ function M.new(cfg) return GPT2(cfg) end
 -- replicated. With tp given, n_head is checked against it.
 function M.tp_plan(opts, model)
   opts = opts or {}
-  local tp = require "loom.parallel"
-  local Shard, Replicate = loom.distributed.Shard, loom.distributed.Replicate
-  if model then blocks.check_tp(opts.tp, { { "n_head", model.config.n_head } }) end
-  local lp = opts.loss_parallel
-  return {
-    ["h.*.attn.q"] = tp.ColwiseParallel{},
-    ["h.*.attn.k"] = tp.ColwiseParallel{},
-    ["h.*.attn.v"] = tp.ColwiseParallel{},
-    ["h.*.attn.c_proj"] = tp.RowwiseParallel{},
-    ["h.*.mlp.c_fc"] = tp.ColwiseParallel{},
-    ["h.*.mlp.c_proj"] = tp.RowwiseParallel{},
-    wte = tp.RowwiseParallel{ input_layouts = Replicate(), output_layouts = Replicate() },
-    lm_head = tp.ColwiseParallel{ input_layouts = Replicate(), output_layouts = lp and Shard(-1) or Replicate(),
-                                  use_local_output = not lp },
-  }
+  return blocks.tp_plan({ colwise = { "h.*.attn.q", "h.*.attn.k", "h.*.attn.v", "h.*.mlp.c_fc" },
+                          rowwise = { "h.*.attn.c_proj", "h.*.mlp.c_proj" }, embedding = "wte", output = "lm_head" },
+                        { loss_parallel = opts.loss_parallel, tp = opts.tp },   -- no sequence parallelism
+                        model and { { "n_head", model.config.n_head } })
 end
 
 return M

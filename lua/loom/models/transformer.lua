@@ -43,12 +43,7 @@ end
 
 -- cache (generation): see loom.models.blocks.attend
 function Attention:forward(x, cos, sin, cache)
-  local b, t = x:size(1), x:size(2)
-  local hd = self.head_dim
-  -- -1: the heads this rank holds, whatever the TP degree
-  local q = self.wq(x):view(b, t, -1, hd)
-  local k = self.wk(x):view(b, t, -1, hd)
-  local v = self.wv(x):view(b, t, -1, hd)
+  local q, k, v = blocks.qkv(x, self.wq, self.wk, self.wv, self.head_dim)
   q, k = F.apply_rotary_emb(q, cos, sin), F.apply_rotary_emb(k, cos, sin)
   return self.wo(blocks.attend("Attention", q, k, v, self.n_rep, cache))
 end
@@ -85,9 +80,7 @@ function Transformer:__init(cfg)
   local c = M.config(cfg)
   self.config = c
   self.tok_embeddings = nn.Embedding(c.vocab_size, c.dim)
-  local layers = {}
-  for i = 1, c.n_layers do layers[i] = Block(c) end
-  self.layers = nn.ModuleList(layers)
+  self.layers = blocks.stack(Block, c, c.n_layers)
   self.norm = nn.RMSNorm(c.dim, { eps = c.norm_eps })
   self.output = nn.Linear(c.dim, c.vocab_size,
                           { bias = false, weight = c.tie_embeddings and self.tok_embeddings.weight or nil })
@@ -132,36 +125,14 @@ function M.new(cfg) return Transformer(cfg) end
 -- on the vocabulary for loss_parallel). With tp given, the head counts are
 -- checked against it.
 function M.tp_plan(opts, model)
-  opts = opts or {}
-  local tp = require "loom.parallel"
-  local dt = require "loom.distributed.dtensor"
-  local Shard, Replicate = dt.Shard, dt.Replicate
-  if model then
-    blocks.check_tp(opts.tp, { { "n_heads", model.config.n_heads }, { "n_kv_heads", model.config.n_kv_heads } })
-  end
-  local sp, lp = opts.sequence_parallel, opts.loss_parallel
-  local plan = {
-    ["layers.*.attention.wq"] = tp.ColwiseParallel{},
-    ["layers.*.attention.wk"] = tp.ColwiseParallel{},
-    ["layers.*.attention.wv"] = tp.ColwiseParallel{},
-    ["layers.*.attention.wo"] = tp.RowwiseParallel{ output_layouts = sp and Shard(2) or nil },
-    ["layers.*.feed_forward.w1"] = tp.ColwiseParallel{},
-    ["layers.*.feed_forward.w2"] = tp.RowwiseParallel{ output_layouts = sp and Shard(2) or nil },
-    ["layers.*.feed_forward.w3"] = tp.ColwiseParallel{},
-    tok_embeddings = tp.RowwiseParallel{ input_layouts = Replicate(), output_layouts = sp and Shard(2) or Replicate() },
-    output = tp.ColwiseParallel{ input_layouts = sp and Shard(2) or Replicate(),
-                                 output_layouts = lp and Shard(-1) or Replicate(), use_local_output = not lp },
-  }
-  if sp then
-    plan["layers.*.attention_norm"] = tp.SequenceParallel{}
-    plan["layers.*.ffn_norm"] = tp.SequenceParallel{}
-    plan.norm = tp.SequenceParallel{}
-    plan["layers.*.attention"] = tp.PrepareModuleInput{ input_layouts = { Shard(2), n = 3 },
-                                                         desired_input_layouts = { Replicate(), n = 3 } }
-    plan["layers.*.feed_forward"] = tp.PrepareModuleInput{ input_layouts = { Shard(2) },
-                                                            desired_input_layouts = { Replicate() } }
-  end
-  return plan
+  return blocks.tp_plan({
+    colwise = { "layers.*.attention.wq", "layers.*.attention.wk", "layers.*.attention.wv",
+                "layers.*.feed_forward.w1", "layers.*.feed_forward.w3" },
+    rowwise = { "layers.*.attention.wo", "layers.*.feed_forward.w2" },
+    embedding = "tok_embeddings", output = "output",
+    norms = { "layers.*.attention_norm", "layers.*.ffn_norm", "norm" },
+    gathered = { ["layers.*.attention"] = 3, ["layers.*.feed_forward"] = 1 },   -- (x, cos, sin) and (x)
+  }, opts, model and { { "n_heads", model.config.n_heads }, { "n_kv_heads", model.config.n_kv_heads } })
 end
 
 -- generate(model, ids (1, T), n, {temperature=1, top_k}): appends n sampled

@@ -1,7 +1,6 @@
 -- module.lua: nn.Module, Torch7's module protocol with PyTorch's registry:
 -- assigning a module or a parameter to a field registers it under that name,
 -- so named_parameters() yields FQNs like "layers.1.attention.wq.weight".
-local ffi = require "ffi"
 local loom = require "loom"
 local T = require "loom.tensor"
 
@@ -138,7 +137,7 @@ local function named(self, kind, keep_duplicates)
   local out, seen = {}, {}
   for _, mm in ipairs(self:named_modules()) do
     for _, kv in ipairs(ordered(mm[2], kind)) do
-      local addr = tostring(ffi.cast("void*", kv[2]))
+      local addr = T.address(kv[2])
       if keep_duplicates or not seen[addr] then
         seen[addr] = true
         out[#out + 1] = { mm[1] == "" and kv[1] or mm[1] .. "." .. kv[1], kv[2] }

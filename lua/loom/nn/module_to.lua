@@ -11,7 +11,6 @@ local loom = require "loom"
 local T = require "loom.tensor"
 local Module = require "loom.nn.module"
 
-local function addr(t) return tostring(ffi.cast("void*", t)) end
 
 -- Replaces every parameter and buffer t of the module tree by make(t, fqn,
 -- is_param) (the same new tensor where one was shared, e.g. tied weights);
@@ -25,7 +24,7 @@ local function convert(self, make, by)
         for _, name in ipairs(rawget(mm[2], "_order")[kind]) do  -- in registration order
           local t = tab[name]
           if t == nil then goto next end
-          local key = addr(t)
+          local key = T.address(t)
           if memo[key] == nil then
             local new = make(t, mm[1] == "" and name or mm[1] .. "." .. name, kind == "_parameters")
             if new ~= t and kind == "_parameters" and t.requires_grad then new = new:detach():requires_grad_(true) end

@@ -1,7 +1,6 @@
 -- optimizer.lua: what SGD and AdamW share: parameter checks, zero_grad,
 -- state_dict / load_state_dict. Updates run shard-locally on whatever
 -- tensors the parameters are (plain or DTensor shards).
-local ffi = require "ffi"
 local T = require "loom.tensor"
 
 local Optimizer = {}
@@ -19,7 +18,7 @@ local function check_params(name, params)
     if not p.is_leaf then
       T.argerror(name, "params[" .. i .. "]", "a leaf tensor (an nn.Parameter)", "a tensor computed by an op", 4)
     end
-    local addr = tostring(ffi.cast("void*", p))
+    local addr = T.address(p)
     if seen[addr] then
       T.argerror(name, "params", "each parameter once", string.format("params[%d] and params[%d] are the same tensor",
                  seen[addr], i), 4)

@@ -96,11 +96,10 @@ local function vocab_parallel_cross_entropy(logits, target, opts)
   local vf = valid:to(z.dtype)
   local nll = (lse - picked) * (w_target or 1) * vf
   local loss = nll
-  local smooth = nil
   if eps > 0 then -- sum_c w_c (lse - z_c) = lse * sum(w) - sum_c w_c z_c
     local wz = all_reduce((w_local and z * w_local or z):sum(2), SUM)
     local wsum = w_local and loom.no_grad(function() return all_reduce(w_local:sum(), SUM) end) or ncls
-    smooth = (lse * wsum - wz) * vf
+    local smooth = (lse * wsum - wz) * vf
     loss = nll * (1 - eps) + smooth * (eps / ncls)
   end
   if reduction == "none" then return loss:reshape(lead) end

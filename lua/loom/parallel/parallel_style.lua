@@ -58,18 +58,20 @@ function M.layout(style, name, v, default)
   return v
 end
 
--- a list of placements (nil entries allowed), counted in .n
-function M.layouts(style, name, v)
+-- a list of placements (nil entries allowed), counted in .n; errors at
+-- level (default 4: the caller of the style's constructor)
+function M.layouts(style, name, v, level)
+  level = level or 4
   if v == nil then return nil end
   if dt.is_placement(v) then v = { v } end
-  if type(v) ~= "table" then T.argerror(style, name, "a table of placements", T.describe(v), 4) end
+  if type(v) ~= "table" then T.argerror(style, name, "a table of placements", T.describe(v), level) end
   -- table.maxn, not a pairs() loop: LuaJIT 2.1's compiled next() gave a
   -- count that compared unequal to an equal one in a later trace
   local n = math.max(v.n or 0, table.maxn(v))
   local out = { n = n }
   for i = 1, n do
     if v[i] ~= nil and not dt.is_placement(v[i]) then
-      T.argerror(style, name .. "[" .. i .. "]", "a placement or nil", T.describe(v[i]), 4)
+      T.argerror(style, name .. "[" .. i .. "]", "a placement or nil", T.describe(v[i]), level)
     end
     out[i] = v[i]
   end

@@ -6,12 +6,25 @@ local S = require "loom.parallel.parallel_style"
 
 local M = {}
 
-local function check_lengths(style, a_name, a, b_name, b)
+-- the positional layouts of `what` ("input" or "output") in o and their
+-- desired ones: two lists of one length, or both nil (an error if required)
+local function layout_pair(style, what, o, required)
+  local a_name, b_name = what .. "_layouts", "desired_" .. what .. "_layouts"
+  local a, b = S.layouts(style, a_name, o[a_name], 5), S.layouts(style, b_name, o[b_name], 5)
+  if required and not a then error(style .. ": " .. a_name .. " is required", 4) end
   if (a == nil) ~= (b == nil) then
     error(string.format("%s: %s and %s must be given together", style, a_name, b_name), 4)
   end
   if a and a.n ~= b.n then
     error(string.format("%s: %s has %d entries but %s has %d", style, a_name, a.n, b_name, b.n), 4)
+  end
+  return a, b
+end
+
+-- list[i] laid out from from[i] to to[i], for each i with a from layout
+local function prepare_each(list, mesh, from, to, use_local)
+  for i = 1, from.n do
+    if from[i] ~= nil then list[i] = S.prepare(list[i], mesh, from[i], to[i], use_local) end
   end
 end
 
@@ -32,11 +45,7 @@ local function input_hook(self, mesh)
         error(string.format("PrepareModuleInput: the module got %d inputs, input_layouts has %d", npos,
                             self.input_layouts.n), 3)
       end
-      for i = 1, self.input_layouts.n do
-        if self.input_layouts[i] ~= nil then
-          args[i] = S.prepare(args[i], mesh, self.input_layouts[i], self.desired_input_layouts[i], self.use_local_output)
-        end
-      end
+      prepare_each(args, mesh, self.input_layouts, self.desired_input_layouts, self.use_local_output)
     end
     if self.input_kwarg_layouts and kwargs then
       for k, from in pairs(self.input_kwarg_layouts) do
@@ -56,45 +65,39 @@ local function output_hook(self, mesh)
       error(string.format("PrepareModuleOutput: the module returned %d outputs, output_layouts has %d", #outs,
                           self.output_layouts.n), 3)
     end
-    for i = 1, self.output_layouts.n do
-      if self.output_layouts[i] ~= nil then
-        outs[i] = S.prepare(outs[i], mesh, self.output_layouts[i], self.desired_output_layouts[i], self.use_local_output)
-      end
-    end
+    prepare_each(outs, mesh, self.output_layouts, self.desired_output_layouts, self.use_local_output)
     return single and outs[1] or outs
   end
 end
 
+-- a style class whose apply registers hook(style, mesh) on the module
+-- through its method `register` (a forward pre-hook or a forward hook)
+local function hook_style(name, register, hook)
+  local cls = S.ParallelStyle:extend(name)
+  function cls:apply(module, mesh)
+    module[register](module, hook(self, mesh))
+    return module
+  end
+  return cls
+end
+
 -- PrepareModuleInput{input_layouts, desired_input_layouts, input_kwarg_layouts,
 -- desired_input_kwarg_layouts, use_local_output=false}
-M.PrepareModuleInput = S.ParallelStyle:extend("PrepareModuleInput")
+M.PrepareModuleInput = hook_style("PrepareModuleInput", "register_forward_pre_hook", input_hook)
 function M.PrepareModuleInput:__init(o)
   local n = "PrepareModuleInput"
-  self.input_layouts = S.layouts(n, "input_layouts", o.input_layouts)
-  self.desired_input_layouts = S.layouts(n, "desired_input_layouts", o.desired_input_layouts)
-  check_lengths(n, "input_layouts", self.input_layouts, "desired_input_layouts", self.desired_input_layouts)
+  self.input_layouts, self.desired_input_layouts = layout_pair(n, "input", o)
   self.input_kwarg_layouts = named(n, "input_kwarg_layouts", o.input_kwarg_layouts)
   self.desired_input_kwarg_layouts = named(n, "desired_input_kwarg_layouts", o.desired_input_kwarg_layouts) or {}
   self.use_local_output = o.use_local_output == true
 end
-function M.PrepareModuleInput:apply(module, mesh)
-  module:register_forward_pre_hook(input_hook(self, mesh))
-  return module
-end
 
 -- PrepareModuleOutput{output_layouts, desired_output_layouts, use_local_output=true}
-M.PrepareModuleOutput = S.ParallelStyle:extend("PrepareModuleOutput")
+M.PrepareModuleOutput = hook_style("PrepareModuleOutput", "register_forward_hook", output_hook)
 function M.PrepareModuleOutput:__init(o)
   local n = "PrepareModuleOutput"
-  self.output_layouts = S.layouts(n, "output_layouts", o.output_layouts)
-  self.desired_output_layouts = S.layouts(n, "desired_output_layouts", o.desired_output_layouts)
-  if not self.output_layouts then error(n .. ": output_layouts is required", 3) end
-  check_lengths(n, "output_layouts", self.output_layouts, "desired_output_layouts", self.desired_output_layouts)
+  self.output_layouts, self.desired_output_layouts = layout_pair(n, "output", o, true)
   self.use_local_output = o.use_local_output ~= false
-end
-function M.PrepareModuleOutput:apply(module, mesh)
-  module:register_forward_hook(output_hook(self, mesh))
-  return module
 end
 
 -- PrepareModuleInputOutput{...both sets...; use_local_input=false, use_local_output=true}

@@ -38,8 +38,8 @@ local function topics()
   return keys
 end
 
--- text(env, name): the docstring of name, or what to try instead
-function M.text(env, name)
+-- text(name): the docstring of name, or what to try instead
+function M.text(name)
   if name == nil or name == "" then
     return docs.loom .. "\n  topics: " .. table.concat(topics(), " ")
   end
@@ -78,15 +78,15 @@ function M.name_of(obj)
   return nil
 end
 
--- help(env, obj): prints the docstring of obj (a value or a name)
-function M.help(env, obj, ...)
+-- help(obj): prints the docstring of obj (a value or a name)
+function M.help(obj, ...)
   if select("#", ...) > 0 then error("help: expected one object or name", 2) end
   local s
-  if obj == nil then s = M.text(env, "")
-  elseif type(obj) == "string" then s = M.text(env, obj)
+  if obj == nil then s = M.text("")
+  elseif type(obj) == "string" then s = M.text(obj)
   else
     local name = M.name_of(obj)
-    s = name and M.text(env, name) or ("no help for this " .. type(obj) .. "; help() lists the topics")
+    s = name and M.text(name) or ("no help for this " .. type(obj) .. "; help() lists the topics")
   end
   print(s)
 end

@@ -3,7 +3,6 @@
 -- globals (chunk.lua), expressions echo their values, errors come back as
 -- a message with the user's frames only (loom's own files, the REPL and C
 -- frames left out), and Ctrl-C during a chunk ends the chunk.
-local ffi = require "ffi"
 local chunk = require "loom.repl.chunk"
 local help = require "loom.repl.help"
 
@@ -108,7 +107,7 @@ end
 function M.new(opts)
   local loom = require "loom"
   local env = setmetatable({ loom = loom }, { __index = _G })
-  env.help = function(...) return help.help(env, ...) end
+  env.help = help.help
   for k, v in pairs(opts and opts.env or {}) do env[k] = v end
   return setmetatable({ env = env, failed = 0, quit = false }, Session)
 end
@@ -118,7 +117,7 @@ end
 function Session:run(src, write)
   write = write or io.write
   local q = src:match("^%s*%?%s*([%w_%.:]*)%s*$")
-  if q then write(help.text(self.env, q) .. "\n") return true end
+  if q then write(help.text(q) .. "\n") return true end
   local env = self.env
   env.quit = function() self.quit = true end
   env.exit = env.quit

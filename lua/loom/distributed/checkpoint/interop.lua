@@ -5,7 +5,6 @@
 -- full tensors of a file that loom.save wrote (as DCP's
 -- BroadcastingTorchSaveReader does). Neither needs the world size or mesh
 -- of the run that wrote it.
-local T = require "loom.tensor"
 local TC = require "loom.tensor_create"
 local serialize = require "loom.serialize"
 local format = require "loom.distributed.checkpoint.format"

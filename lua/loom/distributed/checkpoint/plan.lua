@@ -18,11 +18,7 @@ local function dist() return require "loom.distributed" end
 function M.is_dtensor(x) return T.is_tensor(x) and x.dist ~= nil end
 local is_dtensor = M.is_dtensor
 
-function M.numel(size)
-  local n = 1
-  for _, s in ipairs(size) do n = n * s end
-  return n
-end
+M.numel = require("loom.size").Size.numel
 function M.sizes(s) return #s == 0 and "a scalar" or table.concat(s, "x") end
 local numel = M.numel
 

@@ -2,7 +2,6 @@
 -- (over the world): exchanging int64 records, and raising an error on
 -- every rank when any one fails, so none is left waiting in a collective.
 local ffi = require "ffi"
-local T = require "loom.tensor"
 local TC = require "loom.tensor_create"
 local C = require("loom.lib").C
 

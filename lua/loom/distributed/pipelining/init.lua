@@ -11,16 +11,7 @@ local schedules = require "loom.distributed.pipelining.schedules"
 local split = require "loom.distributed.pipelining.split"
 local Stage = require "loom.distributed.pipelining.stage"
 
-return {
-  PipelineStage = Stage.new,
-  ScheduleGPipe = schedules.ScheduleGPipe,
-  Schedule1F1B = schedules.Schedule1F1B,
-  ScheduleInterleaved1F1B = schedules.ScheduleInterleaved1F1B,
-  ScheduleLoopedBFS = schedules.ScheduleLoopedBFS,
-  interleaved_actions = schedules.interleaved_actions,
-  bubble_fraction = schedules.bubble_fraction,
-  gpipe_actions = schedules.gpipe_actions,
-  one_f_one_b_actions = schedules.one_f_one_b_actions,
-  pipeline = split.pipeline,
-  SplitPoint = split.SplitPoint,
-}
+-- every schedule and action list of schedules.lua, under its own name
+local M = { PipelineStage = Stage.new, pipeline = split.pipeline, SplitPoint = split.SplitPoint }
+for name, fn in pairs(schedules) do M[name] = fn end
+return M

@@ -40,15 +40,8 @@ end
 local StageModule = nn.Module:extend("PipelineStageModule")
 M.StageModule = StageModule
 local Layers = nn.Module:extend("PipelineLayers")
-function Layers:__init() end
--- its blocks in order, as ModuleList:ipairs gives them (i, block)
-function Layers:ipairs()
-  local kids, i = self:named_children(), 0
-  return function()
-    i = i + 1
-    if kids[i] then return i, kids[i][2] end
-  end
-end
+-- its blocks in order (i, block), as a ModuleList gives them
+Layers.ipairs = nn.ModuleList.ipairs
 
 function StageModule:__init(kind, model, parts)
   self.kind = kind
