@@ -59,6 +59,19 @@ function X.run(it, cases)
   return #cases
 end
 
+-- registers a describe per list of cases (titled by its `title` field) with
+-- X.run's `it`s, then an `it` that fails when they hold fewer than `least`
+-- cases in all (a list cut short by a bad edit)
+function X.groups(describe, it, lists, least)
+  local n = 0
+  for _, cases in ipairs(lists) do
+    describe(cases.title, function() n = n + X.run(it, cases) end)
+  end
+  it("counts its cases (at least " .. least .. " here)", function()
+    assert(n >= least, "only " .. n .. " cases")
+  end)
+end
+
 -- after a run of errors, tensors and autograd still work (a small matmul,
 -- its gradient by hand) and grad mode was not left off
 function X.still_works()
