@@ -386,8 +386,9 @@ describe("lifetime", function()
       local xs = {}
       for i = 1, 50 do xs[i] = loom.rand(10, 10) + i end
       local y = xs[1]:t():contiguous():view(-1)
+      assert.equal(100, y:numel())
       assert.is_true(tonumber(loom.C.lm_storage_count()) >= start + 50)
-      xs, y = nil, nil
+      xs, y = nil, nil   -- luacheck: ignore 311 (the slots could keep them alive past the block)
     end
     assert.equal(start, settle())
   end)
