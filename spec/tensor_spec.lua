@@ -2,6 +2,7 @@
 -- lifetime and the counter-based RNG, checked against hand-computed values.
 local loom = require "loom"
 local R = require "support.ref"
+local sys = require "support.sys"
 
 local function same_storage(a, b) return a.storage == b.storage end
 -- strides in elements, read from the lm_tensor fields
@@ -430,7 +431,6 @@ describe("lifetime", function()
     -- a child with a 64 MiB allowance keeps 512 MiB live (never touched, so
     -- never resident) and drops 32 MiB tensors; it prints the peak bytes held
     local code = [[
-      package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
       local loom = require "loom"
       local keep, peak = loom.empty(2 ^ 27), 0
       for _ = 1, 64 do
@@ -440,9 +440,8 @@ describe("lifetime", function()
       io.write(string.format("%d", peak / 2 ^ 20))
       keep:free()
     ]]
-    local p = io.popen("LOOM_GC_CAP_MB=64 luajit -e '" .. code .. "' 2>&1")
-    local out = p:read("*a")
-    p:close()
+    local rc, out = sys.luajit(code, "LOOM_GC_CAP_MB=64")
+    assert.equal(0, rc, out)
     local peak = tonumber(out)
     assert(peak, out)
     -- live 512 + the allowance 64 + one new 32 (doubling alone would let 512 of garbage pile up)

@@ -29,13 +29,10 @@ local function check_patterns(err, pats, from)
   end
 end
 
--- the prelude every child runs before its case
-local prelude = "package.path = " .. string.format("%q", package.path) .. "; "
-    .. "loom = require 'loom'; ffi = require 'ffi'; "
-
--- runs code in a fresh luajit; returns the exit code and the output
+-- runs code in a fresh luajit with loom and ffi loaded; returns the exit
+-- code and the output
 function X.child(code, env)
-  local rc, out = sys.sh((env or "") .. " luajit -e " .. sys.shq(prelude .. code) .. " </dev/null")
+  local rc, out = sys.luajit("loom = require 'loom'; ffi = require 'ffi'; " .. code, env)
   return rc, out
 end
 

@@ -1,7 +1,7 @@
 -- sys.lua: the specs' access to files and the shell (`local sys = require
 -- "support.sys"`): the checkout's root, scratch directories and files, whole-file reads and writes, the
--- losses of a training log and of examples/train.lua runs, and commands run with their exit code, output
--- and wall time.
+-- losses of a training log and of examples/train.lua runs, and commands (and Lua code in a fresh luajit) run
+-- with their exit code, output and wall time.
 local sys = {}
 
 -- the checkout's root ("./" when the specs run from it): scripts and
@@ -20,6 +20,14 @@ function sys.sh(cmd)
   p:close()
   local rc, ns = out:match("@@rc=(%d+) ns=(%d+)%s*$")
   return tonumber(rc), (out:gsub("@@rc=.*$", "")), tonumber(ns) / 1e9
+end
+
+-- runs Lua code in a fresh luajit with this process's package.path (the
+-- checkout's lua/ and spec/), env ("NAME=value ...", or nil) before the
+-- command and no standard input; its exit code, output and wall seconds
+function sys.luajit(code, env)
+  local prelude = "package.path = " .. string.format("%q", package.path) .. "; "
+  return sys.sh((env or "") .. " luajit -e " .. sys.shq(prelude .. code) .. " </dev/null")
 end
 
 -- a new temporary file holding text, its name ending in suffix if given;
