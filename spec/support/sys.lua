@@ -30,6 +30,14 @@ function sys.luajit(code, env)
   return sys.sh((env or "") .. " luajit -e " .. sys.shq(prelude .. code) .. " </dev/null")
 end
 
+-- sys.sh(cmd) without an MPI singleton's PMIx/ORTE environment: a launcher
+-- started from a process that already holds one (another spec of this run
+-- may have initialised loom.distributed) must not inherit it
+function sys.sh_clean(cmd)
+  return sys.sh("unset $(env | grep -oE '^(PMIX_[A-Za-z0-9_]*|OMPI_MCA_(ess|pmix|orte_[A-Za-z0-9_]*)|"
+                .. "OMPI_APP_CTX_NUM_PROCS)=' | tr -d = | tr '\\n' ' '); " .. cmd)
+end
+
 -- a new temporary file holding text, its name ending in suffix if given;
 -- its path (remove it with os.remove)
 function sys.tmpfile(text, suffix)
@@ -95,6 +103,27 @@ function sys.same_losses(what, got, ref, rel)
     local r = math.abs(got[step] - ref[step]) / math.abs(ref[step])
     assert(r <= rel, string.format("%s: step %d loss %.9g vs %.9g in the reference run (rel %.2e)", what, step,
                                    got[step], ref[step], r))
+  end
+end
+
+-- fine_tunes(flags, want, dir, also): examples/train.lua with flags (an
+-- --init-from among them, 3 or more steps) on one process and on 2 ranks,
+-- logging into dir; each must exit 0 printing "initialised from" and each
+-- string of the list also, log step 3, and log first the loaded model's
+-- loss want (within 1e-5)
+function sys.fine_tunes(flags, want, dir, also)
+  local luassert = require "luassert"
+  for _, run in ipairs { { "luajit", 1 }, { "scripts/loomrun -n 2 --quiet-others", 2 } } do
+    local log = dir .. "/run" .. run[2] .. ".jsonl"
+    local rc, out = sys.sh_clean(run[1] .. " examples/train.lua " .. flags .. " --log " .. log)
+    luassert.equal(0, rc, out)
+    for _, s in ipairs { "initialised from", unpack(also or {}) } do
+      luassert.truthy(out:find(s, 1, true), "no «" .. s .. "» in the output:\n" .. out)
+    end
+    local l = sys.losses(log)
+    luassert.is_not_nil(l[3], out)
+    luassert.is_true(math.abs(l[1] - want) < 1e-5, string.format("%d rank(s): first loss %.7g, the loaded model's %.7g",
+                                                                 run[2], l[1], want))
   end
 end
 
