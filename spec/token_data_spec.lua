@@ -94,11 +94,16 @@ describe("TokenFile", function()
   end)
 end)
 
+-- a scratch directory holding in.txt, the first n bytes of the Shakespeare corpus; and that text
+local function corpus_dir(n)
+  local d, text = tmpdir(), read("examples/data/tinyshakespeare.txt"):sub(1, n)
+  write(d .. "/in.txt", text)
+  return d, text
+end
+
 describe("scripts/text_to_bin.lua", function()
   it("writes train.bin and val.bin that decode back to the text", function()
-    local d = tmpdir()
-    local text = read("examples/data/tinyshakespeare.txt"):sub(1, 30000)
-    write(d .. "/in.txt", text)
+    local d, text = corpus_dir(30000)
     local rc, out = sys.sh("luajit scripts/text_to_bin.lua --tokenizer " .. TOK .. " --input " .. d .. "/in.txt --out "
                            .. d .. " --chunk 5000")
     assert.equal(0, rc, out)
@@ -118,9 +123,7 @@ end)
 
 describe("loom.data.corpus", function()
   it("tokenizes a text file with a tokenizer.json into i64 ids, split 90/10", function()
-    local d = tmpdir()
-    local text = read("examples/data/tinyshakespeare.txt"):sub(1, 5000)
-    write(d .. "/in.txt", text)
+    local d, text = corpus_dir(5000)
     local tok, train, val = data.corpus(d .. "/in.txt", TOK)
     local ids = tok:encode(text, { add_special_tokens = false })
     assert.equal("i64", train.dtype)
@@ -131,8 +134,7 @@ end)
 
 describe("examples/train.lua on a .bin corpus", function()
   it("fine-tunes an HF checkpoint from --init-from: the first loss is the loaded model's", function()
-    local d = tmpdir()
-    write(d .. "/in.txt", read("examples/data/tinyshakespeare.txt"):sub(1, 20000))
+    local d = corpus_dir(20000)
     local rc, out = sys.sh("luajit scripts/text_to_bin.lua --tokenizer " .. TOK .. " --input " .. d .. "/in.txt --out " .. d)
     assert.equal(0, rc, out)
     -- a tiny Llama over the tokenizer's 704 ids, saved in the HF layout
