@@ -127,6 +127,23 @@ function sys.fine_tunes(flags, want, dir, also)
   end
 end
 
+-- matches_one_process(flags, steps, layouts): examples/train.lua with flags
+-- (which set --steps steps) in one process must log every step and learn
+-- (its last loss below its first); then with each { ranks, more flags } of
+-- layouts it must log the same loss at every step (relative 1e-5)
+function sys.matches_one_process(flags, steps, layouts)
+  local luassert = require "luassert"
+  local dir = sys.tmpdir()
+  local ref = sys.train(1, flags, dir .. "/ref.json")
+  luassert.are.equal(steps, #ref)
+  luassert.is_true(ref[steps] < ref[1], "it learned nothing")
+  for i, layout in ipairs(layouts) do
+    local got = sys.train(layout[1], flags .. " " .. layout[2], dir .. "/run" .. i .. ".json")
+    sys.same_losses(layout[2], got, ref, 1e-5)   -- the reference: one process
+  end
+  sys.rmtree(dir)
+end
+
 function sys.write(p, s)
   local f = assert(io.open(p, "wb"))
   f:write(s)
