@@ -15,6 +15,14 @@ local function input(seed, ...)
   return loom.rand(...)
 end
 
+-- runs fn under comm_mode and asserts its collective counts: want's kinds
+-- (kind -> count), and with exact no collective of any other kind; returns fn's results
+local function collectives(want, exact, fn)
+  local res = { dist.comm_mode(fn) }
+  assert.same({}, H.check_counts({}, "collectives", res[1], want, exact))
+  return unpack(res, 2)
+end
+
 -- the to_full of check_linear for an output that must be a plain (full) tensor
 local function plain_output(y) assert.is_false(dist.is_dtensor(y)) return y end
 
@@ -49,9 +57,7 @@ describe("ColwiseParallel", function()
     local ref, m = linear_pair(8, 12)
     tp.parallelize_module(m, mesh, tp.ColwiseParallel{ output_layouts = Replicate() })
     local x = input(2, 4, 8)
-    local cm = dist.comm_mode(function() return m(x) end)
-    assert.equal(1, cm.counts.all_gather)
-    assert.equal(1, cm:get_total_counts())
+    collectives({ all_gather = 1 }, true, function() return m(x) end)
     check_linear("colwise replicate", m, ref, x, x, plain_output)
   end)
 
@@ -70,8 +76,7 @@ describe("ColwiseParallel", function()
     tp.parallelize_module(m, mesh, tp.ColwiseParallel{ input_layouts = Shard(1), output_layouts = Replicate() })
     local x = input(4, 2 * ws, 8)
     local mine = H.chunk_of(x, 1, ws, me)
-    local cm = dist.comm_mode(function() return m(mine) end)
-    assert.equal(2, cm.counts.all_gather) -- the input, then the output
+    collectives({ all_gather = 2 }, false, function() return m(mine) end)   -- the input, then the output
     check_linear("colwise Shard(1) input", m, ref, mine, x, function(y) return y end)
   end)
 
@@ -91,9 +96,7 @@ describe("RowwiseParallel", function()
     assert.is_true(m.weight.placements[1] == Shard(2) and m.bias.placements[1] == Replicate())
     local x = input(5, 4, 12)
     local mine = H.chunk_of(x, 2, ws, me)
-    local cm = dist.comm_mode(function() return m(mine) end)
-    assert.equal(1, cm.counts.all_reduce)
-    assert.equal(1, cm:get_total_counts())
+    collectives({ all_reduce = 1 }, true, function() return m(mine) end)
     check_linear("rowwise default", m, ref, mine, x, plain_output)
   end)
 
@@ -102,9 +105,7 @@ describe("RowwiseParallel", function()
     tp.parallelize_module(m, mesh, tp.RowwiseParallel{ output_layouts = Shard(1) })
     local x = input(6, 2 * ws, 12)
     local mine = H.chunk_of(x, 2, ws, me)
-    local cm, y = dist.comm_mode(function() return m(mine) end)
-    assert.equal(1, cm.counts.reduce_scatter)
-    assert.equal(0, cm.counts.all_reduce)
+    local y = collectives({ reduce_scatter = 1, all_reduce = 0 }, false, function() return m(mine) end)
     assert.is_false(dist.is_dtensor(y))
     check_linear("rowwise Shard(1) output", m, ref, mine, x, function(t)
       return dist.DTensor.from_local(t, mesh, { Shard(1) }, { shape = { 2 * ws, 6 } }):full_tensor()
@@ -235,8 +236,7 @@ describe("PairwiseParallel", function()
     tp.parallelize_module(m, mesh, tp.PairwiseParallel{})
     assert.is_true(m.net1.weight.placements[1] == Shard(1) and m.net2.weight.placements[1] == Shard(2))
     local x = input(25, 8, 10)
-    local cm = dist.comm_mode(function() return m(x) end)
-    assert.equal(1, cm.counts.all_reduce)
+    collectives({ all_reduce = 1 }, false, function() return m(x) end)
     check_linear("pairwise", m, ref, x, x, plain_output)
   end)
 
