@@ -30,6 +30,15 @@ function sys.luajit(code, env)
   return sys.sh((env or "") .. " luajit -e " .. sys.shq(prelude .. code) .. " </dev/null")
 end
 
+-- the output of sys.sh(cmd), asserting its exit code (with the output in
+-- the failure): want_rc, 0 by default, or any but 0 for "nonzero"
+function sys.output(cmd, want_rc)
+  local luassert = require "luassert"
+  local rc, out = sys.sh(cmd)
+  if want_rc == "nonzero" then luassert.are_not.equal(0, rc, out) else luassert.are.equal(want_rc or 0, rc, out) end
+  return out
+end
+
 -- sys.sh(cmd) without an MPI singleton's PMIx/ORTE environment: a launcher
 -- started from a process that already holds one (another spec of this run
 -- may have initialised loom.distributed) must not inherit it
