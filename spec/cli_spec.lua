@@ -165,20 +165,19 @@ end)
 
 describe("FQN patterns (libc fnmatch)", function()
   it("matches the patterns of parallelize_module plans", function()
-    assert.is_true(tp.fnmatch("wq", "w?"))
-    assert.is_true(tp.fnmatch("12", "*"))
-    assert.is_true(tp.fnmatch("", "*"))
-    assert.is_true(tp.fnmatch("2", "[1-2]"))
-    assert.is_false(tp.fnmatch("3", "[1-2]"))
-    assert.is_true(tp.fnmatch("3", "[!1-2]"))
-    assert.is_true(tp.fnmatch("attention", "att*on"))
-    assert.is_false(tp.fnmatch("attention", "att*x"))
-    assert.is_true(tp.fnmatch("a.b", "a?b"))          -- no FNM_PERIOD: ? matches a dot
-    assert.is_true(tp.fnmatch("[x", "[x"))            -- an unclosed bracket is literal
-    assert.is_true(tp.fnmatch("a\\b", "a\\b"))        -- a backslash is literal (Python's fnmatch)
-    assert.is_false(tp.fnmatch("ab", "a\\b"))
-    assert.is_true(tp.fnmatch("w%", "w%"))            -- no Lua pattern characters leak through
-    assert.is_false(tp.fnmatch("wx", "w%"))
+    for _, c in ipairs {   -- name, pattern, whether it matches (and why, where it is not plain)
+      { "wq", "w?", true }, { "wq", "w", false }, { "12", "*", true }, { "", "*", true },
+      { "2", "[1-2]", true }, { "3", "[1-2]", false }, { "3", "[!1-2]", true },
+      { "2", "[1-3]", true }, { "4", "[1-3]", false }, { "4", "[!1-3]", true },
+      { "attention", "att*on", true }, { "attention", "att*x", false }, { "w-1", "w-1", true },
+      { "a.b", "a?b", true, "no FNM_PERIOD: ? matches a dot" },
+      { "a.b", "a.b", true }, { "axb", "a.b", false, "a dot is literal, not Lua's any-char" },
+      { "[x", "[x", true, "an unclosed bracket is literal" },
+      { "a\\b", "a\\b", true, "a backslash is literal (Python's fnmatch)" }, { "ab", "a\\b", false },
+      { "w%", "w%", true, "no Lua pattern characters leak through" }, { "wx", "w%", false },
+    } do
+      assert.equal(c[3], tp.fnmatch(c[1], c[2]), string.format("fnmatch(%q, %q) %s", c[1], c[2], c[4] or ""))
+    end
   end)
 
   it("names a bad argument", function()

@@ -6,6 +6,7 @@
 -- LOOM_CPU_CACHE_MB=0 keeps no cache.
 local loom = require "loom"
 local ffi = require "ffi"
+local sys = require "support.sys"
 
 local N = 2 * 2^20                  -- 8 MiB of f32: a large block
 local function addr(t) return tonumber(ffi.cast("uintptr_t", t:data_ptr())) end
@@ -72,7 +73,6 @@ describe("the CPU caching allocator", function()
   it("an op's output in a loop reuses the blocks the collector frees", function()
     -- in a process of its own, with the collector's allowance at 64 MB
     local code = [[
-      package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
       local loom = require "loom"
       local x, y = loom.randn({ 2097152 })
       for _ = 1, 40 do y = x:silu() end
@@ -80,9 +80,8 @@ describe("the CPU caching allocator", function()
       for _ = 1, 80 do y = x:silu() end
       io.write(loom.memory_stats().driver_allocs - before)
     ]]
-    local f = assert(io.popen("LOOM_GC_CAP_MB=64 luajit -e '" .. code .. "' 2>&1"))
-    local out = f:read("*a")
-    f:close()
+    local rc, out = sys.luajit(code, "LOOM_GC_CAP_MB=64")
+    assert.equal(0, rc, out)
     -- (a block or two more when the garbage at a collection varies by one output; 80 without reuse)
     assert.is_true(tonumber(out) ~= nil and tonumber(out) <= 2, "new mmaps in 80 calls: " .. out)
   end)
@@ -106,7 +105,6 @@ describe("the CPU caching allocator", function()
 
   it("keeps no cache with LOOM_CPU_CACHE_MB=0", function()
     local code = [[
-      package.path = "lua/?.lua;lua/?/init.lua;" .. package.path
       local loom = require "loom"
       local a = loom.empty({ 4194304 })
       local r1 = loom.memory_stats().reserved
@@ -114,9 +112,8 @@ describe("the CPU caching allocator", function()
       local r2 = loom.memory_stats().reserved
       io.write(r1 - r2 >= 16777216 and "returned" or ("kept " .. (r1 - r2)))
     ]]
-    local f = assert(io.popen("LOOM_CPU_CACHE_MB=0 luajit -e '" .. code .. "' 2>&1"))
-    local out = f:read("*a")
-    f:close()
+    local rc, out = sys.luajit(code, "LOOM_CPU_CACHE_MB=0")
+    assert.equal(0, rc, out)
     assert.are.equal("returned", out)
   end)
 

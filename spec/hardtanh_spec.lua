@@ -61,12 +61,7 @@ describe("hardtanh", function()
   end)
 
   it("is one entry of the op table, with the CPU's unary kernel and the pointwise sharding rule", function()
-    local found
-    for _, o in ipairs(loom.ops()) do if o.name == "hardtanh" then found = o end end
-    assert.truthy(found, "loom.ops() lists hardtanh")
-    assert.is_true(found.differentiable)
-    assert.is_true(found.sharded)
-    assert.is_true(found.kernels.cpu)
+    R.assert_full_op("hardtanh")
   end)
 end)
 

@@ -9,6 +9,9 @@ local loomrun = root .. "scripts/loomrun"
 -- a temporary Lua script holding text; returns its path
 local function write(text) return sys.tmpfile(text, ".lua") end
 
+-- loomrun's output for args, asserting its exit code (want_rc, or 0)
+local function launch(args, want_rc) return sys.output(loomrun .. " " .. args, want_rc) end
+
 local function count(s, pat)
   local n = 0
   for _ in s:gmatch(pat) do n = n + 1 end
@@ -23,53 +26,44 @@ print(string.format("hello %d of %d threads=%s arg=%s", dist.rank(), dist.world_
 
 describe("loomrun", function()
   it("prefixes each line with its rank and passes arguments", function()
-    local rc, out = sh(loomrun .. " -n 2 " .. hello .. " xyz")
-    assert.equal(0, rc)
+    local out = launch("-n 2 " .. hello .. " xyz")
     assert.matches("%[0%] hello 0 of 2 threads=%d+ arg=xyz", out)
     assert.matches("%[1%] hello 1 of 2 threads=%d+ arg=xyz", out)
   end)
 
   it("shows only rank 0's stdout with --quiet-others", function()
-    local rc, out = sh(loomrun .. " -n 2 --quiet-others " .. hello)
-    assert.equal(0, rc)
+    local out = launch("-n 2 --quiet-others " .. hello)
     assert.matches("hello 0 of 2", out)
     assert.is_nil(out:match("hello 1 of 2"))
   end)
 
   it("gives each rank cores / local ranks threads, unless LOOM_NUM_THREADS is set", function()
-    local p = io.popen("nproc")
-    local cores = tonumber(p:read("*l"))
-    p:close()
-    local _, out = sh(loomrun .. " -n 2 --no-tag " .. hello)
+    local _, cores = sh("nproc")
+    cores = tonumber(cores)
+    local out = launch("-n 2 --no-tag " .. hello)
     assert.equal(2, count(out, "threads=" .. math.max(1, math.floor(cores / 2)) .. " "))
     _, out = sh("LOOM_NUM_THREADS=3 " .. loomrun .. " -n 2 " .. hello)
     assert.equal(2, count(out, "threads=3 "))
   end)
 
   it("oversubscribes when ranks outnumber cores, and builds a sane mpirun line", function()
-    local rc, out = sh(loomrun .. " -n 64 --dry-run --mpi-arg --mca --mpi-arg btl --mpi-arg self,vader " .. hello)
-    assert.equal(0, rc)
+    local out = launch("-n 64 --dry-run --mpi-arg --mca --mpi-arg btl --mpi-arg self,vader " .. hello)
     assert.matches("mpirun %-n 64 %-%-bind%-to none", out)
     assert.matches("%-%-oversubscribe", out)
     assert.matches("%-x LUA_PATH", out)
     assert.matches("%-%-mca btl self\\?,vader", out)
-    local p = io.popen("id -u")
-    if p:read("*l") == "0" then assert.matches("%-%-allow%-run%-as%-root", out) end
-    p:close()
-    rc, out = sh(loomrun .. " -n 4 " .. hello)
-    assert.equal(0, rc)
-    assert.equal(4, count(out, "hello %d of 4"))
+    local _, uid = sh("id -u")
+    if tonumber(uid) == 0 then assert.matches("%-%-allow%-run%-as%-root", out) end
+    assert.equal(4, count(launch("-n 4 " .. hello), "hello %d of 4"))
   end)
 
   it("rejects bad usage", function()
-    local rc, out = sh(loomrun .. " -n 0 " .. hello)
-    assert.equal(2, rc)
-    assert.matches("positive number of ranks", out)
-    rc, out = sh(loomrun .. " --bogus " .. hello)
-    assert.equal(2, rc)
-    assert.matches("unknown option %-%-bogus", out)
-    rc = sh(loomrun .. " -n 2 /nonexistent/script.lua")
-    assert.equal(2, rc)
+    for _, c in ipairs { { "-n 0 " .. hello, "positive number of ranks" },
+                         { "--bogus " .. hello, "unknown option %-%-bogus" },
+                         { "-n 2 /nonexistent/script.lua" } } do   -- exit code 2, and the message if given
+      local out = launch(c[1], 2)
+      if c[2] then assert.matches(c[2], out) end
+    end
   end)
 
   it("exits non-zero when a rank exits non-zero", function()

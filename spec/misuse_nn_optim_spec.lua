@@ -11,6 +11,7 @@ local leaf = function() return loom.ones(2, { requires_grad = true }) end
 local lin = function() return nn.Linear(2, 2) end
 
 local layers = {
+  title = "layers",
   { "Linear with 0 inputs", function() return nn.Linear(0, 3) end, "Linear", "in_features", "positive integer" },
   { "Linear with fractional outputs", function() return nn.Linear(2, 2.5) end, "Linear", "out_features", "2.5" },
   { "Linear with a string bias flag", function() return nn.Linear(2, 3, { bias = "no" }) end, "Linear", "bias", "boolean" },
@@ -45,6 +46,7 @@ local layers = {
 }
 
 local modules = {
+  title = "the Module API",
   { "register_parameter of a number", function() nn.ReLU():register_parameter("w", 3) end, "register_parameter", "param", "tensor" },
   { "register_buffer of a table", function() nn.ReLU():register_buffer("b", {}) end, "register_buffer", "tensor" },
   { "register_module of a table", function() nn.ReLU():register_module("m", {}) end, "register_module", "module" },
@@ -66,6 +68,7 @@ local modules = {
 
 local p = leaf
 local optimizers = {
+  title = "optimizers and schedules",
   { "SGD with a negative lr", function() optim.SGD({ p() }, { lr = -0.1 }) end, "SGD", "lr", ">= 0" },
   { "SGD with a NaN lr", function() optim.SGD({ p() }, { lr = 0 / 0 }) end, "SGD", "lr", "nan" },
   { "SGD with an infinite lr", function() optim.SGD({ p() }, { lr = math.huge }) end, "SGD", "lr", "finite" },
@@ -120,14 +123,7 @@ local optimizers = {
 }
 
 describe("nn and optim misuse", function()
-  local n = 0
-  describe("layers", function() n = n + X.run(it, layers) end)
-  describe("the Module API", function() n = n + X.run(it, modules) end)
-  describe("optimizers and schedules", function() n = n + X.run(it, optimizers) end)
-
-  it("counts its cases (at least 90 here)", function()
-    assert.is_true(n >= 90, "only " .. n .. " cases")
-  end)
+  X.groups(describe, it, { layers, modules, optimizers }, 90)
 end)
 
 describe("what misuse once got through", function()

@@ -13,6 +13,7 @@ local ids = function(t) return loom.tensor(t, { dtype = "i64" }) end
 local qkv = function() return loom.ones(1, 1, 2, 4) end
 
 local pointwise = {
+  title = "pointwise ops and numbers",
   { "add of mismatched shapes", function() return m23() + loom.zeros(4) end, "add", "broadcast" },
   { "mul of mismatched leading dims", function() return loom.zeros(2, 3) * loom.zeros(3, 3) end, "mul", "broadcast" },
   { "add with nil", function() return loom.add(m23(), nil) end, "add", "argument #2", "tensor" },
@@ -48,6 +49,7 @@ local pointwise = {
 }
 
 local reductions = {
+  title = "reductions",
   { "sum over dim 0", function() return m23():sum(0) end, "sum", "dim" },
   { "sum past the last dim", function() return m23():sum(3) end, "sum", "dim" },
   { "sum over a fractional dim", function() return m23():sum(1.5) end, "sum", "dim", "1.5" },
@@ -65,6 +67,7 @@ local reductions = {
 }
 
 local joins = {
+  title = "joins, splits, matmul",
   { "cat of mismatched sizes", function() return loom.cat({ m23(), loom.zeros(2, 4) }, 1) end, "cat", "size" },
   { "cat of mismatched ranks", function() return loom.cat({ m23(), loom.zeros(3) }, 1) end, "cat", "dims" },
   { "cat of nothing", function() return loom.cat({}, 1) end, "cat", "at least one" },
@@ -85,6 +88,7 @@ local joins = {
 }
 
 local functional = {
+  title = "loom.F",
   { "F.relu of a string", function() return F.relu("x") end, "relu", "input", "tensor" },
   { "F.silu of nil", function() return F.silu(nil) end, "silu", "input", "nil" },
   { "F.gelu of a table", function() return F.gelu({ 1 }) end, "gelu", "input", "tensor" },
@@ -138,6 +142,7 @@ local functional = {
 
 -- calls into the op table by name that could crash the process
 local crashers = {
+  title = "crash-type calls in a child process",
   { "loom.op transpose past the dims", child = "loom.op('transpose', { loom.ones(2, 2) }, { 0, 7 })", "transpose", "dim" },
   { "loom.op permute with one dim of two", child = "loom.op('permute', { loom.ones(2, 2) }, { 0 })", "permute", "got 1" },
   { "loom.op sum over dim 7", child = "loom.op('sum', { loom.ones(4) }, { 7, 0 })", "sum", "dim" },
@@ -163,6 +168,7 @@ local crashers = {
 local comm = "local dist = require 'loom.distributed' dist.init() "
     .. "local g = dist.init_device_mesh('cpu', { 1 }):get_group(1).comm "
 local collectives = {
+  title = "collective ops with wrong handles, in a child process",
   { "_dist_all_reduce with a tensor as its communicator", child = comm .. "loom.op('_dist_all_reduce', { loom.ones(2) }, { 0 }, nil, { loom.ones(1) })", "_dist_all_reduce", "handle 1 expected a communicator" },
   { "_dist_all_reduce with a buffer as its communicator", child = comm .. "loom.op('_dist_all_reduce', { loom.ones(2) }, { 0 }, nil, { ffi.new('char[64]') })", "_dist_all_reduce", "handle 1 expected a communicator" },
   { "_dist_all_reduce with a number as its communicator", child = comm .. "loom.op('_dist_all_reduce', { loom.ones(2) }, { 0 }, nil, { 12345 })", "_dist_all_reduce", "handle 1 expected a communicator", "12345" },
@@ -180,17 +186,7 @@ local collectives = {
 }
 
 describe("op misuse", function()
-  local n = 0
-  describe("pointwise ops and numbers", function() n = n + X.run(it, pointwise) end)
-  describe("reductions", function() n = n + X.run(it, reductions) end)
-  describe("joins, splits, matmul", function() n = n + X.run(it, joins) end)
-  describe("loom.F", function() n = n + X.run(it, functional) end)
-  describe("crash-type calls in a child process", function() n = n + X.run(it, crashers) end)
-  describe("collective ops with wrong handles, in a child process", function() n = n + X.run(it, collectives) end)
-
-  it("counts its cases (at least 120 here)", function()
-    assert.is_true(n >= 120, "only " .. n .. " cases")
-  end)
+  X.groups(describe, it, { pointwise, reductions, joins, functional, crashers, collectives }, 120)
 end)
 
 describe("what misuse once got through", function()

@@ -4,6 +4,7 @@
 local loom = require "loom"
 local nn = loom.nn
 local tr = loom.models.transformer
+local sys = require "support.sys"
 
 local CFG = { vocab_size = 40, dim = 32, n_layers = 2, n_heads = 4, n_kv_heads = 2, max_seq_len = 16 }
 
@@ -54,6 +55,7 @@ describe("Module:to", function()
     assert.is_false(ok)
     assert.truthy(tostring(e):find("weight is on the meta device", 1, true), tostring(e))
     ok, e = pcall(function() lin:to_empty("cpu") end)
+    assert.is_false(ok)
     assert.truthy(tostring(e):find("to_empty: weight is on cpu", 1, true), tostring(e))
   end)
 end)
@@ -108,10 +110,7 @@ describe("the runtime's settings", function()
 
   -- the environment variable `name` as a child sees it after require "loom"
   local function env_in_child(name, env)
-    local p = io.popen(env .. " luajit -e 'package.path = \"lua/?.lua;lua/?/init.lua;\" .. package.path "
-                       .. "require \"loom\" io.write(os.getenv(\"" .. name .. "\") or \"unset\")' 2>&1")
-    local out = p:read("*a")
-    p:close()
+    local _, out = sys.luajit(string.format("require 'loom' io.write(os.getenv(%q) or 'unset')", name), env)
     return out
   end
 

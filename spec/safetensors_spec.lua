@@ -394,19 +394,6 @@ describe("Hugging Face checkpoints", function()
 end)
 
 describe("examples/train.lua --init-from", function()
-  -- a launcher started from a process that already holds an MPI singleton
-  -- (another spec of this run may have initialised loom.distributed) must
-  -- not inherit the singleton's PMIx/ORTE environment
-  local scrub = "unset $(env | grep -oE "
-    .. "'^(PMIX_[A-Za-z0-9_]*|OMPI_MCA_(ess|pmix|orte_[A-Za-z0-9_]*)|OMPI_APP_CTX_NUM_PROCS)=' "
-    .. "| tr -d = | tr '\\n' ' '); "
-  local function sh(cmd)
-    local p = io.popen("( " .. scrub .. cmd .. " ) 2>&1; echo \"@@rc=$?\"")
-    local out = p:read("*a")
-    p:close()
-    return tonumber(out:match("@@rc=(%d+)%s*$")), out:gsub("@@rc=%d+%s*$", "")
-  end
-
   it("fine-tunes the checkpoint on 1 and 2 ranks: the first loss is the loaded model's", function()
     local d = tmpdir()
     -- a corpus of at most 28 characters, within the checkpoint's 32 ids
@@ -418,21 +405,11 @@ describe("examples/train.lua --init-from", function()
                                                                     world = 1 }):next()
     local model = hf.from_pretrained(FIX .. "hf_llama_gqa", { config = { max_seq_len = 8 } })
     local want = loom.no_grad(function() return loom.F.cross_entropy(model(x), y):item() end)
-    local args = " examples/train.lua --init-from " .. FIX .. "hf_llama_gqa --data " .. d .. "/corpus.txt"
-      .. " --steps 3 --batch 2 --seq 8 --eval-every 100 --eval-iters 1 --sample 0 --quiet --log "
-    for _, run in ipairs { { "luajit", 1 }, { "scripts/loomrun -n 2 --quiet-others", 2 } } do
-      local log = d .. "/run" .. run[2] .. ".jsonl"
-      local rc, out = sh(run[1] .. args .. log)
-      assert.equal(0, rc, out)
-      assert.is_truthy(out:find("initialised from", 1, true), out)
-      local l = sys.losses(log)
-      assert.is_not_nil(l[3], out)
-      assert.is_true(math.abs(l[1] - want) < 1e-5, string.format("%d rank(s): first loss %.7g, loaded model's %.7g",
-                                                                   run[2], l[1], want))
-    end
+    sys.fine_tunes("--init-from " .. FIX .. "hf_llama_gqa --data " .. d .. "/corpus.txt"
+                   .. " --steps 3 --batch 2 --seq 8 --eval-every 100 --eval-iters 1 --sample 0 --quiet", want, d)
     -- a corpus larger than the vocabulary is refused, naming both sizes
     write(d .. "/wide.txt", read("examples/data/tinyshakespeare.txt"):sub(1, 20000))
-    local rc, out = sh("luajit examples/train.lua --init-from " .. FIX .. "hf_llama_gqa --data " .. d
+    local rc, out = sys.sh_clean("luajit examples/train.lua --init-from " .. FIX .. "hf_llama_gqa --data " .. d
                        .. "/wide.txt --steps 1 --sample 0 --quiet")
     assert.is_not.equal(0, rc)
     assert.is_truthy(out:find("the checkpoint's vocabulary only 32", 1, true), out)

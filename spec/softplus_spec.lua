@@ -52,10 +52,7 @@ describe("softplus", function()
   end)
 
   it("is one entry of the op table, differentiable and sharded, with the CPU's unary kernel", function()
-    local found
-    for _, o in ipairs(loom.ops()) do if o.name == "softplus" then found = o end end
-    assert.truthy(found, "loom.ops() lists softplus")
-    assert.is_true(found.differentiable and found.sharded and found.kernels.cpu)
+    R.assert_full_op("softplus")
   end)
 end)
 

@@ -94,11 +94,16 @@ describe("TokenFile", function()
   end)
 end)
 
+-- a scratch directory holding in.txt, the first n bytes of the Shakespeare corpus; and that text
+local function corpus_dir(n)
+  local d, text = tmpdir(), read("examples/data/tinyshakespeare.txt"):sub(1, n)
+  write(d .. "/in.txt", text)
+  return d, text
+end
+
 describe("scripts/text_to_bin.lua", function()
   it("writes train.bin and val.bin that decode back to the text", function()
-    local d = tmpdir()
-    local text = read("examples/data/tinyshakespeare.txt"):sub(1, 30000)
-    write(d .. "/in.txt", text)
+    local d, text = corpus_dir(30000)
     local rc, out = sys.sh("luajit scripts/text_to_bin.lua --tokenizer " .. TOK .. " --input " .. d .. "/in.txt --out "
                            .. d .. " --chunk 5000")
     assert.equal(0, rc, out)
@@ -116,19 +121,9 @@ describe("scripts/text_to_bin.lua", function()
   end)
 end)
 
--- a launcher started from a process that already holds an MPI singleton
--- (another spec of this run may have initialised loom.distributed) must
--- not inherit the singleton's PMIx/ORTE environment (as safetensors_spec)
-local function sh_clean(cmd)
-  return sys.sh("unset $(env | grep -oE '^(PMIX_[A-Za-z0-9_]*|OMPI_MCA_(ess|pmix|orte_[A-Za-z0-9_]*)|"
-                .. "OMPI_APP_CTX_NUM_PROCS)=' | tr -d = | tr '\\n' ' '); " .. cmd)
-end
-
 describe("loom.data.corpus", function()
   it("tokenizes a text file with a tokenizer.json into i64 ids, split 90/10", function()
-    local d = tmpdir()
-    local text = read("examples/data/tinyshakespeare.txt"):sub(1, 5000)
-    write(d .. "/in.txt", text)
+    local d, text = corpus_dir(5000)
     local tok, train, val = data.corpus(d .. "/in.txt", TOK)
     local ids = tok:encode(text, { add_special_tokens = false })
     assert.equal("i64", train.dtype)
@@ -139,8 +134,7 @@ end)
 
 describe("examples/train.lua on a .bin corpus", function()
   it("fine-tunes an HF checkpoint from --init-from: the first loss is the loaded model's", function()
-    local d = tmpdir()
-    write(d .. "/in.txt", read("examples/data/tinyshakespeare.txt"):sub(1, 20000))
+    local d = corpus_dir(20000)
     local rc, out = sys.sh("luajit scripts/text_to_bin.lua --tokenizer " .. TOK .. " --input " .. d .. "/in.txt --out " .. d)
     assert.equal(0, rc, out)
     -- a tiny Llama over the tokenizer's 704 ids, saved in the HF layout
@@ -152,19 +146,9 @@ describe("examples/train.lua on a .bin corpus", function()
     local x, y = data.Sampler(train, { batch = 2, seq = 16, seed = 1337 }):next()
     local loaded = hf.from_pretrained(d .. "/ckpt", { config = { max_seq_len = 16 } })
     local want = loom.no_grad(function() return loom.F.cross_entropy(loaded(x), y):item() end)
-    local args = " examples/train.lua --data " .. d .. "/train.bin --tokenizer " .. TOK .. " --init-from " .. d
-      .. "/ckpt --steps 3 --batch 2 --seq 16 --eval-every 3 --eval-iters 1 --sample 5 --quiet --log "
-    for _, run in ipairs { { "luajit", 1 }, { "scripts/loomrun -n 2 --quiet-others", 2 } } do   -- 2 ranks: TP 2
-      local log = d .. "/log" .. run[2] .. ".jsonl"
-      rc, out = sh_clean(run[1] .. args .. log)
-      assert.equal(0, rc, out)
-      assert.truthy(out:find("initialised from", 1, true), out)
-      assert.truthy(out:find("---- sample ----", 1, true), out)
-      local l = sys.losses(log)
-      assert.is_not_nil(l[3], out)
-      assert.is_true(math.abs(l[1] - want) < 1e-5, string.format("%d rank(s): first loss %.7g, the loaded model's %.7g",
-                                                                  run[2], l[1], want))
-    end
+    sys.fine_tunes("--data " .. d .. "/train.bin --tokenizer " .. TOK .. " --init-from " .. d .. "/ckpt"
+                   .. " --steps 3 --batch 2 --seq 16 --eval-every 3 --eval-iters 1 --sample 5 --quiet", want, d,
+                   { "---- sample ----" })   -- 2 ranks: TP 2
     assert.equal(704, tok.vocab_size)
     rc, out = sys.sh("luajit examples/train.lua --data " .. d .. "/train.bin --steps 1 --quiet")
     assert.is_not.equal(0, rc)

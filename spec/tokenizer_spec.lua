@@ -10,7 +10,8 @@ local Tokenizer = loom.data.Tokenizer
 local errmsg = require("support.ref").errmsg
 
 local DIR = "spec/fixtures/tokenizers/"
-local read = require("support.sys").read
+local sys = require "support.sys"
+local read, write = sys.read, sys.write
 local function plus1(ids)
   local out = {}
   for i, v in ipairs(ids) do out[i] = v + 1 end
@@ -71,8 +72,8 @@ describe("Tokenizer", function()
   end)
 
   it("loads from a model's directory holding tokenizer.json", function()
-    local d = require("support.sys").tmpdir()
-    require("support.sys").write(d .. "/tokenizer.json", read(DIR .. "gpt2.json"))
+    local d = sys.tmpdir()
+    write(d .. "/tokenizer.json", read(DIR .. "gpt2.json"))
     assert.same(tok:encode("Hello there"), Tokenizer.from_file(d):encode("Hello there"))
     assert.truthy(errmsg(Tokenizer.from_file, d .. "/none"):find("cannot open", 1, true))
   end)
@@ -93,21 +94,18 @@ describe("Tokenizer", function()
     assert.truthy(errmsg(tok.encode_batch, tok, { "a" }):find("pad_id", 1, true))
     assert.truthy(errmsg(Tokenizer.from_file, "/nonexistent.json"):find("cannot open", 1, true))
     local path = os.tmpname()
-    local truncated = read(DIR .. "gpt2.json"):sub(1, 5000)
-    local f = assert(io.open(path, "wb")) f:write(truncated) f:close()
-    assert.truthy(errmsg(Tokenizer.from_file, path):find("is not JSON", 1, true))
-    f = assert(io.open(path, "wb"))
-    f:write('{"model": {"type": "Unigram", "vocab": []}}') f:close()
-    assert.truthy(errmsg(Tokenizer.from_file, path):find("Unigram is not supported", 1, true))
-    f = assert(io.open(path, "wb"))
-    f:write('{"model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": ["a b"]}}') f:close()
-    assert.truthy(errmsg(Tokenizer.from_file, path):find("merge 1 (a b) is out of the vocabulary", 1, true))
-    f = assert(io.open(path, "wb"))
-    f:write('{"model": {"type": "BPE", "vocab": {"a": -3}, "merges": []}}') f:close()
-    assert.truthy(errmsg(Tokenizer.from_file, path):find("expected an id", 1, true))
+    for _, c in ipairs {   -- what the file holds, what the error says
+      { read(DIR .. "gpt2.json"):sub(1, 5000), "is not JSON" },
+      { '{"model": {"type": "Unigram", "vocab": []}}', "Unigram is not supported" },
+      { '{"model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": ["a b"]}}', "merge 1 (a b) is out of the vocabulary" },
+      { '{"model": {"type": "BPE", "vocab": {"a": -3}, "merges": []}}', "expected an id" },
+    } do
+      write(path, c[1])
+      local e = errmsg(Tokenizer.from_file, path)
+      assert.truthy(e:find(c[2], 1, true), "expected «" .. c[2] .. "» in: " .. e)
+    end
     -- a huge id costs no memory of its size: the tables grow with the entries
-    f = assert(io.open(path, "wb"))
-    f:write('{"model": {"type": "BPE", "vocab": {"a": 16777215, "b": 0, "ab": 7}, "merges": ["a b"]}}') f:close()
+    write(path, '{"model": {"type": "BPE", "vocab": {"a": 16777215, "b": 0, "ab": 7}, "merges": ["a b"]}}')
     local big = Tokenizer.from_file(path)
     assert.same({ 8, 16777216 }, big:encode("aba"))
     os.remove(path)

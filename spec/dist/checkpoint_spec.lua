@@ -310,43 +310,40 @@ describe("dist.checkpoint errors", function()
   end
   local function load_plain(dir, sd) return err_of(ck.load, sd or { w = loom.zeros(8, 3) }, dir) end
 
-  it("names the tensor and the file when a shard file is missing", function()
-    local dir = fresh("missing")
-    on0(function() os.remove(dir .. "/" .. last_file()) end)
-    local e = load_plain(dir)
-    assert.is_true(has(e, "tensor w", dir .. "/" .. last_file(), "cannot open"), tostring(e))
-  end)
-
-  it("names the tensor and the file when a shard file is truncated", function()
-    local dir = fresh("truncated")
+  -- s with its i-th byte changed (the middle one by default)
+  local function flip(s, i)
+    i = i or math.floor(#s / 2) + 1
+    return s:sub(1, i - 1) .. string.char((s:byte(i) + 1) % 256) .. s:sub(i + 1)
+  end
+  -- a fresh checkpoint whose file rank 0 then rewrites as damage(its bytes), or removes (damage gives nil)
+  local function damaged(name, file, damage)
+    local dir = fresh(name)
     on0(function()
-      local p = dir .. "/" .. last_file()
-      local s = read(p)
-      write(p, s:sub(1, math.floor(#s / 2)))
+      local p = dir .. "/" .. file
+      local s = damage(read(p))
+      if s then write(p, s) else os.remove(p) end
     end)
-    local e = load_plain(dir)
-    assert.is_true(has(e, "tensor w", dir .. "/" .. last_file(), "truncated"), tostring(e))
-  end)
+    return dir
+  end
 
-  it("names the tensor and the file when a shard's bytes are corrupt", function()
-    local dir = fresh("corrupt")
-    on0(function()
-      local p = dir .. "/" .. last_file()
-      local s = read(p)
-      local i = math.floor(#s / 2) + 1
-      write(p, s:sub(1, i - 1) .. string.char((s:byte(i) + 1) % 256) .. s:sub(i + 1))
+  for _, c in ipairs {   -- what befell the last shard file, the checkpoint's name, the damage, what the error says
+    { "a shard file is missing", "missing", function() return nil end, "cannot open" },
+    { "a shard file is truncated", "truncated", function(s) return s:sub(1, math.floor(#s / 2)) end, "truncated" },
+    { "a shard's bytes are corrupt", "corrupt", flip, "corrupt" },
+  } do
+    it("names the tensor and the file when " .. c[1], function()
+      local dir = damaged(c[2], last_file(), c[3])
+      local e = load_plain(dir)
+      assert.is_true(has(e, "tensor w", dir .. "/" .. last_file(), c[4]), tostring(e))
     end)
-    local e = load_plain(dir)
-    assert.is_true(has(e, "tensor w", dir .. "/" .. last_file(), "corrupt"), tostring(e))
+  end
+
+  it("verify names a shard file whose bytes are corrupt; a corrupt manifest fails the load", function()
+    local dir = damaged("corrupt-verify", last_file(), flip)
     local v = err_of(ck.verify, dir)
     assert.is_true(has(v, dir .. "/" .. last_file(), "checksum"), tostring(v))
     -- the manifest itself is checksummed too
-    local dir2 = fresh("corrupt-manifest")
-    on0(function()
-      local p = dir2 .. "/manifest.loom"
-      local s = read(p)
-      write(p, s:sub(1, 40) .. string.char((s:byte(41) + 1) % 256) .. s:sub(42))
-    end)
+    local dir2 = damaged("corrupt-manifest", "manifest.loom", function(s) return flip(s, 41) end)
     local e2 = load_plain(dir2)
     assert.is_true(has(e2, dir2 .. "/manifest.loom", "corrupt"), tostring(e2))
   end)

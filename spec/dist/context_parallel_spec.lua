@@ -14,7 +14,7 @@ local H = require "support.tp"
 local Tr = require "loom.models.transformer"
 local F = loom.F
 
-local ws, me = dist.world_size(), dist.rank()
+local ws = dist.world_size()
 local V, B, S = 17, 2, 16
 
 -- a small Llama (parallelize(m) first, when given) under context_parallel

@@ -6,6 +6,16 @@ local dist = require "loom.distributed"
 
 local k, me = dist.world_size(), dist.rank()
 
+-- the ranks of an n x m mesh laid row-major over the world, as tolist gives them
+local function row_major(n, m)
+  local rows = {}
+  for i = 0, n - 1 do
+    rows[i + 1] = {}
+    for j = 0, m - 1 do rows[i + 1][j + 1] = i * m + j end
+  end
+  return rows
+end
+
 describe("dist runtime", function()
   it("is idempotent and agrees with the launcher", function()
     dist.init()
@@ -61,11 +71,7 @@ describe("DeviceMesh", function()
       assert.same({ a, b }, m:get_coordinate())
       assert.equal(a, m:get_local_rank("dp"))
       assert.equal(b, m:get_local_rank(2))
-      local rows = {}
-      for x = 0, 1 do
-        rows[x + 1] = {}
-        for y = 0, h - 1 do rows[x + 1][y + 1] = x * h + y end
-      end
+      local rows = row_major(2, h)
       assert.same(rows, m:tolist())
       if k == 4 then
         assert.equal("DeviceMesh('cpu', [[0, 1], [2, 3]], mesh_dim_names=('dp', 'tp'))", tostring(m))
@@ -140,12 +146,7 @@ describe("DeviceMesh", function()
       local ft = m[{ "dp_cp", "tp" }]
       assert.same({ 4, t }, ft.shape)
       assert.same({ 2 * a + c, b }, ft:get_coordinate())
-      local rows = {}
-      for i = 0, 3 do
-        rows[i + 1] = {}
-        for j = 0, t - 1 do rows[i + 1][j + 1] = i * t + j end
-      end
-      assert.same(rows, ft:tolist())
+      assert.same(row_major(4, t), ft:tolist())
       assert.equal(m, ft:root_mesh())
       -- the same dims again: the same mesh (default name: the names joined)
       assert.is_true(rawequal(f, m[{ "dp", "cp" }]:_flatten()))

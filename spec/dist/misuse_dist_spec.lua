@@ -21,6 +21,7 @@ local long = function(t) return loom.tensor(t, { dtype = "i64" }) end
 local dt = function() return dist.distribute_tensor(loom.ones(4, 2 * ws), mesh, { Shard(2) }) end
 
 local meshes = {
+  title = "meshes",
   { "a gpu mesh", function() dist.init_device_mesh("gpu", { ws }) end, "init_device_mesh", "device_type", '"gpu"' },
   { "a mesh of too many ranks", function() dist.init_device_mesh("cpu", { ws + 1 }) end, "init_device_mesh", "mesh_shape", "the world has " .. ws },
   { "a mesh dim of 0", function() dist.init_device_mesh("cpu", { 0 }) end, "init_device_mesh", "mesh_shape[1]", "positive integer" },
@@ -41,6 +42,7 @@ local meshes = {
 }
 
 local placements = {
+  title = "placements",
   { "Shard(0)", function() Shard(0) end, "Shard", "dim", "non-zero integer" },
   { "Shard(1.5)", function() Shard(1.5) end, "Shard", "dim", "1.5" },
   { "Shard of a string", function() Shard("x") end, "Shard", "dim", '"x"' },
@@ -52,6 +54,7 @@ local placements = {
 }
 
 local factories = {
+  title = "factories, from_local, distribute_tensor",
   { "dist.zeros with a negative size", function() dist.zeros({ -1 }, mesh, R) end, "zeros", "size", "non-negative" },
   { "dist.ones with a NaN size", function() dist.ones({ 0 / 0 }, mesh, R) end, "ones", "size", "nan" },
   { "dist.empty with a fractional size", function() dist.empty({ 2.5 }, mesh, R) end, "empty", "size", "2.5" },
@@ -78,6 +81,7 @@ local factories = {
 }
 
 local dtensors = {
+  title = "DTensors and collectives",
   { "a DTensor's size(0)", function() dt():size(0) end, "size", "dim", "got 0" },
   { "a DTensor's size(3)", function() dt():size(3) end, "size", "dim", "got 3" },
   { "redistribute with two placements", function() dt():redistribute(mesh, { R[1], R[1] }) end, "redistribute", "placements" },
@@ -115,6 +119,7 @@ end
 local V = 4 * ws
 
 local parallel = {
+  title = "tensor parallel: styles, loss_parallel, vocabulary-parallel ids",
   { "loss_parallel of a number", function() tp.loss_parallel(3) end, "loss_parallel", "fn", "function" },
   { "loss_parallel with class 0", function() ce(long({ 1, 0 })) end, "loss_parallel", "class 0", "[1, " .. V .. "]" },
   { "loss_parallel with a class past the vocabulary", function() ce(long({ V + 1, 1 })) end, "loss_parallel", "holds class " .. (V + 1), "outside [1, " .. V .. "]" },
@@ -139,6 +144,7 @@ local parallel = {
 
 local function tmp_dir() return os.tmpname() .. ".ckpt" end
 local checkpoints = {
+  title = "checkpoints",
   { "checkpoint.save of a number", function() dist.checkpoint.save(3, tmp_dir()) end, "checkpoint.save", "state_dict", "table" },
   { "checkpoint.save to a number", function() dist.checkpoint.save({}, 3) end, "checkpoint.save", "dir", "directory name" },
   { "checkpoint.save to \"\"", function() dist.checkpoint.save({}, "") end, "checkpoint.save", "dir" },
@@ -149,17 +155,7 @@ local checkpoints = {
 }
 
 describe("distributed misuse", function()
-  local n = 0
-  describe("meshes", function() n = n + X.run(it, meshes) end)
-  describe("placements", function() n = n + X.run(it, placements) end)
-  describe("factories, from_local, distribute_tensor", function() n = n + X.run(it, factories) end)
-  describe("DTensors and collectives", function() n = n + X.run(it, dtensors) end)
-  describe("tensor parallel: styles, loss_parallel, vocabulary-parallel ids", function() n = n + X.run(it, parallel) end)
-  describe("checkpoints", function() n = n + X.run(it, checkpoints) end)
-
-  it("counts its cases (at least 90 here)", function()
-    assert.is_true(n >= 90, "only " .. n .. " cases")
-  end)
+  X.groups(describe, it, { meshes, placements, factories, dtensors, parallel, checkpoints }, 90)
 
   it("every rank goes on after the errors: a collective still agrees", function()
     local s = dist.all_reduce(loom.tensor({ H.rank + 1 }), "sum", mesh, 1):item()

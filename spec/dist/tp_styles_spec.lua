@@ -15,17 +15,28 @@ local function input(seed, ...)
   return loom.rand(...)
 end
 
+-- runs fn under comm_mode and asserts its collective counts: want's kinds
+-- (kind -> count), and with exact no collective of any other kind; returns fn's results
+local function collectives(want, exact, fn)
+  local res = { dist.comm_mode(fn) }
+  assert.same({}, H.check_counts({}, "collectives", res[1], want, exact))
+  return unpack(res, 2)
+end
+
 -- the to_full of check_linear for an output that must be a plain (full) tensor
 local function plain_output(y) assert.is_false(dist.is_dtensor(y)) return y end
 
--- output and (with w) weight/bias gradients of the parallel module against ref
-local function check_linear(bad, what, m, ref, x_par, x_full, to_full)
+-- asserts the parallel module's output (through to_full) and (with w) weight/bias
+-- gradients against ref's; returns its output
+local function check_linear(what, m, ref, x_par, x_full, to_full)
+  local bad = {}
   local y, yr = m(x_par), ref(x_full)
   H.close(bad, what .. " output", to_full(y), yr)
   local wgt = input(99, unpack(yr:size()))
   ;(to_full(y) * wgt):sum():backward()
   ;(yr * wgt):sum():backward()
   H.compare_params(bad, what, m, ref, true)
+  assert.same({}, bad)
   return y
 end
 
@@ -34,26 +45,20 @@ describe("ColwiseParallel", function()
     local ref, m = linear_pair(8, 12)
     tp.parallelize_module(m, mesh, tp.ColwiseParallel{})
     local x = input(1, 4, 8)
-    local bad = {}
     local gather = function(y)
       assert.is_false(dist.is_dtensor(y))
       return dist.DTensor.from_local(y, mesh, { Shard(-1) }, { shape = { 4, 12 } }):full_tensor()
     end
-    check_linear(bad, "colwise default", m, ref, x, x, gather)
+    check_linear("colwise default", m, ref, x, x, gather)
     assert.is_true(m.weight.placements[1] == Shard(1) and m.bias.placements[1] == Shard(1))
-    assert.same({}, bad)
   end)
 
   it("output_layouts=Replicate(): the full output, gathered once", function()
     local ref, m = linear_pair(8, 12)
     tp.parallelize_module(m, mesh, tp.ColwiseParallel{ output_layouts = Replicate() })
     local x = input(2, 4, 8)
-    local cm = dist.comm_mode(function() return m(x) end)
-    assert.equal(1, cm.counts.all_gather)
-    assert.equal(1, cm:get_total_counts())
-    local bad = {}
-    check_linear(bad, "colwise replicate", m, ref, x, x, plain_output)
-    assert.same({}, bad)
+    collectives({ all_gather = 1 }, true, function() return m(x) end)
+    check_linear("colwise replicate", m, ref, x, x, plain_output)
   end)
 
   it("use_local_output=false: a DTensor sharded on the last dim", function()
@@ -63,9 +68,7 @@ describe("ColwiseParallel", function()
     local y = m(x)
     assert.is_true(dist.is_dtensor(y))
     assert.is_true(y.placements[1] == Shard(3))
-    local bad = {}
-    check_linear(bad, "colwise dtensor", m, ref, x, x, H.full)
-    assert.same({}, bad)
+    check_linear("colwise dtensor", m, ref, x, x, H.full)
   end)
 
   it("input_layouts=Shard(1): a batch-sharded input is gathered first", function()
@@ -73,11 +76,8 @@ describe("ColwiseParallel", function()
     tp.parallelize_module(m, mesh, tp.ColwiseParallel{ input_layouts = Shard(1), output_layouts = Replicate() })
     local x = input(4, 2 * ws, 8)
     local mine = H.chunk_of(x, 1, ws, me)
-    local cm = dist.comm_mode(function() return m(mine) end)
-    assert.equal(2, cm.counts.all_gather) -- the input, then the output
-    local bad = {}
-    check_linear(bad, "colwise Shard(1) input", m, ref, mine, x, function(y) return y end)
-    assert.same({}, bad)
+    collectives({ all_gather = 2 }, false, function() return m(mine) end)   -- the input, then the output
+    check_linear("colwise Shard(1) input", m, ref, mine, x, function(y) return y end)
   end)
 
   it("on Embedding: shards the embedding dim", function()
@@ -85,9 +85,7 @@ describe("ColwiseParallel", function()
     tp.parallelize_module(m, mesh, tp.ColwiseParallel{ output_layouts = Replicate() })
     assert.is_true(m.weight.placements[1] == Shard(2))
     local ids = loom.tensor({ { 1, 10, 3 }, { 5, 5, 7 } }, { dtype = "i64" })
-    local bad = {}
-    check_linear(bad, "colwise embedding", m, ref, ids, ids, function(y) return y end)
-    assert.same({}, bad)
+    check_linear("colwise embedding", m, ref, ids, ids, function(y) return y end)
   end)
 end)
 
@@ -98,12 +96,8 @@ describe("RowwiseParallel", function()
     assert.is_true(m.weight.placements[1] == Shard(2) and m.bias.placements[1] == Replicate())
     local x = input(5, 4, 12)
     local mine = H.chunk_of(x, 2, ws, me)
-    local cm = dist.comm_mode(function() return m(mine) end)
-    assert.equal(1, cm.counts.all_reduce)
-    assert.equal(1, cm:get_total_counts())
-    local bad = {}
-    check_linear(bad, "rowwise default", m, ref, mine, x, plain_output)
-    assert.same({}, bad)
+    collectives({ all_reduce = 1 }, true, function() return m(mine) end)
+    check_linear("rowwise default", m, ref, mine, x, plain_output)
   end)
 
   it("output_layouts=Shard(1): reduce-scatter instead of all-reduce", function()
@@ -111,15 +105,11 @@ describe("RowwiseParallel", function()
     tp.parallelize_module(m, mesh, tp.RowwiseParallel{ output_layouts = Shard(1) })
     local x = input(6, 2 * ws, 12)
     local mine = H.chunk_of(x, 2, ws, me)
-    local cm, y = dist.comm_mode(function() return m(mine) end)
-    assert.equal(1, cm.counts.reduce_scatter)
-    assert.equal(0, cm.counts.all_reduce)
+    local y = collectives({ reduce_scatter = 1, all_reduce = 0 }, false, function() return m(mine) end)
     assert.is_false(dist.is_dtensor(y))
-    local bad = {}
-    check_linear(bad, "rowwise Shard(1) output", m, ref, mine, x, function(t)
+    check_linear("rowwise Shard(1) output", m, ref, mine, x, function(t)
       return dist.DTensor.from_local(t, mesh, { Shard(1) }, { shape = { 2 * ws, 6 } }):full_tensor()
     end)
-    assert.same({}, bad)
   end)
 
   it("input_layouts=Replicate(), use_local_output=false: full input sliced locally, a replicated DTensor out", function()
@@ -128,9 +118,7 @@ describe("RowwiseParallel", function()
     local x = input(7, 3, 12)
     local y = m(x)
     assert.is_true(dist.is_dtensor(y) and y.placements[1] == Replicate())
-    local bad = {}
-    check_linear(bad, "rowwise replicated input", m, ref, x, x, H.full)
-    assert.same({}, bad)
+    check_linear("rowwise replicated input", m, ref, x, x, H.full)
   end)
 
   it("on Embedding: vocab-parallel, out-of-shard ids masked, equal to the full lookup", function()
@@ -139,9 +127,7 @@ describe("RowwiseParallel", function()
     assert.is_true(m.weight.placements[1] == Shard(1))
     -- every id of the vocabulary, each shard's ids, repeats
     local ids = loom.tensor({ { 1, 2, 3, 4, 5 }, { 6, 7, 8, 9, 10 }, { 10, 1, 10, 1, 4 } }, { dtype = "i64" })
-    local bad = {}
-    check_linear(bad, "rowwise embedding", m, ref, ids, ids, plain_output)
-    assert.same({}, bad)
+    check_linear("rowwise embedding", m, ref, ids, ids, plain_output)
   end)
 end)
 
@@ -162,9 +148,7 @@ describe("SequenceParallel", function()
       local mine = H.chunk_of(x, 2, ws, me)
       local y = m(mine)
       assert.is_true(dist.is_dtensor(y) and y.placements[1] == Shard(2))
-      local bad = {}
-      check_linear(bad, kind, m, ref, mine, x, H.full)
-      assert.same({}, bad)
+      check_linear(kind, m, ref, mine, x, H.full)
     end)
   end
 
@@ -174,9 +158,7 @@ describe("SequenceParallel", function()
     local x = input(14, 2 * ws, 3, 6)
     local y = m(H.chunk_of(x, 1, ws, me))
     assert.is_false(dist.is_dtensor(y))
-    local bad = {}
-    H.close(bad, "local shard", y, H.chunk_of(ref(x):detach(), 1, ws, me))
-    assert.same({}, bad)
+    H.assert_close("local shard", y, H.chunk_of(ref(x):detach(), 1, ws, me))
   end)
 
   it("Dropout (eval mode): passes the sequence shard through", function()
@@ -184,9 +166,7 @@ describe("SequenceParallel", function()
     tp.parallelize_module(m, mesh, tp.SequenceParallel{})
     m:eval()
     local x = input(15, 2, 2 * ws, 4)
-    local bad = {}
-    H.close(bad, "dropout", m(H.chunk_of(x, 2, ws, me)), x, 0, 0)
-    assert.same({}, bad)
+    H.assert_close("dropout", m(H.chunk_of(x, 2, ws, me)), x, 0, 0)
   end)
 end)
 
@@ -210,12 +190,10 @@ describe("PrepareModuleInput / PrepareModuleOutput / PrepareModuleInputOutput", 
       input_kwarg_layouts = { c = Shard(1) }, desired_input_kwarg_layouts = { c = Replicate() } })
     local a, b, c = input(16, 2 * ws, 3), input(17, 2 * ws, 3), input(18, 2 * ws, 3)
     local out = m(H.chunk_of(a, 1, ws, me), b, { c = H.chunk_of(c, 1, ws, me) })
-    local bad = {}
     assert.is_true(dist.is_dtensor(m.seen.a) and m.seen.a.placements[1] == Replicate())
     assert.is_false(dist.is_dtensor(m.seen.b))
     assert.is_true(dist.is_dtensor(m.seen.c) and m.seen.c.placements[1] == Replicate())
-    H.close(bad, "sum", out, a + b + c)
-    assert.same({}, bad)
+    H.assert_close("sum", out, a + b + c)
   end)
 
   it("PrepareModuleInput use_local_output=true hands plain tensors to forward", function()
@@ -225,9 +203,7 @@ describe("PrepareModuleInput / PrepareModuleOutput / PrepareModuleInputOutput", 
     local a, b = input(19, 2 * ws, 3), input(20, 2 * ws, 3)
     local out = m(H.chunk_of(a, 1, ws, me), H.chunk_of(b, 1, ws, me))
     assert.is_false(dist.is_dtensor(m.seen.a) or dist.is_dtensor(m.seen.b))
-    local bad = {}
-    H.close(bad, "sum", out, a + b, 0, 0)
-    assert.same({}, bad)
+    H.assert_close("sum", out, a + b, 0, 0)
   end)
 
   it("PrepareModuleOutput: a local shard out becomes the full tensor (use_local_output default true)", function()
@@ -237,9 +213,7 @@ describe("PrepareModuleInput / PrepareModuleOutput / PrepareModuleInputOutput", 
     local a, b = input(21, 2 * ws, 3), input(22, 2 * ws, 3)
     local out = m(H.chunk_of(a, 1, ws, me), H.chunk_of(b, 1, ws, me))
     assert.is_false(dist.is_dtensor(out))
-    local bad = {}
-    H.close(bad, "gathered", out, a + b, 0, 0)
-    assert.same({}, bad)
+    H.assert_close("gathered", out, a + b, 0, 0)
   end)
 
   it("PrepareModuleInputOutput: both, with use_local_output=false keeping a DTensor", function()
@@ -250,9 +224,7 @@ describe("PrepareModuleInput / PrepareModuleOutput / PrepareModuleInputOutput", 
     local a, b = input(23, 2 * ws, 3), input(24, 2 * ws, 3)
     local out = m(a, b)
     assert.is_true(dist.is_dtensor(out) and out.placements[1] == Shard(1))
-    local bad = {}
-    H.close(bad, "sharded out", out, a + b, 0, 0)
-    assert.same({}, bad)
+    H.assert_close("sharded out", out, a + b, 0, 0)
   end)
 end)
 
@@ -264,11 +236,8 @@ describe("PairwiseParallel", function()
     tp.parallelize_module(m, mesh, tp.PairwiseParallel{})
     assert.is_true(m.net1.weight.placements[1] == Shard(1) and m.net2.weight.placements[1] == Shard(2))
     local x = input(25, 8, 10)
-    local cm = dist.comm_mode(function() return m(x) end)
-    assert.equal(1, cm.counts.all_reduce)
-    local bad = {}
-    check_linear(bad, "pairwise", m, ref, x, x, plain_output)
-    assert.same({}, bad)
+    collectives({ all_reduce = 1 }, false, function() return m(x) end)
+    check_linear("pairwise", m, ref, x, x, plain_output)
   end)
 
   it("needs exactly two Linear children", function()
@@ -296,9 +265,7 @@ describe("custom styles and tostring", function()
     assert.equal("net2", got.fqn)
     assert.equal("ScaleOutput(factor=3)", tostring(Scale{ factor = 3 }))
     local x = input(26, 2, 10)
-    local bad = {}
-    H.close(bad, "scaled", m(x), ref(x) * 3)
-    assert.same({}, bad)
+    H.assert_close("scaled", m(x), ref(x) * 3)
     -- a style without apply says so
     local Bare = tp.ParallelStyle:extend("Bare")
     assert.error_matches(function() tp.parallelize_module(nn.Linear(2, 2), mesh, Bare{}) end,

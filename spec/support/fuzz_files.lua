@@ -19,7 +19,6 @@ package.path = root .. "lua/?.lua;" .. root .. "lua/?/init.lua;" .. root .. "spe
 local ffi = require "ffi"
 local bit = require "bit"
 local loom = require "loom"
-local json = require "dkjson"
 local sys = require "support.sys"
 local ckpt = require "loom.distributed.checkpoint"
 local lfs = require "lfs"

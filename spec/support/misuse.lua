@@ -29,13 +29,10 @@ local function check_patterns(err, pats, from)
   end
 end
 
--- the prelude every child runs before its case
-local prelude = "package.path = " .. string.format("%q", package.path) .. "; "
-    .. "loom = require 'loom'; ffi = require 'ffi'; "
-
--- runs code in a fresh luajit; returns the exit code and the output
+-- runs code in a fresh luajit with loom and ffi loaded; returns the exit
+-- code and the output
 function X.child(code, env)
-  local rc, out = sys.sh((env or "") .. " luajit -e " .. sys.shq(prelude .. code) .. " </dev/null")
+  local rc, out = sys.luajit("loom = require 'loom'; ffi = require 'ffi'; " .. code, env)
   return rc, out
 end
 
@@ -57,6 +54,19 @@ function X.run(it, cases)
     end)
   end
   return #cases
+end
+
+-- registers a describe per list of cases (titled by its `title` field) with
+-- X.run's `it`s, then an `it` that fails when they hold fewer than `least`
+-- cases in all (a list cut short by a bad edit)
+function X.groups(describe, it, lists, least)
+  local n = 0
+  for _, cases in ipairs(lists) do
+    describe(cases.title, function() n = n + X.run(it, cases) end)
+  end
+  it("counts its cases (at least " .. least .. " here)", function()
+    assert(n >= least, "only " .. n .. " cases")
+  end)
 end
 
 -- after a run of errors, tensors and autograd still work (a small matmul,

@@ -308,6 +308,20 @@ end
 -- the message of the error fn(...) raises (asserting that it raises one)
 R.errmsg = require("support.misuse").error_of
 
+-- asserts that loom.ops() lists the op `name` with what each op brings (a
+-- backward, a sharding rule, a CPU kernel); returns its entry
+function R.assert_full_op(name)
+  for _, o in ipairs(require("loom").ops()) do
+    if o.name == name then
+      assert(o.differentiable == true, name .. ": not differentiable")
+      assert(o.sharded == true, name .. ": no sharding rule")
+      assert(o.kernels.cpu == true, name .. ": no CPU kernel")
+      return o
+    end
+  end
+  error("loom.ops() does not list " .. name)
+end
+
 ---------------------------------------------------------------------------
 -- finite-difference gradient check (f64)
 

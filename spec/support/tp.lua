@@ -68,6 +68,11 @@ function H.close(bad, what, got, want, rtol, atol)
   return bad
 end
 
+-- asserts H.close: got close to want, else fails with its message
+function H.assert_close(what, got, want, rtol, atol)
+  require("luassert").same({}, H.close({}, what, got, want, rtol, atol))
+end
+
 -- scalar a close to b: |a - b| <= rtol |b| + 1e-9; appends a message to bad otherwise
 function H.close_num(bad, what, a, b, rtol)
   if not (math.abs(a - b) <= rtol * math.abs(b) + 1e-9) then
