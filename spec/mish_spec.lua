@@ -53,10 +53,7 @@ describe("mish", function()
   end)
 
   it("is one entry of the op table, differentiable and sharded, with the CPU's unary kernel", function()
-    local found
-    for _, o in ipairs(loom.ops()) do if o.name == "mish" then found = o end end
-    assert.truthy(found, "loom.ops() lists mish")
-    assert.is_true(found.differentiable and found.sharded and found.kernels.cpu)
+    R.assert_full_op("mish")
     assert.truthy(require "support.activations"().mish, "mish is an activation the parity and DTensor specs check")
   end)
 end)
