@@ -10,7 +10,7 @@
 -- f64 1e-10, f32 2e-5, bf16 1e-2, f16 2e-3), exact for integers and bools.
 local loom = require "loom"
 local G = require "support.cuda"
-local activations = require "support.activations"
+local A = require "support.activations"
 local C = loom.C
 
 -- inputs, from a seed so both devices get the same numbers
@@ -103,7 +103,7 @@ local cases = {
 }
 
 -- fn: the outputs from the inputs, through F for an activation
-for name in pairs(activations()) do
+for name in pairs(A.ops()) do
   assert(not cases[name], "cuda_parity_spec: " .. name .. " runs through loom.F: its case goes")
   cases[name] = { inputs = unary().inputs, fn = loom.F[name] }
 end

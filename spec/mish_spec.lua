@@ -6,6 +6,7 @@
 -- F.mish and its gradient, and the definition in Lua's f64.
 local loom = require "loom"
 local R = require "support.ref"
+local A = require "support.activations"
 local F, nn = loom.F, loom.nn
 
 local X = { -30, -3, -0.5, 0, 0.25, 2, 19.5, 20.5, 40 }
@@ -54,26 +55,13 @@ describe("mish", function()
 
   it("is one entry of the op table, differentiable and sharded, with the CPU's unary kernel", function()
     R.assert_full_op("mish")
-    assert.truthy(require "support.activations"().mish, "mish is an activation the parity and DTensor specs check")
+    assert.truthy(A.ops().mish, "mish is an activation the parity and DTensor specs check")
   end)
 end)
 
 describe("nn.Mish", function()
   it("trains like the composed form: forward, gradient and an SGD step (f64, 1e-12)", function()
-    loom.manual_seed(3)
-    local lin, ref = nn.Linear(4, 3):double(), nn.Linear(4, 3):double()
-    ref:load_state_dict(lin:state_dict())
-    local x = loom.randn({ 5, 4 }, { dtype = "f64" }) * 3
-    local y = nn.Mish()(lin(x))
-    local z = ref(x)
-    local yr = z * F.softplus(z):tanh() -- composed from softplus and tanh
-    R.assert_close(y:totable(), yr:detach():totable(), 1e-12, 1e-12)
-    y:sum():backward()
-    yr:sum():backward()
-    R.assert_close(lin.weight.grad:totable(), ref.weight.grad:totable(), 1e-12, 1e-12)
-    loom.optim.SGD(lin:parameters(), { lr = 0.1 }):step()
-    loom.optim.SGD(ref:parameters(), { lr = 0.1 }):step()
-    R.assert_close(lin.weight:totable(), ref.weight:totable(), 1e-12, 1e-12)
+    A.assert_trains_like(nn.Mish(), function(z) return z * F.softplus(z):tanh() end, 3)
     assert.equals("Mish()", tostring(nn.Mish()))
   end)
 end)
