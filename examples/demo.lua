@@ -3,7 +3,7 @@
 -- Run from anywhere: luajit examples/demo.lua
 local root = debug.getinfo(1, "S").source:match("^@(.*)examples/demo%.lua$") or "./"
 package.path = root .. "lua/?.lua;" .. root .. "lua/?/init.lua;" .. package.path
-local loom = require "loom"
+local loom = require("loom")
 
 loom.manual_seed(0)
 local x = loom.tensor { { 1, 2, 3 }, { 4, 5, 6 } }

@@ -3,8 +3,8 @@
 -- the flags.
 local root = debug.getinfo(1, "S").source:match("^@(.*)examples/train%.lua$") or "./"
 package.path = root .. "lua/?.lua;" .. root .. "lua/?/init.lua;" .. package.path
-local loom = require "loom"
-local data = require "loom.data"
+local loom = require("loom")
+local data = require("loom.data")
 local transformer = loom.models.transformer
 
 local FLAGS = {
@@ -89,7 +89,7 @@ local function check_ranges(o)
   if o.dim % o.heads ~= 0 then error(string.format("train.lua: --heads %d must divide --dim %d", o.heads, o.dim), 0) end
 end
 
-local json = require "dkjson"
+local json = require("dkjson")
 
 -- one JSON object per line, keys in the given order; numbers with %.17g
 -- (dkjson's %.14g is not exact, and resumed runs are compared bit for bit)
@@ -113,13 +113,13 @@ end
 -- stdout is a terminal of this process's own: under an MPI launcher it is
 -- a pty that mpirun forwards line by line, so no live \r line there
 local function own_terminal()
-  local ffi = require "ffi"
+  local ffi = require("ffi")
   pcall(ffi.cdef, "int isatty(int fd);")
   return ffi.C.isatty(1) == 1 and not (os.getenv("OMPI_COMM_WORLD_SIZE") or os.getenv("PMI_SIZE"))
 end
 
 local function now()
-  local ffi = require "ffi"
+  local ffi = require("ffi")
   pcall(ffi.cdef, "typedef struct { long tv_sec; long tv_nsec; } loom_timespec; int clock_gettime(int, loom_timespec *);")
   local ts = ffi.new("loom_timespec")
   ffi.C.clock_gettime(1, ts)
@@ -127,7 +127,7 @@ local function now()
 end
 
 -- The world: pp x dp x cp x tp ranks on a {pp, dp, cp, tp} mesh (loom.parallel.layout).
-local L = require "loom.parallel.layout"
+local L = require("loom.parallel.layout")
 
 -- tp and dp from the flags and the world (the ranks left by pp x cp), or an
 -- error that says what to do
@@ -197,7 +197,7 @@ end
 -- the model on its device (f32: with --dtype bf16 autocast runs its GEMMs
 -- in bf16), tensor- and data-parallel as laid out
 local function build_model(o, cfg, w)
-  local tp = require "loom.parallel"
+  local tp = require("loom.parallel")
   loom.manual_seed(o.seed)   -- the same full weights on every rank, at any layout
   local model = loom.device(w.device):use(transformer.new, cfg)
   model = L.split(model, w, { microbatches = o.microbatches > 0 and o.microbatches or nil, schedule = o.schedule })
@@ -216,7 +216,7 @@ local function shard_model(o, model, w) L.fully_shard(model, w, o) end
 -- taken: the same name on every rank); --log and --save default into it
 local function run_folder(o, w, dist)
   if o["run-dir"] == "none" then return nil end
-  local dir, fs = o["run-dir"], require "loom.fs"
+  local dir, fs = o["run-dir"], require("loom.fs")
   local resumed_run = o.resume:match("^(.+)/checkpoints/*$")
   if dir == "auto" and resumed_run and fs.is_file(resumed_run .. "/config.json") then
     dir = resumed_run   -- a resumed run goes on in its folder
@@ -321,14 +321,14 @@ set datafile missing 'NaN'; plot '%s' using 1:2 with lines title 'train', '' usi
 end
 
 local function main(argv)
-  local cli = require "loom.cli"
+  local cli = require("loom.cli")
   local o, given = cli.parse("train.lua", FLAGS, argv, "Trains a Llama-style transformer on a text file.")
   if o.version then loom.show_config() return end
   if o.config ~= "" then cli.apply_config("train.lua", FLAGS, o, given, o.config) end
   local resumed = o.resume ~= "" and resume_settings(o, given)
   if o.dtype ~= "f32" and o.dtype ~= "bf16" then error("train.lua: --dtype expects f32 or bf16, got " .. o.dtype, 0) end
   check_ranges(o)
-  local dist = require "loom.distributed"
+  local dist = require("loom.distributed")
   local w = layout(o, dist)
   if resumed and resumed.step >= o.steps then
     if w.rank == 0 then
@@ -366,7 +366,7 @@ local function main(argv)
 
   -- the loss of a batch on this layout (loss_parallel keeps logits sharded),
   -- with backward when asked; returns the loss averaged over dp ranks
-  local tpmod = require "loom.parallel"
+  local tpmod = require("loom.parallel")
   local pp_sched = w.pp > 1 and L.schedule(w, function(out, yy) return loom.F.cross_entropy(out, yy) end)
   local function step_loss(x, y, backward)
     if w.device ~= "cpu" then x, y = x:to(w.device), y:to(w.device) end
@@ -389,13 +389,13 @@ local function main(argv)
   -- checkpoints: one file (DIR/checkpoint.loom, loom.save) in one process;
   -- per-rank shards and a manifest (dist.checkpoint) in a distributed run.
   -- Each reads the other's, so a run resumes at any layout.
-  local function ckpt() return require "loom.distributed.checkpoint" end
+  local function ckpt() return require("loom.distributed.checkpoint") end
   -- a train.lua checkpoint DIR holds model_config.json (what --resume reads
   -- first) and the state: DIR/checkpoint.loom from one process, the
   -- dist.checkpoint directory DIR/state from several (a bare dist.checkpoint
   -- directory is taken too); either resumes at any layout
   local function state_path(dir)
-    local fs = require "loom.fs"
+    local fs = require("loom.fs")
     if fs.is_file(dir .. "/checkpoint.loom") then return dir .. "/checkpoint.loom" end
     if fs.is_dir(dir .. "/state") then return dir .. "/state" end
     return dir

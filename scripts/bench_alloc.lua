@@ -7,9 +7,9 @@
 --   luajit scripts/bench_alloc.lua [--numel 16777216] [--temps 200000] [--iters 20] [--rounds 5]
 local root = debug.getinfo(1, "S").source:match("^@(.*)scripts/bench_alloc%.lua$") or "./"
 package.path = root .. "lua/?.lua;" .. root .. "lua/?/init.lua;" .. package.path
-local ffi = require "ffi"
-local loom = require "loom"
-local bench = require "loom.bench"
+local ffi = require("ffi")
+local loom = require("loom")
+local bench = require("loom.bench")
 
 local o = bench.args(arg, { numel = 16 * 2^20, temps = 200000, iters = 20, rounds = 5 },
                      "bench_alloc.lua")

@@ -5,10 +5,10 @@
 -- (collective then matmul) and the async pair (async_tp.lua);
 --   hidden = (plain - async) / collective, 0 = nothing overlapped.
 --   scripts/loomrun -n 2 scripts/bench_async_tp.lua [--seq 2048 --dim 1024 --iters 10]
-local loom = require "loom"
-local dist = require "loom.distributed"
-local bench = require "loom.bench"
-local A = require "loom.parallel.async_tp"
+local loom = require("loom")
+local dist = require("loom.distributed")
+local bench = require("loom.bench")
+local A = require("loom.parallel.async_tp")
 
 local o = bench.args(arg, { seq = 2048, dim = 1024, batch = 1, iters = 10 }, "bench_async_tp.lua")
 local tp, me = dist.world_size(), dist.rank()

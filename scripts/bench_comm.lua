@@ -3,10 +3,10 @@
 --   scripts/loomrun -n 2 scripts/bench_comm.lua [--json out.json] [--max-mib 64]
 -- Bus bandwidth follows nccl-tests: all_reduce algbw * 2(n-1)/n, all_gather
 -- and reduce_scatter algbw * (n-1)/n, algbw = full tensor bytes / time.
-local ffi = require "ffi"
-local loom = require "loom"
-local dist = require "loom.distributed"
-local bench = require "loom.bench"
+local ffi = require("ffi")
+local loom = require("loom")
+local dist = require("loom.distributed")
+local bench = require("loom.bench")
 local now = bench.now
 
 local o = bench.args(arg, { json = "", ["max-mib"] = 64 }, "bench_comm.lua")

@@ -7,10 +7,10 @@
 -- counters, loom.cuda.memory_stats is CUDA's) and the time.
 --   for n in 1 2 4; do scripts/loomrun -n $n --quiet-others scripts/bench_cp_memory.lua --seq 8192; done
 -- --rotate alltoall: the p2p ring (context_parallel_ring.lua)
-local loom = require "loom"
-local dist = require "loom.distributed"
-local cp = require "loom.distributed.context_parallel"
-local bench = require "loom.bench"
+local loom = require("loom")
+local dist = require("loom.distributed")
+local cp = require("loom.distributed.context_parallel")
+local bench = require("loom.bench")
 
 local o = bench.args(arg, { seq = 8192, heads = 4, iters = 1, rotate = "allgather" }, "bench_cp_memory.lua")
 cp.set_rotate_method(o.rotate)

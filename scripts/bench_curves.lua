@@ -10,8 +10,8 @@
 --   [scripts/loomrun -n N] luajit scripts/bench_curves.lua --size 10M [--tp N | --fsdp] --out FILE
 local root = debug.getinfo(1, "S").source:match("^@(.*)scripts/bench_curves%.lua$") or "./"
 package.path = root .. "lua/?.lua;" .. root .. "lua/?/init.lua;" .. package.path
-local loom = require "loom"
-local bench = require "loom.bench"
+local loom = require("loom")
+local bench = require("loom.bench")
 
 local o = bench.args(arg, { size = "0.8M", tp = 1, fsdp = false, steps = 3, warmup = 1, out = "" }, "bench_curves.lua")
 -- the sizes of the curves: dim, layers, heads, vocab, seq, batch
@@ -24,7 +24,7 @@ local SIZES = {
 local c = SIZES[o.size] or error("bench_curves.lua: --size expected one of 0.8M, 10M, 97M, 350M, got " .. o.size, 0)
 
 local multi = os.getenv("OMPI_COMM_WORLD_SIZE") ~= nil
-local dist = multi and require "loom.distributed" or nil
+local dist = multi and require("loom.distributed") or nil
 local world, rank = multi and dist.world_size() or 1, multi and dist.rank() or 0
 local tr = loom.models.transformer
 loom.manual_seed(0)
@@ -34,14 +34,14 @@ for _, p in ipairs(model:parameters()) do nparams = nparams + p:numel() end
 local layout, batch = "plain", c.batch
 if multi and o.fsdp then
   layout = "fsdp"
-  local fsdp = require "loom.distributed.fsdp"
+  local fsdp = require("loom.distributed.fsdp")
   local mesh = dist.init_device_mesh("cpu", { world }, { mesh_dim_names = { "dp" } })
   for _, block in model.layers:ipairs() do fsdp.fully_shard(block, { mesh = mesh }) end
   fsdp.fully_shard(model, { mesh = mesh })
   batch = c.batch / world                    -- the global batch stays c.batch
 elseif multi then
   layout = "tp"
-  local tp = require "loom.parallel"
+  local tp = require("loom.parallel")
   local mesh = dist.init_device_mesh("cpu", { world }, { mesh_dim_names = { "tp" } })
   tp.parallelize_module(model, mesh, tr.tp_plan({ loss_parallel = true, tp = world }, model), { src_data_rank = false })
 end

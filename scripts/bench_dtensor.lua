@@ -4,9 +4,9 @@
 -- Usage: scripts/loomrun -n 4 --quiet-others scripts/bench_dtensor.lua
 local root = debug.getinfo(1, "S").source:match("^@(.*)scripts/bench_dtensor%.lua$") or "./"
 package.path = root .. "lua/?.lua;" .. root .. "lua/?/init.lua;" .. package.path
-local loom = require "loom"
-local dist = require "loom.distributed"
-local bench = require "loom.bench"
+local loom = require("loom")
+local dist = require("loom.distributed")
+local bench = require("loom.bench")
 local C = loom.C
 
 local Shard, Replicate = dist.Shard, dist.Replicate

@@ -13,10 +13,10 @@
 -- PyTorch's: CUDA events around each call, medians.
 local root = debug.getinfo(1, "S").source:match("^@(.*)scripts/bench_gpu%.lua$") or "./"
 package.path = root .. "lua/?.lua;" .. root .. "lua/?/init.lua;" .. package.path
-local loom = require "loom"
-local bench = require "loom.bench"
-local argparse = require "argparse"
-local json = require "dkjson"
+local loom = require("loom")
+local bench = require("loom.bench")
+local argparse = require("argparse")
+local json = require("dkjson")
 local C, F = loom.C, loom.F
 
 local p = argparse("bench_gpu.lua", "loom on a GPU next to PyTorch on the same GPU")

@@ -11,9 +11,9 @@
 --                                [--sections matmul,overhead,bandwidth,kernels]
 local root = debug.getinfo(1, "S").source:match("^@(.*)scripts/bench_ops%.lua$") or "./"
 package.path = root .. "lua/?.lua;" .. root .. "lua/?/init.lua;" .. package.path
-local ffi = require "ffi"
-local loom = require "loom"
-local bench = require "loom.bench"
+local ffi = require("ffi")
+local loom = require("loom")
+local bench = require("loom.bench")
 
 local o = bench.args(arg, { json = "", sizes = "256,512,1024,2048", numel = 16 * 2^20, calls = 200000,
                             knumel = "4194304,16777216", kernels = "all",
@@ -171,7 +171,7 @@ if listed(o.sections, "bandwidth") then bandwidth() end
 -- does. `bytes` is what the kernel must read and write per element; rows
 -- are 1024 wide for the row kernels (softmax, norms, sums).
 
-local T = require "loom.tensor"
+local T = require("loom.tensor")
 local F = loom.F
 local W = 1024
 local function kernels_table(n)

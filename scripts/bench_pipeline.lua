@@ -5,11 +5,11 @@
 -- bubble = 1 - (this rank's compute seconds) / (step seconds), the mean over
 -- the pipeline's ranks; compute is the stage's forward and backward, so
 -- time spent waiting for a neighbour (and p2p copies) counts as bubble.
-local loom = require "loom"
-local dist = require "loom.distributed"
-local pp = require "loom.distributed.pipelining"
-local bench = require "loom.bench"
-local Tr = require "loom.models.transformer"
+local loom = require("loom")
+local dist = require("loom.distributed")
+local pp = require("loom.distributed.pipelining")
+local bench = require("loom.bench")
+local Tr = require("loom.models.transformer")
 local F = loom.F
 
 local o = bench.args(arg, { dim = 128, layers = 4, seq = 64, batch = 16, iters = 5, vocab = 256, json = "" },

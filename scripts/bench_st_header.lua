@@ -6,7 +6,7 @@
 -- that its peak resident memory (VmHWM) is its own.
 --   luajit scripts/bench_st_header.lua [entries]   (default 1600000)
 local n = tonumber(arg[1]) or 1600000
-local ffi = require "ffi"
+local ffi = require("ffi")
 local path = os.tmpname()
 
 local parts = {}

@@ -14,8 +14,8 @@
 --   LOOM_BENCH_PYTHON=/opt/torchvenv/bin/python scripts/loomrun -n 2 scripts/bench_train.lua --tp 2
 local root = debug.getinfo(1, "S").source:match("^@(.*)scripts/bench_train%.lua$") or "./"
 package.path = root .. "lua/?.lua;" .. root .. "lua/?/init.lua;" .. package.path
-local loom = require "loom"
-local bench = require "loom.bench"
+local loom = require("loom")
+local bench = require("loom.bench")
 local C = loom.C
 
 local o = bench.args(arg, { layers = 4, dim = 128, heads = 4, seq = 64, batch = 12, steps = 20, vocab = 65,
@@ -57,7 +57,7 @@ end
 
 -- the recorded collectives again, blocking, on zeros of the same sizes
 local function replay(orig, calls)
-  local loom_ = require "loom"
+  local loom_ = require("loom")
   for _, c in ipairs(calls) do
     local args = { unpack(c.args, 1, c.args.n) }
     local last = args[c.args.n]
@@ -74,8 +74,8 @@ end
 -- model with its AdamW, this dp rank's batch and run() (forward with the
 -- loss and backward; under loss_parallel when tp > 1, as tp_plan asks).
 local function build(o)
-  local dist, tp = require "loom.distributed", require "loom.parallel"
-  local fsdp = require "loom.distributed.fsdp"
+  local dist, tp = require("loom.distributed"), require("loom.parallel")
+  local fsdp = require("loom.distributed.fsdp")
   local tr = loom.models.transformer
   local world = dist.world_size()
   local ntp = o.tp > 0 and o.tp or (o.dp > 0 and world / o.dp or 1)
@@ -210,7 +210,7 @@ local function decode(out)
   return ok and type(r) == "table" and r or nil
 end
 
-local ffi = require "ffi"
+local ffi = require("ffi")
 pcall(ffi.cdef, "int nanosleep(const loom_timespec *req, loom_timespec *rem);")   -- (loom.bench has the struct)
 local function sleep(s) ffi.C.nanosleep(ffi.new("loom_timespec", { 0, s * 1e9 }), nil) end   -- s < 1
 
@@ -300,7 +300,7 @@ end
 -- each Linear weight (out, in) does y = x W^T forward, dX = dY W and
 -- dW = dY^T X backward on tokens = batch x seq rows: 6 x tokens x numel(W)
 -- FLOPs a step. Returns the FLOPs and the seconds of one replay.
-local ffi = require "ffi"
+local ffi = require("ffi")
 pcall(ffi.cdef, [[
 void cblas_sgemm(int order, int transa, int transb, int m, int n, int k, float alpha,
                  const float *a, int lda, const float *b, int ldb, float beta, float *c, int ldc);

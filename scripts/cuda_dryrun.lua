@@ -7,7 +7,7 @@
 --   luajit scripts/cuda_dryrun.lua --bench --sizes 64 --seqs 128 --models small --quick
 local root = debug.getinfo(1, "S").source:match("^@(.*)scripts/cuda_dryrun%.lua$") or "./"
 package.path = root .. "lua/?.lua;" .. root .. "lua/?/init.lua;" .. root .. "spec/?.lua;" .. package.path
-local loom = require "loom"
+local loom = require("loom")
 
 local function on_cpu(o)
   if type(o) ~= "table" or o.device ~= "cuda" then return o end
@@ -35,8 +35,8 @@ if arg[1] == "--bench" then
   dofile(root .. "scripts/bench_gpu.lua")
   return
 end
-local G = require "support.cuda"
+local G = require("support.cuda")
 G.ok, G.device = true, "cpu"
 table.insert(arg, 1, "--ignore-lua")
 table.insert(arg, 2, "--helper=" .. root .. "spec/support/helper.lua")
-require "busted.runner" ({ standalone = false })
+require("busted.runner") ({ standalone = false })

@@ -6,7 +6,7 @@
 -- it started; valgrind checks the rest. Usage: luajit scripts/leak_workload.lua [rounds]
 local root = debug.getinfo(1, "S").source:match("^@(.*)scripts/leak_workload%.lua$") or "./"
 package.path = root .. "lua/?.lua;" .. root .. "lua/?/init.lua;" .. package.path
-local loom = require "loom"
+local loom = require("loom")
 local F = loom.F
 local C = loom.C
 

@@ -7,4 +7,4 @@ package.path = root .. "lua/?.lua;" .. root .. "lua/?/init.lua;" .. package.path
 arg = arg or {}
 table.insert(arg, 1, "--ignore-lua")
 table.insert(arg, 2, "--helper=" .. root .. "spec/support/helper.lua")
-require "busted.runner" ({ standalone = false })
+require("busted.runner") ({ standalone = false })

@@ -6,7 +6,7 @@
 --   luajit scripts/text_to_bin.lua --tokenizer tokenizer.json --input text.txt --out DIR
 local root = debug.getinfo(1, "S").source:match("^@(.*)scripts/text_to_bin%.lua$") or "./"
 package.path = root .. "lua/?.lua;" .. root .. "lua/?/init.lua;" .. package.path
-local ffi = require "ffi"
+local ffi = require("ffi")
 
 local FLAGS = {
   { "tokenizer", "", "tokenizer.json (Hugging Face format)" },

@@ -5,7 +5,7 @@
 -- attention is an error that says what to do. Values are compared with
 -- the same product of bf16-rounded operands in f64 (rel. tol 1e-2: one
 -- bf16 rounding of the output).
-local loom = require "loom"
+local loom = require("loom")
 local F = loom.F
 
 local function rel(a, b)

@@ -3,8 +3,8 @@
 -- over 200 steps every loss is within 5% of the f32 run's and the final
 -- one within 3%; a GradScaler skips steps whose gradients overflow; and
 -- train.lua --dtype bf16 resumes from its own checkpoint exactly.
-local loom = require "loom"
-local sys = require "support.sys"
+local loom = require("loom")
+local sys = require("support.sys")
 local tr = loom.models.transformer
 
 local function train(dtype, steps)

@@ -2,8 +2,8 @@
 -- finite differences in f64 (relative error < 1e-6; see ref.gradcheck),
 -- including broadcasting and non-contiguous inputs; and the semantics of
 -- requires_grad, detach, retain_grad, no_grad, accumulation and errors.
-local loom = require "loom"
-local R = require "support.ref"
+local loom = require("loom")
+local R = require("support.ref")
 
 R.seed(2718)
 

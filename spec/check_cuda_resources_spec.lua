@@ -3,7 +3,7 @@
 -- without __launch_bounds__ fails it, a file of bounded kernels passes (two
 -- small files, sm_80 and sm_90: about 10 s). Without nvcc the script skips,
 -- saying so, and this spec checks that line instead.
-local sys = require "support.sys"
+local sys = require("support.sys")
 
 local NVCC = "/usr/local/cuda/bin/nvcc"
 -- the check's output for one file, asserting its exit code

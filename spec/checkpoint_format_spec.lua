@@ -3,11 +3,11 @@
 -- loom.save file, and examples/train.lua resumes a 1-process checkpoint on
 -- 2 ranks (scripts/loomrun -n 2) and a 2-rank one in 1 process.
 -- (spec/dist/checkpoint_format_spec.lua runs the same story on N ranks.)
-local loom = require "loom"
-local fs = require "loom.fs"
-local json = require "dkjson"
+local loom = require("loom")
+local fs = require("loom.fs")
+local json = require("dkjson")
 
-local sys = require "support.sys"
+local sys = require("support.sys")
 local sh, tmpdir = sys.sh, sys.tmpdir
 local function err_of(fn, ...)
   local ok, e = pcall(fn, ...)

@@ -2,11 +2,11 @@
 -- (loom.cli over lua-argparse, as train.lua and the benchmarks use them),
 -- file work (loom.fs over lua-filesystem), JSON (dkjson through
 -- loom.bench.write_json) and FQN patterns (libc's fnmatch).
-local cli = require "loom.cli"
-local fs = require "loom.fs"
-local bench = require "loom.bench"
-local tp = require "loom.parallel"
-local json = require "dkjson"
+local cli = require("loom.cli")
+local fs = require("loom.fs")
+local bench = require("loom.bench")
+local tp = require("loom.parallel")
+local json = require("dkjson")
 
 local FLAGS = {
   { "steps", 600, "optimizer steps" },
@@ -19,7 +19,7 @@ local FLAGS = {
 local function parse(...) return cli.parse("prog", FLAGS, { ... }) end
 local err_of = require("support.misuse").error_of
 
-local sys = require "support.sys"
+local sys = require("support.sys")
 local sh, tmpdir = sys.sh, sys.tmpdir
 
 -- cmd --help succeeds and lists `listed`; cmd --bogus 1 fails saying `refusal`

@@ -1,6 +1,6 @@
 -- core_smoke_spec.lua: a few end-to-end checks of the tensor core against
 -- hand-computed values (the detailed specs live beside it).
-local loom = require "loom"
+local loom = require("loom")
 
 describe("core smoke", function()
   it("multiplies matrices like the hand computation", function()

@@ -4,9 +4,9 @@
 -- ones; loom.memory_stats("cpu") counts live, peak and reserved bytes and
 -- the mmap calls; loom.empty_cache() hands cached blocks back to the OS;
 -- LOOM_CPU_CACHE_MB=0 keeps no cache.
-local loom = require "loom"
-local ffi = require "ffi"
-local sys = require "support.sys"
+local loom = require("loom")
+local ffi = require("ffi")
+local sys = require("support.sys")
 
 local N = 2 * 2^20                  -- 8 MiB of f32: a large block
 local function addr(t) return tonumber(ffi.cast("uintptr_t", t:data_ptr())) end
@@ -73,7 +73,7 @@ describe("the CPU caching allocator", function()
   it("an op's output in a loop reuses the blocks the collector frees", function()
     -- in a process of its own, with the collector's allowance at 64 MB
     local code = [[
-      local loom = require "loom"
+      local loom = require("loom")
       local x, y = loom.randn({ 2097152 })
       for _ = 1, 40 do y = x:silu() end
       local before = loom.memory_stats().driver_allocs
@@ -105,7 +105,7 @@ describe("the CPU caching allocator", function()
 
   it("keeps no cache with LOOM_CPU_CACHE_MB=0", function()
     local code = [[
-      local loom = require "loom"
+      local loom = require("loom")
       local a = loom.empty({ 4194304 })
       local r1 = loom.memory_stats().reserved
       a:free()

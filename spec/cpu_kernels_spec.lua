@@ -5,10 +5,10 @@
 -- references (spec/support/ref.lua), f64 at libm accuracy, casts bit-exact
 -- against the scalar conversions of core/dtype.c.
 package.path = "spec/support/?.lua;" .. package.path
-local loom = require "loom"
-local ffi = require "ffi"
-local T = require "loom.tensor"
-local R = require "ref"
+local loom = require("loom")
+local ffi = require("ffi")
+local T = require("loom.tensor")
+local R = require("ref")
 
 local INF, NAN = math.huge, 0 / 0
 

@@ -2,7 +2,7 @@
 -- kernels/cuda/CMakeLists.txt keeps a user's CMAKE_CUDA_ARCHITECTURES and
 -- builds for sm_80 and sm_90 when none is given. Configures only (no
 -- compile: about 12 s each); needs nvcc, and says so where it is absent.
-local sys = require "support.sys"
+local sys = require("support.sys")
 
 local NVCC = "/usr/local/cuda/bin/nvcc"
 local function archs(extra)

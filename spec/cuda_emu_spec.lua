@@ -2,9 +2,9 @@
 -- kernels/emu/) counts what a real GPU run must not do, and refuses what a
 -- GPU would fault on. Runs in an emulated build (scripts/test_emu.sh); any
 -- other build checks only that it says it is not one.
-local loom = require "loom"
-local ffi = require "ffi"
-local sys = require "support.sys"
+local loom = require("loom")
+local ffi = require("ffi")
+local sys = require("support.sys")
 
 local counters, why = loom.cuda.emu_counters()
 if not counters then
@@ -16,7 +16,7 @@ if not counters then
   return
 end
 
-local transformer = require "loom.models.transformer"
+local transformer = require("loom.models.transformer")
 local CFG = { vocab_size = 65, dim = 128, n_layers = 2, n_heads = 2, max_seq_len = 32 }
 
 -- one bf16 training step of the small Llama on cuda, as examples/train.lua
@@ -118,7 +118,7 @@ describe("the emulated CUDA device", function()
   -- review item 1: device_count()/is_available() made a context on every device
   it("makes no context on a device other than the rank's (2 devices, training on cuda:0)", function()
     local script = [[
-      local loom = require "loom"
+      local loom = require("loom")
       assert(loom.cuda.is_available() and loom.cuda.device_count() == 2)
       local x = loom.randn({8, 8}):to("cuda")
       local _ = x:matmul(x):sum():item()

@@ -6,8 +6,8 @@
 -- |cpu| (support/cuda.lua: f32 2e-5, bf16 1e-2; attention in bf16 2e-2,
 -- its probabilities being rounded to bf16 before P V as in FlashAttention).
 -- Skips, saying why, without a GPU.
-local loom = require "loom"
-local G = require "support.cuda"
+local loom = require("loom")
+local G = require("support.cuda")
 local F = loom.F
 
 if G.skip(describe, it, "cuda fused kernels") then return end

@@ -8,9 +8,9 @@
 -- without an entry fails the completeness spec, which runs without a GPU
 -- too, so a new op gets one. Tolerances: |cuda - cpu| / |cpu| by dtype (support/cuda.lua:
 -- f64 1e-10, f32 2e-5, bf16 1e-2, f16 2e-3), exact for integers and bools.
-local loom = require "loom"
-local G = require "support.cuda"
-local A = require "support.activations"
+local loom = require("loom")
+local G = require("support.cuda")
+local A = require("support.activations")
 local C = loom.C
 
 -- inputs, from a seed so both devices get the same numbers

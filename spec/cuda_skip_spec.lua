@@ -1,9 +1,9 @@
 -- cuda_skip_spec.lua: the CUDA specs skip only where there is no GPU. On a
 -- machine with one (LOOM_EXPECT_GPU=1 stands in for it here) a CUDA spec
 -- whose backend cannot load fails, so a broken load never looks green.
-local loom = require "loom"
-local sys = require "support.sys"
-local G = require "support.cuda"
+local loom = require("loom")
+local sys = require("support.sys")
+local G = require("support.cuda")
 
 -- the output of spec/cuda_spec.lua run with env, asserting its exit code
 local function run_cuda_spec(env, want_rc)

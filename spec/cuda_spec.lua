@@ -3,9 +3,9 @@
 -- TF32, bf16, strided and broadcast batches), row kernels, backward, and
 -- the caching allocator. Skips, saying why, when there is no GPU.
 -- Tolerances are |cuda - cpu| / |cpu| over a result (support/cuda.lua).
-local loom = require "loom"
-local ffi = require "ffi"
-local G = require "support.cuda"
+local loom = require("loom")
+local ffi = require("ffi")
+local G = require("support.cuda")
 local F = loom.F
 
 if G.skip(describe, it, "cuda") then return end

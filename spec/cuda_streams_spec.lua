@@ -4,7 +4,7 @@
 -- cuBLAS call must run on LM_STREAM (the legacy default stream), and NCCL's
 -- side stream must be a blocking one that the default stream waits for.
 -- Reads files only: runs on every machine.
-local sys = require "support.sys"
+local sys = require("support.sys")
 
 local function sources(pattern)
   local rc, out = sys.sh("ls " .. pattern)

@@ -6,8 +6,8 @@
 -- the losses by at most 4e-4 on the emulated device. Then the same on 2
 -- ranks, tensor parallel over 2 GPUs (NCCL), against the CPU. Skips, saying
 -- why, without a GPU (the emulated one counts: scripts/test_emu.sh).
-local G = require "support.cuda"
-local sys = require "support.sys"
+local G = require("support.cuda")
+local sys = require("support.sys")
 
 if G.skip(describe, it, "cuda training") then return end
 

@@ -1,6 +1,6 @@
 -- data_spec.lua: loom.data, the char-level tokenizer, the seeded batch
 -- sampler and the 90/10 split, checked against the raw ids.
-local loom = require "loom"
+local loom = require("loom")
 local data = loom.data
 
 local errmsg = require("support.ref").errmsg

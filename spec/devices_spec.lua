@@ -1,6 +1,6 @@
 -- devices_spec.lua: the meta device (shapes without data), differentiable
 -- moves between devices, and autocast (mixed precision per op).
-local loom = require "loom"
+local loom = require("loom")
 local C = loom.C
 
 describe("the meta device", function()

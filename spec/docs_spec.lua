@@ -8,7 +8,7 @@
 -- 1-rank blocks run in a scratch directory that sees the checkout's spec/
 -- and examples/ (paths as from the root, where the docs say to run them).
 -- A block also runs pasted into the REPL when it is the guide's tour.
-local sys = require "support.sys"
+local sys = require("support.sys")
 
 local root = io.popen("cd " .. sys.root .. " && pwd"):read("*l") .. "/"   -- blocks run in a scratch directory
 

@@ -1,7 +1,7 @@
 -- equivalence_spec.lua: the property that proves tensor parallelism right:
 -- with the same seed, examples/train.lua at TP=1, TP=2 and TP=4 logs the
 -- same loss at every step up to float rounding (relative 1e-5 in f32).
-local sys = require "support.sys"
+local sys = require("support.sys")
 
 local flags = "--steps 20 --dim 32 --layers 2 --heads 4 --seq 16 --batch 4 --eval-every 1000 --sample 0 --quiet"
 local function run(ranks, extra, log) return sys.train(ranks, flags .. " " .. extra, log) end

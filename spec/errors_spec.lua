@@ -1,7 +1,7 @@
 -- errors_spec.lua: misuses of the tensor API. Each raises a Lua error whose
 -- message names the problem, and the process goes on afterwards.
-local loom = require "loom"
-local X = require "support.misuse"
+local loom = require("loom")
+local X = require("support.misuse")
 
 -- asserts fn raises an error matching every pattern (plain find, any case)
 local function fails(fn, ...)

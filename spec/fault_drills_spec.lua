@@ -4,7 +4,7 @@
 -- Each drill must end the whole job (non-zero exit) within 30 s with a
 -- message naming the rank. Every drill runs under `timeout 60`, so a hang
 -- fails the spec instead of the suite. The time of each is printed.
-local sys = require "support.sys"
+local sys = require("support.sys")
 
 local root = sys.root
 local loomrun = root .. "scripts/loomrun"
@@ -14,8 +14,8 @@ local mpi_vars = "env $(env | grep -oE '^(OMPI|PMIX|OPAL|ORTE)[A-Z_]*' | sed 's/
 -- the drills: each a script that every rank runs; `culprit` is the rank
 -- the message must name, `says` what it must say
 local PRE = [[
-local loom = require "loom"; local dist = require "loom.distributed"
-local ffi = require "ffi"; pcall(ffi.cdef, "int getpid(void); int kill(int, int);")
+local loom = require("loom"); local dist = require("loom.distributed")
+local ffi = require("ffi"); pcall(ffi.cdef, "int getpid(void); int kill(int, int);")
 local m = dist.init_device_mesh("cpu", { dist.world_size() })
 local last = dist.world_size() - 1
 for _ = 1, 3 do dist.all_reduce(loom.ones(8), "sum", m) end  -- a few steps together

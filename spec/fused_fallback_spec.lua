@@ -3,7 +3,7 @@
 -- its fused kernels: every op then runs its composed form, which must pass
 -- the same checks against the same references (and each one-pass check
 -- turns into "the composed ops ran"), as a backend without the slots would.
-local sys = require "support.sys"
+local sys = require("support.sys")
 
 local root = sys.root
 

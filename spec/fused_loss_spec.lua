@@ -8,8 +8,8 @@
 -- bf16; f64 gradient checks against central differences. With
 -- LOOM_CPU_FUSED=0 the same checks hold for the composed form.
 -- Tolerance: f64 1e-10, f32 2e-5, bf16 2e-2 (relative to max(1, |want|)).
-local loom, X = require "loom", require "support.fused"
-local R = require "support.ref"
+local loom, X = require("loom"), require("support.fused")
+local R = require("support.ref")
 local F = loom.F
 
 -- the composed form from basic ops, f64: logits (N, C), target (N) 1-based

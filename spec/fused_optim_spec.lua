@@ -5,8 +5,8 @@
 -- 64 parameters and per step count, keeps bf16 master weights, and gets
 -- the same result as per-parameter updates; argument errors name the
 -- parameter. (optim_spec checks AdamW's rule over several steps.)
-local loom, X = require "loom", require "support.fused"
-local R = require "support.ref"
+local loom, X = require("loom"), require("support.fused")
+local R = require("support.ref")
 
 local H = { 1e-2, 0.9, 0.95, 1e-8, 0.1 }
 

@@ -6,8 +6,8 @@
 -- checks against central differences. Run with LOOM_CPU_FUSED=0 (as
 -- fused_fallback_spec does) the same checks hold for the composed forms.
 -- Tolerance: f64 1e-10, f32 2e-5 (relative to max(1, |want|)).
-local loom, X = require "loom", require "support.fused"
-local R = require "support.ref"
+local loom, X = require("loom"), require("support.fused")
+local R = require("support.ref")
 local F = loom.F
 
 -- kind -> input range and f'(x) from forward ops (x a plain tensor)

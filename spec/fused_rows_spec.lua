@@ -8,8 +8,8 @@
 -- checks against central differences. With LOOM_CPU_FUSED=0 the same
 -- checks hold for the composed forms.
 -- Tolerance: f64 1e-10, f32 2e-5 (relative to max(1, |want|)).
-local loom, X = require "loom", require "support.fused"
-local R = require "support.ref"
+local loom, X = require("loom"), require("support.fused")
+local R = require("support.ref")
 local F = loom.F
 
 local CASES = { { "f64", { 6, 5, 13 }, X.TOL64 }, { "f32", { 4, 80, 257 }, X.TOL32 } }

@@ -5,7 +5,7 @@
 -- that plus 30 s): each call must return or raise a Lua error, never crash,
 -- hang or run out of memory. LOOM_FUZZ_SEEDS="3 4 5" and
 -- LOOM_FUZZ_SECONDS=60 run more.
-local fuzz = require "support.fuzz"
+local fuzz = require("support.fuzz")
 
 local seconds = tonumber(os.getenv("LOOM_FUZZ_SECONDS")) or 2
 

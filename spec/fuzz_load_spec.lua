@@ -3,7 +3,7 @@
 -- a crash shows as a signal with the seed and case that caused it). Each
 -- run is bounded: ITERATIONS damaged files or SECONDS, whichever comes
 -- first. LOOM_FUZZ_SEEDS="3 4 5" and LOOM_FUZZ_ITERATIONS=2000 run more.
-local fuzz = require "support.fuzz"
+local fuzz = require("support.fuzz")
 
 local iterations = tonumber(os.getenv("LOOM_FUZZ_ITERATIONS")) or 300
 local seconds = 20

@@ -7,10 +7,10 @@
 -- logits equal the full forward's (f32, atol 2e-5); sampling reproducible
 -- from its seed, inside top_k / top_p, leaving loom's RNG alone; the text
 -- helper loom.generate with a tokenizer.
-local loom = require "loom"
-local cjson = require "cjson"
+local loom = require("loom")
+local cjson = require("cjson")
 local hf = loom.models.hf
-local sys = require "support.sys"
+local sys = require("support.sys")
 local errmsg = require("support.ref").errmsg
 
 local FIX = "spec/fixtures/"

@@ -6,8 +6,8 @@
 -- minimum-norm subgradient, pytorch#184574). Exact comparisons: the values
 -- are copies or 0/1 masks. spec/fused_fallback_spec.lua runs this file
 -- again with LOOM_CPU_FUSED=0, for the composed backward.
-local loom = require "loom"
-local R = require "support.ref"
+local loom = require("loom")
+local R = require("support.ref")
 local F, nn = loom.F, loom.nn
 
 local X = { -2, -1, -0.5, 0, 0.5, 1, 2 }

@@ -2,9 +2,9 @@
 -- uses to start a gradient's all-reduce while backward goes on: called
 -- once per leaf per backward, when that leaf's gradient is complete, in the
 -- order the backward pass finishes the leaves.
-local loom = require "loom"
-local R = require "support.ref"
-local hooks = require "loom.autograd_hooks"
+local loom = require("loom")
+local R = require("support.ref")
+local hooks = require("loom.autograd_hooks")
 
 local function f64(t, rg) return loom.tensor(t, { dtype = "f64", requires_grad = rg }) end
 

@@ -4,11 +4,11 @@
 -- as its 4.x form; kinds of RoPE loom lacks are refused by name; every
 -- numeric field is range-checked with a message naming it and its value;
 -- the config is compared with the weights file before a model is built.
-local loom = require "loom"
+local loom = require("loom")
 local hf = loom.models.hf
-local json = require "dkjson"
-local sys = require "support.sys"
-local X = require "support.misuse"
+local json = require("dkjson")
+local sys = require("support.sys")
+local X = require("support.misuse")
 
 local FIX = "spec/fixtures/hf_llama_gqa/"
 local base = json.decode(sys.read(FIX .. "config.json"))

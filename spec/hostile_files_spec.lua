@@ -3,10 +3,10 @@
 -- the reader before run in a child luajit: each must end in a Lua error
 -- naming the file and the rule it broke, never a signal. Every rule of the
 -- format is enforced as the reference implementation does.
-local ffi = require "ffi"
-local loom = require "loom"
-local X = require "support.misuse"
-local sys = require "support.sys"
+local ffi = require("ffi")
+local loom = require("loom")
+local X = require("support.misuse")
+local sys = require("support.sys")
 
 local d = sys.tmpdir()
 local function u64(n) return ffi.string(ffi.new("uint64_t[1]", n), 8) end
@@ -24,7 +24,7 @@ describe("hostile safetensors files in a child process", function()
   it("a file truncated by another process after it was opened: a Lua error, not SIGBUS", function()
     local p = d .. "/shrink.safetensors"
     X.check_child(string.format([[
-      local st = require 'loom.safetensors'
+      local st = require('loom.safetensors')
       loom.save_safetensors({ w = loom.ones(256, 1024) }, %q)
       local r = st.open(%q)
       os.execute('truncate -s 200 %s')

@@ -5,10 +5,10 @@
 -- a checkpoint starts MPI, which must not run in this process before
 -- other specs' loomrun children), loom.zeros(nil). The FSDP cases run on
 -- real ranks: spec/dist/hostile_fsdp_spec.lua.
-local loom = require "loom"
+local loom = require("loom")
 local nn = loom.nn
-local sys = require "support.sys"
-local X = require "support.misuse"
+local sys = require("support.sys")
+local X = require("support.misuse")
 
 local errmsg, has = X.error_of, X.has
 
@@ -86,7 +86,7 @@ describe("misleading messages made plain", function()
   it("a NaN path key in a checkpoint manifest is refused by name (in a child: checkpoints start MPI)", function()
     local d = sys.tmpdir() .. "/ck"
     X.check_child(string.format([[
-      local ckpt = require 'loom.distributed.checkpoint'
+      local ckpt = require('loom.distributed.checkpoint')
       ckpt.save({ w = loom.ones(2) }, %q)
       local m = loom.load(%q)
       m.tensors[1].path = { 0 / 0 }

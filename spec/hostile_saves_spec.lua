@@ -5,10 +5,10 @@
 -- lock), and a save refuses a directory holding files that are not loom's.
 -- Two processes saving into one directory at once never lose the old
 -- checkpoint: the directory always ends as one whole checkpoint.
-local loom = require "loom"
-local sys = require "support.sys"
-local X = require "support.misuse"
-local fs = require "loom.fs"
+local loom = require("loom")
+local sys = require("support.sys")
+local X = require("support.misuse")
+local fs = require("loom.fs")
 
 local errmsg, has = X.error_of, X.has
 local pid = tonumber(sys.read("/proc/self/stat"):match("^(%d+)"))
@@ -69,7 +69,7 @@ end)
 -- checkpoint cases run in a child luajit: a checkpoint starts MPI, which
 -- must not run in this process (a loomrun child of a later spec breaks)
 local CHILD = [[
-  local ckpt, fs = require 'loom.distributed.checkpoint', require 'loom.fs'
+  local ckpt, fs = require('loom.distributed.checkpoint'), require('loom.fs')
   local function err_of(fn, ...) local ok, e = pcall(fn, ...) assert(not ok, 'expected an error') return tostring(e) end
   local function has(msg, ...)
     for _, s in ipairs { ... } do assert(msg:find(s, 1, true), 'expected <' .. s .. '> in: ' .. msg) end
@@ -110,9 +110,9 @@ describe("checkpoint directories", function()
   it("two processes saving into one directory at once: the directory always ends as one whole checkpoint", function()
     local dir = d .. "/race"
     in_child("ckpt.save({ w = loom.zeros(64), id = 0 }, %q)", dir)
-    local prelude = "package.path = " .. string.format("%q", package.path) .. "; loom = require 'loom'; "
+    local prelude = "package.path = " .. string.format("%q", package.path) .. "; loom = require('loom'); "
     local job = prelude .. [[
-      local ckpt = require 'loom.distributed.checkpoint'
+      local ckpt = require('loom.distributed.checkpoint')
       local id, dir, ok_n, busy = tonumber(arg[1]), arg[2], 0, 0
       math.randomseed(id)
       for i = 1, 25 do

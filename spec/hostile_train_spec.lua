@@ -2,7 +2,7 @@
 -- inf, and on eval counts that cannot give a validation loss (issue 26):
 -- it stops naming the step with a hint (exit 1) unless --skip-nonfinite
 -- tells it to skip such steps; --eval-iters 0 is refused.
-local sys = require "support.sys"
+local sys = require("support.sys")
 
 local base = "luajit examples/train.lua --steps 6 --layers 1 --dim 32 --heads 4 --seq 16 --batch 4 --sample 0 "
   .. "--quiet --eval-every 3"

@@ -1,6 +1,6 @@
 -- inplace_spec.lua: in-place changes and autograd (version counters, as
 -- PyTorch's), tensors freed early, and the tensor struct read-only from Lua.
-local loom = require "loom"
+local loom = require("loom")
 
 local function err(fn)
   local ok, e = pcall(fn)

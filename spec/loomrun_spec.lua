@@ -1,7 +1,7 @@
 -- loomrun_spec.lua: the launcher (scripts/loomrun), run from one process:
 -- rank prefixes, --quiet-others, thread counts, flags, exit codes, and the
 -- abort-on-error behaviour (one rank raises; the job ends non-zero, fast).
-local sys = require "support.sys"
+local sys = require("support.sys")
 local sh = sys.sh
 local root = sys.root
 local loomrun = root .. "scripts/loomrun"
@@ -19,7 +19,7 @@ local function count(s, pat)
 end
 
 local hello = write [[
-local dist = require "loom.distributed"
+local dist = require("loom.distributed")
 print(string.format("hello %d of %d threads=%s arg=%s", dist.rank(), dist.world_size(),
                     os.getenv("LOOM_NUM_THREADS"), tostring(arg[1])))
 ]]
@@ -68,7 +68,7 @@ describe("loomrun", function()
 
   it("exits non-zero when a rank exits non-zero", function()
     local s = write [[
-local dist = require "loom.distributed"
+local dist = require("loom.distributed")
 dist.barrier()
 if dist.rank() == 1 then os.exit(3) end
 ]]
@@ -78,7 +78,7 @@ if dist.rank() == 1 then os.exit(3) end
 
   it("aborts the whole job within 30 s when one rank raises", function()
     local s = write [[
-local dist = require "loom.distributed"
+local dist = require("loom.distributed")
 if dist.rank() == 1 then error("deliberate failure on rank 1") end
 dist.barrier() -- rank 0 would wait here forever without the abort
 print("rank 0 passed the barrier")
@@ -90,8 +90,8 @@ print("rank 0 passed the barrier")
     assert.is_nil(out:match("passed the barrier"))
     -- the same with 4 ranks, the erring rank in the middle of a collective
     s = write [[
-local dist = require "loom.distributed"
-local loom = require "loom"
+local dist = require("loom.distributed")
+local loom = require("loom")
 dist.all_reduce(loom.ones({4}), "sum")
 if dist.rank() == 2 then error("rank 2 gives up") end
 dist.all_reduce(loom.ones({4}), "sum")
@@ -104,7 +104,7 @@ dist.all_reduce(loom.ones({4}), "sum")
 
   it("ends a job that hangs after --timeout seconds", function()
     local s = write [[
-local dist = require "loom.distributed"
+local dist = require("loom.distributed")
 if dist.rank() == 0 then dist.barrier() end -- rank 1 never joins
 while true do end
 ]]
@@ -116,7 +116,7 @@ while true do end
   it("fails the run when a spec fails on any one rank", function()
     local dir = sys.tmpdir()
     sys.write(dir .. "/one_rank_fails_spec.lua", [[
-local dist = require "loom.distributed"
+local dist = require("loom.distributed")
 describe("x", function()
   it("fails on rank 1 only", function() assert.is_true(dist.rank() ~= 1) end)
 end)
@@ -138,8 +138,8 @@ end)
   it("lets plain luajit run distributed code as a world of one", function()
     local s = write([[
 package.path = "]] .. root .. [[lua/?.lua;]] .. root .. [[lua/?/init.lua;" .. package.path
-local dist = require "loom.distributed"
-local loom = require "loom"
+local dist = require("loom.distributed")
+local loom = require("loom")
 local y = dist.all_reduce(loom.ones({3}), "sum")
 local m = dist.init_device_mesh("cpu", {1}, {mesh_dim_names = {"tp"}})
 print("single", dist.rank(), dist.world_size(), y:totable()[1], m["tp"]:size())

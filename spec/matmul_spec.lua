@@ -1,8 +1,8 @@
 -- matmul_spec.lua: matmul with torch.matmul's rules (1-D, 2-D, batched with
 -- broadcasting, transposed operands) in f32, f64, bf16 and f16, against a
 -- Lua triple loop.
-local loom = require "loom"
-local R = require "support.ref"
+local loom = require("loom")
+local R = require("support.ref")
 
 R.seed(3)
 

@@ -4,9 +4,9 @@
 -- parity and the DTensor cases come from support/activations.lua (it is an
 -- activation of loom.F). The references: values PyTorch 2.15 printed for
 -- F.mish and its gradient, and the definition in Lua's f64.
-local loom = require "loom"
-local R = require "support.ref"
-local A = require "support.activations"
+local loom = require("loom")
+local R = require("support.ref")
+local A = require("support.activations")
 local F, nn = loom.F, loom.nn
 
 local X = { -30, -3, -0.5, 0, 0.25, 2, 19.5, 20.5, 40 }

@@ -2,8 +2,8 @@
 -- gradient clipping) and loom.optim (optimizers, their hyperparameters
 -- and parameter lists, state_dicts, schedules), each a Lua error naming
 -- the argument and what was expected.
-local loom = require "loom"
-local X = require "support.misuse"
+local loom = require("loom")
+local X = require("support.misuse")
 local nn, optim = loom.nn, loom.optim
 local sched = optim.lr_scheduler
 

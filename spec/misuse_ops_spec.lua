@@ -2,8 +2,8 @@
 -- mixed with integer tensors, reductions, joins and splits, matmul) and of
 -- loom.F, each a Lua error naming the argument and what was expected; and
 -- the integer edge cases the sanitizer job checks (scripts/sanitize.sh).
-local loom = require "loom"
-local X = require "support.misuse"
+local loom = require("loom")
+local X = require("support.misuse")
 local F = loom.F
 
 local m23 = function() return loom.zeros(2, 3) end
@@ -165,7 +165,7 @@ local crashers = {
 -- collective ops given wrong handles or attrs, in a world of one (a child
 -- of an mpirun rank would join its job: these live in this spec, not in
 -- dist/misuse_dist_spec)
-local comm = "local dist = require 'loom.distributed' dist.init() "
+local comm = "local dist = require('loom.distributed') dist.init() "
     .. "local g = dist.init_device_mesh('cpu', { 1 }):get_group(1).comm "
 local collectives = {
   title = "collective ops with wrong handles, in a child process",

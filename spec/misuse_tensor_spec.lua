@@ -4,9 +4,9 @@
 -- expected. Calls that could crash the process run in a child luajit
 -- (support.misuse). More misuse: misuse_ops_spec (ops, loom.F),
 -- misuse_nn_optim_spec, dist/misuse_dist_spec.
-local loom = require "loom"
-local X = require "support.misuse"
-local sys = require "support.sys"
+local loom = require("loom")
+local X = require("support.misuse")
+local sys = require("support.sys")
 
 local m23 = function() return loom.zeros(2, 3) end
 local i32 = function(t) return loom.tensor(t, { dtype = "i32" }) end

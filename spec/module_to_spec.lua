@@ -1,10 +1,10 @@
 -- module_to_spec.lua: where a module's tensors live: Module:to and its
 -- shorthands, and the meta-device flow (build on meta, to_empty,
 -- init_weights) that equals an ordinary build bit for bit.
-local loom = require "loom"
+local loom = require("loom")
 local nn = loom.nn
 local tr = loom.models.transformer
-local sys = require "support.sys"
+local sys = require("support.sys")
 
 local CFG = { vocab_size = 40, dim = 32, n_layers = 2, n_heads = 4, n_kv_heads = 2, max_seq_len = 16 }
 
@@ -108,9 +108,9 @@ describe("the runtime's settings", function()
     assert.truthy(s:find("OPENBLAS_THREAD_TIMEOUT", 1, true))
   end)
 
-  -- the environment variable `name` as a child sees it after require "loom"
+  -- the environment variable `name` as a child sees it after require("loom")
   local function env_in_child(name, env)
-    local _, out = sys.luajit(string.format("require 'loom' io.write(os.getenv(%q) or 'unset')", name), env)
+    local _, out = sys.luajit(string.format("require('loom') io.write(os.getenv(%q) or 'unset')", name), env)
     return out
   end
 

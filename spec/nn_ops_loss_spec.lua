@@ -2,7 +2,7 @@
 -- core/ops_nn.c called by name with C conventions (0-based ids), against
 -- plain-Lua references in f64 and their gradients against central
 -- differences.
-local loom, S = require "loom", require "support.nn_ops"
+local loom, S = require("loom"), require("support.nn_ops")
 local T, flat, rand_flat, close, same_shape = S.T, S.flat, S.rand_flat, S.close, S.same_shape
 local gradcheck, errors_with = S.gradcheck, S.errors_with
 local ref_softmax = S.softmax

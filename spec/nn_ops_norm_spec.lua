@@ -2,7 +2,7 @@
 -- registry ops of core/ops_nn.c called by name with C conventions (0-based
 -- dims), against plain-Lua references in f64 (support/nn_ops.lua) and their
 -- gradients against central differences.
-local loom, S = require "loom", require "support.nn_ops"
+local loom, S = require("loom"), require("support.nn_ops")
 local T, flat, rand_flat, close, same_shape = S.T, S.flat, S.rand_flat, S.close, S.same_shape
 local gradcheck, errors_with = S.gradcheck, S.errors_with
 local ref_softmax, ref_norm = S.softmax, S.norm

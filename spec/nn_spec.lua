@@ -1,8 +1,8 @@
 -- nn_spec.lua: loom.nn, the module system (registration, FQNs, state_dict,
 -- hooks, modes, printing) and the layers, whose forward passes are checked
 -- against plain-Lua f64 computations on the same numbers.
-local loom = require "loom"
-local R = require "support.ref"
+local loom = require("loom")
+local R = require("support.ref")
 local nn = loom.nn
 
 R.seed(4242)

@@ -1,8 +1,8 @@
 -- op_table_spec.lua: the op table made from core/op_list.h: ids, names and
 -- what loom.ops() reports; ops called by id and by name agree.
-local loom = require "loom"
+local loom = require("loom")
 local C = loom.C
-local ffi = require "ffi"
+local ffi = require("ffi")
 
 describe("the op table", function()
   local ops = loom.ops()

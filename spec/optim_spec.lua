@@ -2,8 +2,8 @@
 -- Lua f64 (torch.optim's definitions), state_dict round trips, f32 master
 -- weights for bf16 parameters, the cosine schedule and clip_grad_norm_,
 -- all against hand or f64 values.
-local loom = require "loom"
-local R = require "support.ref"
+local loom = require("loom")
+local R = require("support.ref")
 local optim = loom.optim
 
 R.seed(99)

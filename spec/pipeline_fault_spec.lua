@@ -2,13 +2,13 @@
 -- schedule (stage 1's forward of microbatch 2, while stage 0 waits for its
 -- gradients) ends the whole job, fast and non-zero, naming the rank.
 -- Runs loomrun from one process: luajit scripts/run_specs.lua spec/pipeline_fault_spec.lua
-local sys = require "support.sys"
+local sys = require("support.sys")
 local root = sys.root
 
 local script = [[
-local loom = require "loom"
-local dist = require "loom.distributed"
-local pp = require "loom.distributed.pipelining"
+local loom = require("loom")
+local dist = require("loom.distributed")
+local pp = require("loom.distributed.pipelining")
 local nn = loom.nn
 local Boom = nn.Module:extend("Boom")
 function Boom:__init() self.lin = nn.Linear(4, 4) self.calls = 0 end

@@ -1,7 +1,7 @@
 -- pointwise_spec.lua: every unary and binary op of core/ops_pointwise.c,
 -- Lua operators, broadcasting and type promotion, against plain-Lua f64.
-local loom = require "loom"
-local R = require "support.ref"
+local loom = require("loom")
+local R = require("support.ref")
 
 -- tolerance of a result of dtype dt against an f64 reference
 local TOL = {

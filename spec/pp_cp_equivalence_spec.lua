@@ -8,7 +8,7 @@
 -- scripts/check_equivalence.sh (which runs 100 steps and the 8-rank
 -- DP=2 x PP=2 x TP=2); and a PP=2 checkpoint resumed at one process and at
 -- PP=2 x TP=2 continuing on the uninterrupted run's losses (relative 1e-5).
-local sys = require "support.sys"
+local sys = require("support.sys")
 
 local flags = "--steps 20 --dim 32 --layers 3 --heads 4 --seq 16 --batch 8 --eval-every 10 --sample 0 --quiet --run-dir none"
 

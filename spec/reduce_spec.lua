@@ -1,8 +1,8 @@
 -- reduce_spec.lua: sum, mean, max, min, argmax, argmin over every dim
 -- (negative too), keepdim, all elements, non-contiguous and integer inputs,
 -- against plain-Lua f64 references.
-local loom = require "loom"
-local R = require "support.ref"
+local loom = require("loom")
+local R = require("support.ref")
 
 R.seed(11)
 local X = R.rand({ 2, 3, 4 }, -5, 5)

@@ -3,10 +3,10 @@
 -- errors without the REPL's own frames, prompts, a clean exit at the end
 -- of input, and idle ranks that sleep. Also loomrun's threads per rank and
 -- --bind.
-local repl = require "loom.distributed.repl"
-local fs = require "loom.fs"
+local repl = require("loom.distributed.repl")
+local fs = require("loom.fs")
 
-local sys = require "support.sys"
+local sys = require("support.sys")
 local sh, write = sys.sh, sys.tmpfile
 local root = sys.root
 local loomrun = root .. "scripts/loomrun"
@@ -79,7 +79,7 @@ describe("loom (the REPL command), piped", function()
   it("answers help(obj) and ?name from the docstrings, and quit() ends it", function()
     local rc, out = piped("?loom.zeros\nhelp(loom.nn.Linear)\n?zeros\n?nosuchthing\nquit()\nprint('not reached')\n")
     assert.equal(0, rc, out)
-    local ds = require "loom.docstrings"
+    local ds = require("loom.docstrings")
     assert.equal(2, count(out, ds["loom.zeros"], true), out)
     assert.truthy(out:find(ds["nn.Linear"], 1, true), out)
     assert.truthy(out:find("no help for nosuchthing", 1, true), out)
@@ -239,7 +239,7 @@ describe("loomrun --repl", function()
     os.execute("(" .. loomrun .. " -n 2 --timeout 30 --repl < " .. fifo .. " > " .. out .. " 2>&1; echo \"@@rc=$?\" >> "
                .. out .. ") &")
     local w = assert(io.open(fifo, "w"))
-    w:write('local ffi = require "ffi"; pcall(ffi.cdef, "int getpid(void);"); print(ffi.C.getpid())\n')
+    w:write('local ffi = require("ffi"); pcall(ffi.cdef, "int getpid(void);"); print(ffi.C.getpid())\n')
     w:flush()
     local pids
     for _ = 1, 100 do   -- up to 10 s for the job to start and answer

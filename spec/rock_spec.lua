@@ -1,9 +1,9 @@
 -- rock_spec.lua: the rock installs with Debian's Lua libraries and no
 -- rocks server (scripts/install-rock picks --deps-mode=none), into a
--- scratch tree; from outside the checkout, `require "loom"`, the installed
+-- scratch tree; from outside the checkout, `require("loom")`, the installed
 -- loomrun and the installed loom REPL work. (The first install builds
 -- libloom in build.luarocks/, minutes; later ones reuse it.)
-local sys = require "support.sys"
+local sys = require("support.sys")
 
 local root = (debug.getinfo(1, "S").source:match("^@(.*)spec/rock_spec%.lua$") or "./")
 if root == "" then root = "./" end
@@ -26,7 +26,7 @@ describe("the rock", function()
     assert.equal(0, rc, out)
     assert.truthy(out:find("--deps-mode=none", 1, true), out)
     local env = "cd " .. away .. ' && eval "$(luarocks --lua-version=5.1 --tree ' .. tree .. ' path)" && '
-    rc, out = sys.sh(env .. [[luajit -e 'local loom = require "loom"
+    rc, out = sys.sh(env .. [[luajit -e 'local loom = require("loom")
 print(loom.ones(2, 3):sum():item(), package.searchpath("loom", package.path))']])
     assert.equal(0, rc, out)
     assert.equal("6\t" .. tree .. "/share/lua/5.1/loom/init.lua\n", out)

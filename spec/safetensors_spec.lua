@@ -6,16 +6,16 @@
 -- and the tensor, and checks the logits of tiny Llama (GQA and tied) and
 -- GPT-2 checkpoints against a numpy forward of the HF models.
 -- Tolerance for logits: f32, max abs error 1e-4 (observed about 3e-6).
-local ffi = require "ffi"
-local loom = require "loom"
-local st = require "loom.safetensors"
+local ffi = require("ffi")
+local loom = require("loom")
+local st = require("loom.safetensors")
 local hf = loom.models.hf
 
 local FIX = "spec/fixtures/"
 local TOL = 1e-4
 
-local sys = require "support.sys"
-local X = require "support.misuse"
+local sys = require("support.sys")
+local X = require("support.misuse")
 local tmpdir, read, write = sys.tmpdir, sys.read, sys.write
 local function u64(n) return ffi.string(ffi.new("uint64_t[1]", n), 8) end
 -- a file from a header string and data bytes, as the format lays it out

@@ -5,10 +5,10 @@
 -- DTensors) in every float dtype and on strided views; f64 values against
 -- Lua's own arithmetic; gradients against their closed forms, fused and
 -- composed (LOOM_CPU_FUSED=0); integer tensors keep exact integer math.
-local loom = require "loom"
-local T = require "loom.tensor"
+local loom = require("loom")
+local T = require("loom.tensor")
 local C = require("loom.lib").C
-local sys = require "support.sys"
+local sys = require("support.sys")
 
 local VALUES = { 1, 0.5, -2, 4, 3, 0.1, 7.25, -0.0, 1 / 0, 0 / 0, 1e20 }
 local CASES = {
@@ -68,7 +68,7 @@ describe("a Lua number as an operand", function()
 
   it("has the same gradients from the composed backward (LOOM_CPU_FUSED=0)", function()
     local code = [[
-      local loom = require "loom"
+      local loom = require("loom")
       local x = loom.tensor({ 1.5, -2, 0.25 }, { dtype = "f64" }):requires_grad_()
       local y = (((2 - x) * 0.5 + 1) / 4 - 3) * 8
       y:sum():backward()

@@ -1,10 +1,10 @@
 -- serialize_spec.lua: loom.save / loom.load. Round trips of every value
 -- kind and dtype, the atomic write (PATH.tmp then rename), and clear errors
 -- for truncated, corrupted and foreign files.
-local loom = require "loom"
-local ffi = require "ffi"
-local R = require "support.ref"
-local sys = require "support.sys"
+local loom = require("loom")
+local ffi = require("ffi")
+local R = require("support.ref")
+local sys = require("support.sys")
 
 local read, write, exists, errmsg = sys.read, sys.write, sys.exists, R.errmsg
 

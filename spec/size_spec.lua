@@ -1,6 +1,6 @@
 -- size_spec.lua: loom.Size, what x:size() returns: it prints as a size,
 -- compares with ==, and is indexed and measured as a list.
-local loom = require "loom"
+local loom = require("loom")
 
 describe("loom.Size", function()
   it("prints as loom.Size{...}", function()
@@ -30,7 +30,7 @@ describe("loom.Size", function()
     local before = loom.ones(2, 3):size()
     local saved = package.loaded["loom.size"]
     package.loaded["loom.size"] = nil
-    local again = require "loom.size"
+    local again = require("loom.size")
     package.loaded["loom.size"] = saved
     assert.is_true(before == again.new({ 2, 3 }))
   end)

@@ -4,9 +4,9 @@
 -- PyTorch's definition, log(1 + exp(beta x)) / beta and x where beta x >
 -- threshold, computed here in Lua's f64. Its DTensor cases (a shard, a
 -- Partial) run on real ranks in spec/dist/dtensor_ops_spec.lua.
-local loom = require "loom"
-local R = require "support.ref"
-local A = require "support.activations"
+local loom = require("loom")
+local R = require("support.ref")
+local A = require("support.activations")
 local F, nn = loom.F, loom.nn
 
 local function softplus(x, beta, threshold)

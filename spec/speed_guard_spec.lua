@@ -5,9 +5,9 @@
 -- slower). It never asserts an absolute time. References: memcpy of the same
 -- bytes for an elementwise op, cblas_sgemm called directly on the same
 -- buffers for a matmul, x + y for a Lua number as an operand.
-local loom = require "loom"
-local ffi = require "ffi"
-local bench = require "loom.bench"
+local loom = require("loom")
+local ffi = require("ffi")
+local bench = require("loom.bench")
 
 pcall(ffi.cdef, [[
 void *malloc(size_t n); void free(void *p);

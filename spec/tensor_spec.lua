@@ -1,8 +1,8 @@
 -- tensor_spec.lua: creation, dtypes, views, item/totable, printing,
 -- lifetime and the counter-based RNG, checked against hand-computed values.
-local loom = require "loom"
-local R = require "support.ref"
-local sys = require "support.sys"
+local loom = require("loom")
+local R = require("support.ref")
+local sys = require("support.sys")
 
 local function same_storage(a, b) return a.storage == b.storage end
 -- strides in elements, read from the lm_tensor fields
@@ -431,7 +431,7 @@ describe("lifetime", function()
     -- a child with a 64 MiB allowance keeps 512 MiB live (never touched, so
     -- never resident) and drops 32 MiB tensors; it prints the peak bytes held
     local code = [[
-      local loom = require "loom"
+      local loom = require("loom")
       local keep, peak = loom.empty(2 ^ 27), 0
       for _ = 1, 64 do
         local _ = loom.empty(2 ^ 23)

@@ -4,10 +4,10 @@
 -- sparse 1 GiB file sampled without reading it; scripts/text_to_bin.lua
 -- against the tokenizer; examples/train.lua fine-tuning an HF checkpoint on
 -- a .bin corpus (--data --tokenizer --init-from).
-local loom = require "loom"
-local ffi = require "ffi"
+local loom = require("loom")
+local ffi = require("ffi")
 local data = loom.data
-local sys = require "support.sys"
+local sys = require("support.sys")
 local errmsg = require("support.ref").errmsg
 local tmpdir, read, write = sys.tmpdir, sys.read, sys.write
 

@@ -4,13 +4,13 @@
 -- byte-level, Llama 3 regex + byte-level, Llama 2 SentencePiece style with
 -- byte fallback, Metaspace) over ASCII, accented, CJK, emoji and
 -- whitespace-heavy texts, special and added tokens; ids are HF's + 1.
-local loom = require "loom"
-local cjson = require "cjson"
+local loom = require("loom")
+local cjson = require("cjson")
 local Tokenizer = loom.data.Tokenizer
 local errmsg = require("support.ref").errmsg
 
 local DIR = "spec/fixtures/tokenizers/"
-local sys = require "support.sys"
+local sys = require("support.sys")
 local read, write = sys.read, sys.write
 local function plus1(ids)
   local out = {}

@@ -1,7 +1,7 @@
 -- train_errors_spec.lua: examples/train.lua refuses bad input in one line
 -- ("train.lua: error: ...", exit status 2, no traceback) that says what to
 -- do; under loomrun the line comes once, naming the ranks, with no MPI banner.
-local sys = require "support.sys"
+local sys = require("support.sys")
 local sh = sys.sh
 
 local root = sys.root
@@ -37,7 +37,7 @@ describe("train.lua's refusals", function()
   end)
 
   it("gives the reason when --device cuda has no GPU", function()
-    local loom = require "loom"
+    local loom = require("loom")
     local ok, why = loom.device_available("cuda")
     if ok then return end   -- a machine with a GPU: nothing to refuse
     refused("--device cuda", "--device cuda: " .. why .. " (use --device cpu)")

@@ -1,10 +1,10 @@
 -- train_log_spec.lua: examples/train.lua's output: the --log file is JSON
 -- lines (dkjson reads every line) with exact numbers, made with its folder;
 -- progress is whole lines without a terminal, a live \r line with one.
-local json = require "dkjson"
-local fs = require "loom.fs"
+local json = require("dkjson")
+local fs = require("loom.fs")
 
-local sys = require "support.sys"
+local sys = require("support.sys")
 local sh = sys.sh
 -- a path whose folder does not exist yet: train.lua --log makes it
 local function tmpdir() return sys.tmpdir() .. "/run" end

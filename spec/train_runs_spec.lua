@@ -3,8 +3,8 @@
 -- checkpoints/), a line for each save, --resume taking the checkpoint's
 -- model settings (and refusing others in one line), a finished run said
 -- so, --config files under the flags, progress lines under loomrun.
-local sys = require "support.sys"
-local json = require "dkjson"
+local sys = require("support.sys")
+local json = require("dkjson")
 
 local root = (debug.getinfo(1, "S").source:match("^@(.*)spec/train_runs_spec%.lua$") or "./")
 if root == "" then root = "./" end

@@ -2,10 +2,10 @@
 -- bundled corpus (the loss falls well below its start), and
 -- examples/train.lua resumed from a checkpoint logs bit-identical losses
 -- to an uninterrupted run.
-local loom = require "loom"
+local loom = require("loom")
 local data = loom.data
 local tr = loom.models.transformer
-local sys = require "support.sys"
+local sys = require("support.sys")
 local sh = sys.sh
 
 local CORPUS = "examples/data/tinyshakespeare.txt"

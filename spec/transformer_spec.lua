@@ -3,8 +3,8 @@
 -- against an explicit repeat of the kv heads, heads derived from local
 -- weight shapes (what tensor parallelism relies on), tied embeddings and
 -- reproducible generation.
-local loom = require "loom"
-local R = require "support.ref"
+local loom = require("loom")
+local R = require("support.ref")
 local nn = loom.nn
 local tr = loom.models.transformer
 

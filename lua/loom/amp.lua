@@ -3,8 +3,8 @@
 -- softmax, norms and losses in f32; parameters stay f32 (master weights),
 -- so do their gradients and the optimizer's math. With f16, whose range is
 -- small, a GradScaler scales the loss so gradients do not underflow.
-local loom = require "loom"
-local T = require "loom.tensor"
+local loom = require("loom")
+local T = require("loom.tensor")
 local C = loom.C
 
 local M = {}

@@ -9,9 +9,9 @@
 -- reused by another tensor while a hook is registered. An error raised by a
 -- hook is kept and re-raised by backward() once the C pass is over (errors
 -- must not unwind through C frames).
-local ffi = require "ffi"
-local jit = require "jit"
-local T = require "loom.tensor"
+local ffi = require("ffi")
+local jit = require("jit")
+local T = require("loom.tensor")
 local C = require("loom.lib").C
 
 local Tensor = T.Tensor

@@ -1,10 +1,10 @@
 -- bench.lua: what the scripts/bench_* share: a monotonic clock, flag
 -- parsing, medians, a plain table printer and a JSON writer.
-local ffi = require "ffi"
+local ffi = require("ffi")
 
 local M = {}
 
-require "loom.posix"   -- declares clock_gettime
+require("loom.posix")   -- declares clock_gettime
 local ts = ffi.new("loom_timespec")
 function M.now()
   ffi.C.clock_gettime(1, ts)   -- CLOCK_MONOTONIC
@@ -14,7 +14,7 @@ end
 -- args(argv, defaults, prog): --name value flags over number, string or
 -- boolean defaults (lua-argparse through loom.cli); --help lists them.
 function M.args(argv, defaults, prog)
-  local cli = require "loom.cli"
+  local cli = require("loom.cli")
   return cli.parse(prog or "bench", cli.flags_of(defaults), argv)
 end
 

@@ -2,7 +2,7 @@
 -- raises "FNAME: ARG expected WHAT, got VALUE" at the caller's line (level
 -- counts as in error(): 2, the default, is the caller of the function that
 -- calls the check). loom.tensor re-exports them (T.argerror, T.check_opts).
-local ffi = require "ffi"
+local ffi = require("ffi")
 local C = require("loom.lib").C
 
 local M = {}

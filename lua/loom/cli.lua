@@ -3,7 +3,7 @@
 -- string default a string, a boolean default makes a flag without value.
 -- Bad input raises a Lua error that names the flag; --help prints the
 -- flags and exits.
-local argparse = require "argparse"
+local argparse = require("argparse")
 
 local M = {}
 

@@ -1,8 +1,8 @@
 -- data.lua: a character-level tokenizer over a text file and a seeded
 -- random batch sampler over its train/val splits (90/10).
-local ffi = require "ffi"
-local loom = require "loom"
-local T = require "loom.tensor"
+local ffi = require("ffi")
+local loom = require("loom")
+local T = require("loom.tensor")
 local C = require("loom.lib").C
 
 local M = {}

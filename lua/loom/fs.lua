@@ -1,8 +1,8 @@
 -- fs.lua: the file work loom does (make, list, remove and rename paths)
 -- through lua-filesystem, with no shell. Failures raise errors that name
 -- the path and give the system's reason.
-local lfs = require "lfs"
-local ffi = require "ffi"
+local lfs = require("lfs")
+local ffi = require("ffi")
 local libc = ffi.C
 local errno_msg = require("loom.posix").errno_msg   -- and the libc functions used here
 

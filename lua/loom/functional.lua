@@ -1,10 +1,10 @@
 -- functional.lua: loom.F, PyTorch's torch.nn.functional in Lua. Each
 -- function checks its arguments and calls registry ops; ids and dims are
 -- 1-based here and converted for the C core.
-local loom = require "loom"
-local T = require "loom.tensor"
+local loom = require("loom")
+local T = require("loom.tensor")
 local C = require("loom.lib").C
-local rope = require "loom.rope"
+local rope = require("loom.rope")
 
 local F = {}
 local op, check = T.op, T.check_tensor
@@ -63,7 +63,7 @@ function F.dropout(x, p, training)
   if p == 1 then return x * 0 end
   local keep
   if x.dist ~= nil then   -- a DTensor: the mask's shards are slices of one global draw
-    local dist = require "loom.distributed"
+    local dist = require("loom.distributed")
     local placements = {}
     for i, pl in ipairs(x.placements) do placements[i] = pl:is_partial() and dist.Replicate() or pl end
     x = x:redistribute(x.device_mesh, placements)

@@ -1,8 +1,8 @@
 -- gc_pacing.lua: when loom.tensor asks LuaJIT for a full collection. A
 -- tensor's memory is C memory the collector cannot see, so every tensor
 -- made from C calls pressure() (loom.tensor's wrap).
-local ffi = require "ffi"
-require "loom.posix"   -- clock_gettime, loom_timespec
+local ffi = require("ffi")
+require("loom.posix")   -- clock_gettime, loom_timespec
 local C = require("loom.lib").C
 
 local M = {}

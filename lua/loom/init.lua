@@ -1,13 +1,13 @@
 -- loom: tensors, autograd and tensor parallelism for LuaJIT.
--- `local loom = require "loom"` gives tensors and the functional API;
+-- `local loom = require("loom")` gives tensors and the functional API;
 -- loom.nn, loom.optim and loom.distributed load on first use.
-local lib = require "loom.lib"
-local T = require "loom.tensor"
-local TC = require "loom.tensor_create"
-local ops = require "loom.tensor_ops"
+local lib = require("loom.lib")
+local T = require("loom.tensor")
+local TC = require("loom.tensor_create")
+local ops = require("loom.tensor_ops")
 
 T.install()
-require "loom.autograd_hooks"   -- p:register_grad_ready_hook(fn)
+require("loom.autograd_hooks")   -- p:register_grad_ready_hook(fn)
 
 local loom = {
   C = lib.C,
@@ -25,7 +25,7 @@ for _, name in ipairs { "tensor", "empty", "zeros", "ones", "full", "arange", "r
 end
 loom.no_grad, loom.is_grad_enabled = T.no_grad, T.is_grad_enabled
 for name, fn in pairs(ops) do loom[name] = fn end
-local ser = require "loom.serialize"
+local ser = require("loom.serialize")
 loom.save, loom.load = ser.save, ser.load
 -- Hugging Face's weight files (loom.safetensors loads on first use)
 function loom.load_safetensors(path, opts) return require("loom.safetensors").load(path, opts) end
@@ -42,7 +42,7 @@ end
 -- {cpu = bool, cuda = bool}} (kernels: whether this build has the op's kernel
 -- for that kind of device, whether or not one is present)
 function loom.ops()
-  local ffi, C, list = require "ffi", lib.C, {}
+  local ffi, C, list = require("ffi"), lib.C, {}
   local info = ffi.new("lm_op_info")
   for id = 0, C.lm_op_count() - 1 do
     C.lm_op_info_of(id, info)
@@ -69,7 +69,7 @@ end
 -- show_config(): what this build is and sees (build options, the BLAS and
 -- its kernel core, threads, CUDA and NCCL, GPUs), printed and returned
 function loom.show_config()
-  local ffi = require "ffi"
+  local ffi = require("ffi")
   local s = ffi.string(lib.C.lm_build_info()) ..
             string.format("threads: %d (LOOM_NUM_THREADS)\n", lib.C.lm_num_threads()) ..
             string.format("BLAS workers spin 2^%s cycles before they sleep (OPENBLAS_THREAD_TIMEOUT)\n",
@@ -90,7 +90,7 @@ end
 -- memory_stats(k): bytes allocated (live tensors), peak, reserved (cached
 -- by the allocator) and the number of driver allocations
 function loom.cuda.memory_stats(k)
-  local ffi = require "ffi"
+  local ffi = require("ffi")
   local st = ffi.new("int64_t[4]")
   if lib.C.lm_device_memory_stats(lib.C.LM_CUDA0 + (k or 0), st) < 0 then T.c_error() end
   return { allocated = tonumber(st[0]), peak = tonumber(st[1]), reserved = tonumber(st[2]),
@@ -104,7 +104,7 @@ function loom.cuda.emu_counters(opts)
   local C = lib.C
   local ok, f = pcall(function() return C.lm_cuda_emu_counters end)
   if not ok then return nil, "not an emulated CUDA build (cmake -DLOOM_CUDA=EMULATE)" end
-  local ffi = require "ffi"
+  local ffi = require("ffi")
   local n = f(nil, 0, 0)
   local buf = ffi.new("int64_t[?]", n)
   f(buf, n, opts and opts.reset and 1 or 0)
@@ -119,7 +119,7 @@ end
 function loom.memory_stats(device)
   local d = device == nil and "cpu" or device
   if type(d) ~= "string" then T.argerror("memory_stats", "device", "\"cpu\" or \"cuda[:N]\"", T.describe(d)) end
-  local ffi = require "ffi"
+  local ffi = require("ffi")
   local st = ffi.new("int64_t[4]")
   if lib.C.lm_device_memory_stats(T.device_id(d, "memory_stats"), st) < 0 then T.c_error() end
   return { allocated = tonumber(st[0]), peak = tonumber(st[1]), reserved = tonumber(st[2]),
@@ -147,7 +147,7 @@ end
 -- the prompt with (loom.models.generate)
 function loom.generate(model, tok, prompt, opts) return require("loom.models.generate").text(model, tok, prompt, opts) end
 
--- Submodules load lazily so `require "loom"` stays cheap.
+-- Submodules load lazily so `require("loom")` stays cheap.
 function loom.autocast(dtype, fn, ...) return require("loom.amp").autocast(dtype, fn, ...) end
 
 local lazy = { F = "loom.functional", nn = "loom.nn", optim = "loom.optim", amp = "loom.amp",

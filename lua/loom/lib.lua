@@ -1,6 +1,6 @@
 -- lib.lua: loads libloom and declares its API to the FFI from core/loom.h,
 -- the one C header (read here, never copied by hand).
-local ffi = require "ffi"
+local ffi = require("ffi")
 
 local here = debug.getinfo(1, "S").source:match("^@(.*)lib%.lua$") or "./"
 local root = here .. "../../"   -- lua/loom/ -> the checkout's root

@@ -2,7 +2,7 @@
 -- maps, clocks, the REPL's descriptors), declared in one place so that two
 -- modules never declare one function two ways, and errno's message.
 -- Requiring it declares them; call them through ffi.C.
-local ffi = require "ffi"
+local ffi = require("ffi")
 
 -- one declaration at a time: one already made (by readline, say) fails
 -- alone and leaves the rest

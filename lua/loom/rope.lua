@@ -1,10 +1,10 @@
 -- rope.lua: rotary embeddings around the rope op (core/ops/attention.c):
 -- the cos/sin tables and their use, on loom tensors. loom.F builds the
 -- user-facing API on these.
-local T = require "loom.tensor"
-local TC = require "loom.tensor_create"
+local T = require("loom.tensor")
+local TC = require("loom.tensor_create")
 local C = require("loom.lib").C
-require "loom.tensor_ops"
+require("loom.tensor_ops")
 
 local M = {}
 

@@ -12,12 +12,12 @@
 -- strided column runs for Shard(2)). Every offset is checked against the
 -- file's size, dtype and shape before a byte is read; errors name the
 -- file and the tensor.
-local ffi = require "ffi"
-local json = require "dkjson"
-local loom = require "loom"
-local T = require "loom.tensor"
-local TC = require "loom.tensor_create"
-local R = require "loom.safetensors_reader"
+local ffi = require("ffi")
+local json = require("dkjson")
+local loom = require("loom")
+local T = require("loom.tensor")
+local TC = require("loom.tensor_create")
+local R = require("loom.safetensors_reader")
 local C = loom.C
 
 local M = {}
@@ -41,7 +41,7 @@ M.open, M.MAX_HEADER = R.open, R.MAX_HEADER
 -- block(mesh, placements, shape): 0-based offset and size of this rank's
 -- shard (torch.chunk sizes, as DTensors lay them out)
 function M.block(mesh, placements, shape, fname, name)
-  local dt = require "loom.distributed.dtensor"
+  local dt = require("loom.distributed.dtensor")
   local m = dt._c_mesh(mesh)
   local nd = #shape
   local pl = ffi.new("lm_placement[4]")
@@ -180,7 +180,7 @@ end
 -- (a broadcast, so the others wait for the file and none is left hanging).
 -- Without loom.distributed initialised this process is alone: fn runs.
 function M._on_rank0(fn)
-  local dist = require "loom.distributed"
+  local dist = require("loom.distributed")
   if not dist.is_initialized() then return fn() end
   local rank = dist.rank()
   local ok, err = true, nil

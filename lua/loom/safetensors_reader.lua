@@ -6,10 +6,10 @@
 -- straight into the tensor's memory, never through a memory map: a file
 -- that another process truncates after it was opened gives a Lua error
 -- ("the file shrank"), not a SIGBUS. Errors name the file and the tensor.
-local ffi = require "ffi"
-local json = require "dkjson"
-local T = require "loom.tensor"
-local TC = require "loom.tensor_create"
+local ffi = require("ffi")
+local json = require("dkjson")
+local T = require("loom.tensor")
+local TC = require("loom.tensor_create")
 local C = require("loom.lib").C
 local libc = ffi.C
 local errno_msg = require("loom.posix").errno_msg   -- and the libc functions used here

@@ -20,12 +20,11 @@
 -- corrupt one (checksum mismatch) and from a file that is not loom's.
 -- load also reads a dist.checkpoint directory (whole, plain tensors); save
 -- refuses DTensors (dist.checkpoint.save writes them, shard by shard).
-local ffi = require "ffi"
-local T = require "loom.tensor"
-local TC = require "loom.tensor_create"
+local ffi = require("ffi")
+local T = require("loom.tensor")
+local TC = require("loom.tensor_create")
 local C = require("loom.lib").C
-local fs = require "loom.fs"
-local libc = ffi.C
+local fs = require("loom.fs")
 
 local M = {}
 local MAGIC = "LOOM\2\n"
@@ -171,7 +170,7 @@ end
 -- loom.distributed.checkpoint.interop); anything else is an error
 local function load_dir(path)
   local dir = path:gsub("(.)/+$", "%1")
-  local format = require "loom.distributed.checkpoint.format"
+  local format = require("loom.distributed.checkpoint.format")
   if format.is_checkpoint(dir) then return require("loom.distributed.checkpoint.interop").read_dir(dir, "load") end
   error("load: " .. dir .. " is a directory, not a loom file nor a checkpoint (no " .. format.MANIFEST .. ")"
         .. format.old_hint(dir, "load"), 0)

@@ -1,10 +1,10 @@
 -- tensor.lua: the Tensor type (an lm_tensor cdata with methods, fields
 -- and the metatype), argument checks and op calls. The factories live in
 -- tensor_create.lua, printing in tensor_print.lua.
-local ffi = require "ffi"
-local lib = require "loom.lib"
-local checks = require "loom.checks"
-local Size = require "loom.size"
+local ffi = require("ffi")
+local lib = require("loom.lib")
+local checks = require("loom.checks")
+local Size = require("loom.size")
 local C = lib.C
 
 local M = {}            -- the functions `loom` exports from this file

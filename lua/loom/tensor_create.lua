@@ -1,9 +1,9 @@
 -- tensor_create.lua: the factories (empty, zeros, ones, full, arange,
 -- rand, randn, randint, tensor), the default device of loom.device(d):use
 -- and the random generator's seed and state. loom exports them all.
-local ffi = require "ffi"
-local lib = require "loom.lib"
-local T = require "loom.tensor"
+local ffi = require("ffi")
+local lib = require("loom.lib")
+local T = require("loom.tensor")
 local C = lib.C
 
 local M = {}

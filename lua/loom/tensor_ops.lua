@@ -1,6 +1,6 @@
 -- tensor_ops.lua: the math methods of Tensor and its Lua operators, each a
 -- thin call of one op of the table, by id (C.LM_OP_<ID>).
-local T = require "loom.tensor"
+local T = require("loom.tensor")
 local C = require("loom.lib").C
 local Tensor, op, op1, op2, cdim = T.Tensor, T.op, T.op1, T.op2, T.cdim
 local as_tensor, check_tensor = T.as_tensor, T.check_tensor

@@ -1,7 +1,7 @@
 -- tensor_print.lua: tensors printed Torch7 style: the values (the first
 -- and last rows and columns of a big one), then a footer with dtype,
 -- device and size. tostring(x) and print(x) call format(x).
-local T = require "loom.tensor"
+local T = require("loom.tensor")
 local C = require("loom.lib").C
 
 local M = {}

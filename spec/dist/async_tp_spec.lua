@@ -10,10 +10,10 @@
 -- gather per module) against the plain plan: output rtol 1e-6 / atol 1e-7,
 -- input and weight gradients rtol 1e-5 / atol 1e-6; bytes counted.
 --   scripts/loomrun -n 2 --quiet-others scripts/run_specs.lua -o plainTerminal spec/dist/async_tp_spec.lua
-local loom = require "loom"
-local dist = require "loom.distributed"
-local tp = require "loom.parallel"
-local H = require "support.tp"
+local loom = require("loom")
+local dist = require("loom.distributed")
+local tp = require("loom.parallel")
+local H = require("support.tp")
 local Shard = dist.Shard
 
 local ws, me = dist.world_size(), dist.rank()
@@ -71,8 +71,8 @@ describe("async TP", function()
   -- a Llama block (attention + SwiGLU feed-forward) on sequence shards: the
   -- plain sequence-parallel plan against --async-tp's (train.lua's layout),
   -- whose column-wise side gathers the normed input once per module
-  local L = require "loom.parallel.layout"
-  local Tr = require "loom.models.transformer"
+  local L = require("loom.parallel.layout")
+  local Tr = require("loom.models.transformer")
   local function block_plan(async)
     local full = Tr.tp_plan { sequence_parallel = true, tp = ws }
     if async then full = L.async_tp(full, { ["async-tp"] = true, ["sequence-parallel"] = true }, { tp = ws }) end

@@ -6,12 +6,12 @@
 -- drawn with the same seed on every rank; shards are cut with torch.chunk
 -- arithmetic written here. Every rank collects its mismatches and asserts
 -- after the collectives, so a failure cannot hang the others.
-local ffi = require "ffi"
-local loom = require "loom"
-local dist = require "loom.distributed"
-local fs = require "loom.fs"
+local ffi = require("ffi")
+local loom = require("loom")
+local dist = require("loom.distributed")
+local fs = require("loom.fs")
 local ck = dist.checkpoint
-local S = require "support.dist"
+local S = require("support.dist")
 
 local Shard, Replicate = dist.Shard, dist.Replicate
 local ws, me = dist.world_size(), dist.rank()
@@ -44,7 +44,7 @@ local function same(bad, what, got, want)
     bad[#bad + 1] = what .. ": values differ"
   end
 end
-local D = require "support.dist"
+local D = require("support.dist")
 local err_of, has = D.err_of, D.has
 
 local W, B = randn(11, 10, 6), randn(12, 5)

@@ -7,9 +7,9 @@
 -- References are full tensors drawn on every rank with the same seed; data
 -- only moves, so comparisons are exact. Every rank collects its mismatches
 -- and asserts only after all collectives ran, so a failure cannot hang.
-local ffi = require "ffi"
-local loom, dist = require "loom", require "loom.distributed"
-local H, sys = require "support.dist", require "support.sys"
+local ffi = require("ffi")
+local loom, dist = require("loom"), require("loom.distributed")
+local H, sys = require("support.dist"), require("support.sys")
 local ck = dist.checkpoint
 
 local Shard, Replicate, Partial = dist.Shard, dist.Replicate, dist.Partial

@@ -4,8 +4,8 @@
 --   scripts/loomrun -n 2 scripts/run_specs.lua spec/dist
 -- Each `it` runs all its collectives before asserting, so a failure on one
 -- rank never leaves the others waiting in a collective.
-local dist = require "loom.distributed"
-local S = require "support.dist"
+local dist = require("loom.distributed")
+local S = require("support.dist")
 
 local groups = S.groups()
 local val = S.val

@@ -6,12 +6,12 @@
 -- (f32), on cp = world (2 or 4 ranks) and cp2 x tp2 on 4.
 -- Tolerances: f64 rtol 1e-10; f32 rtol 1e-5 / atol 1e-6.
 --   scripts/loomrun -n 2 --quiet-others scripts/run_specs.lua -o plainTerminal spec/dist/context_parallel_spec.lua
-local loom = require "loom"
-local dist = require "loom.distributed"
-local cp = require "loom.distributed.context_parallel"
-local tp = require "loom.parallel"
-local H = require "support.tp"
-local Tr = require "loom.models.transformer"
+local loom = require("loom")
+local dist = require("loom.distributed")
+local cp = require("loom.distributed.context_parallel")
+local tp = require("loom.parallel")
+local H = require("support.tp")
+local Tr = require("loom.models.transformer")
 local F = loom.F
 
 local ws = dist.world_size()

@@ -3,12 +3,12 @@
 -- its GPU) equals the unsharded model on one GPU: forward, backward and an
 -- AdamW step (f32, rtol 1e-5 / atol 1e-5: GPU reductions reorder sums).
 -- Skips, saying so, on machines without a GPU for every rank.
-local loom, dist, tp = require "loom", require "loom.distributed", require "loom.parallel"
+local loom, dist, tp = require("loom"), require("loom.distributed"), require("loom.parallel")
 local tr = loom.models.transformer
 
 local ngpu = loom.cuda.device_count()
 local ws = dist.world_size()
-local G = require "support.cuda"
+local G = require("support.cuda")
 if ngpu == 0 and G.gpu_here() then -- a GPU is here but loom cannot use it: fail, never skip
   G.skip(describe, it, "tensor parallelism on GPUs")
   return

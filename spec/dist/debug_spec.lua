@@ -1,7 +1,7 @@
 -- debug_spec.lua: LOOM_DEBUG_COLLECTIVES. Mismatched collectives raise an
 -- error naming both ranks' calls on every rank, instead of hanging.
-local loom = require "loom"
-local dist = require "loom.distributed"
+local loom = require("loom")
+local dist = require("loom.distributed")
 
 local k, me = dist.world_size(), dist.rank()
 

@@ -1,7 +1,7 @@
 -- dropout_spec.lua: dropout on a DTensor draws its mask by global index, so
 -- the sharded result equals the slice of dropout on the full tensor.
-local loom = require "loom"
-local dist = require "loom.distributed"
+local loom = require("loom")
+local dist = require("loom.distributed")
 
 describe("F.dropout on DTensors", function()
   local mesh = dist.init_device_mesh("cpu", { dist.world_size() })

@@ -7,10 +7,10 @@
 -- dp, along tp and along both. Tolerance 1e-4 absolute on values of order
 -- 1-10 in f32 (sharded sums and matmuls add in another order).
 -- LOOM_SPEC_TRACE=1 prints each case to stderr as it starts (to find a hang).
-local loom = require "loom"
-local dist = require "loom.distributed"
+local loom = require("loom")
+local dist = require("loom.distributed")
 local F = loom.F
-local H = require "support.dist"
+local H = require("support.dist")
 
 local ws = H.ws
 local meshes = H.meshes()

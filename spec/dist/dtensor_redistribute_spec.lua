@@ -3,9 +3,9 @@
 -- with even and uneven shards, against full references; communication
 -- counts through dist.comm_mode. Tolerance 1e-5 (Partial sources sum up to
 -- 4 f32 terms in another order than the reference); data moves are exact.
-local loom = require "loom"
-local dist = require "loom.distributed"
-local H = require "support.dist"
+local loom = require("loom")
+local dist = require("loom.distributed")
+local H = require("support.dist")
 
 local ws = H.ws
 local meshes = H.meshes()

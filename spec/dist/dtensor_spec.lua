@@ -5,9 +5,9 @@
 --   scripts/loomrun -n 4 --quiet-others scripts/run_specs.lua spec/dist
 -- References are full tensors drawn on every rank with the same seed; data
 -- only moves, so comparisons are exact (tolerance 0) unless stated.
-local loom = require "loom"
-local dist = require "loom.distributed"
-local H = require "support.dist"
+local loom = require("loom")
+local dist = require("loom.distributed")
+local H = require("support.dist")
 
 local Shard, Replicate, Partial = dist.Shard, dist.Replicate, dist.Partial
 local ws, me = H.ws, H.rank

@@ -6,9 +6,9 @@
 -- Meshes: {dp, tp} 2x2 on 4 ranks, 2x1 on 2, 1x1 on 1. Data only moves,
 -- so values compare exactly; the step after reloading too (the same
 -- computation on the same layout).
-local loom, dist, tp = require "loom", require "loom.distributed", require "loom.parallel"
-local fsdp = require "loom.distributed.fsdp"
-local H, sys = require "support.tp", require "support.sys"
+local loom, dist, tp = require("loom"), require("loom.distributed"), require("loom.parallel")
+local fsdp = require("loom.distributed.fsdp")
+local H, sys = require("support.tp"), require("support.sys")
 local ck = dist.checkpoint
 local tr = loom.models.transformer
 
@@ -18,7 +18,7 @@ local mesh = dist.init_device_mesh("cpu", shape, { mesh_dim_names = { "dp", "tp"
 local ntp = shape[2]
 local cfg = { vocab_size = 8, dim = 16, n_layers = 2, n_heads = 4, max_seq_len = 16 }
 
-local D = require "support.dist"
+local D = require("support.dist")
 local ROOT = D.scratch_dir("fsdp-ckpt")
 local on0 = D.on0
 teardown(function() on0(function() sys.rmtree(ROOT) end) end)

@@ -6,10 +6,10 @@
 -- fully_shard together, parameters parallelised on an unrelated mesh or on
 -- the dp dim itself, on a 2-D mesh, Partial or scalar parameters, and
 -- parameters replaced after fully_shard. Runs on 1, 2 and 4 ranks.
-local loom, dist, tp = require "loom", require "loom.distributed", require "loom.parallel"
-local fsdp = require "loom.distributed.fsdp"
-local H = require "support.tp"
-local X = require "support.misuse"
+local loom, dist, tp = require("loom"), require("loom.distributed"), require("loom.parallel")
+local fsdp = require("loom.distributed.fsdp")
+local H = require("support.tp")
+local X = require("support.misuse")
 local nn = loom.nn
 
 local ws = H.ws

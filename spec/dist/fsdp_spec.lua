@@ -9,9 +9,9 @@
 -- Meshes: 2x2 on 4 ranks; 2x1 (FSDP only) and 1x2 (TP, dp of one) on 2
 -- ranks; 1x1 on one.
 -- Tolerance: f32 rtol 1.3e-6 / atol 1e-5, norms rtol 1e-5 (as tp_dp_spec).
-local loom, dist, tp = require "loom", require "loom.distributed", require "loom.parallel"
-local fsdp = require "loom.distributed.fsdp"
-local H = require "support.tp"
+local loom, dist, tp = require("loom"), require("loom.distributed"), require("loom.parallel")
+local fsdp = require("loom.distributed.fsdp")
+local H = require("support.tp")
 local nn, tr = loom.nn, loom.models.transformer
 
 local ws = H.ws

@@ -5,10 +5,10 @@
 -- input's gradient; AdamW's one-call update of DTensor parameters against
 -- the update of the full tensors, shard by shard. f64, tolerance 1e-10
 -- absolute (values of order 1). Runs on 1, 2 and 4 ranks (a 2x2 mesh too).
-local loom = require "loom"
-local dist = require "loom.distributed"
-local H = require "support.dist"
-local X = require "support.fused"
+local loom = require("loom")
+local dist = require("loom.distributed")
+local H = require("support.dist")
+local X = require("support.fused")
 local F = loom.F
 
 local ws = H.ws

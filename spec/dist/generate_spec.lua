@@ -5,11 +5,11 @@
 -- ranks:
 --   scripts/loomrun -n 2 --quiet-others scripts/run_specs.lua spec/dist/generate_spec.lua
 -- Every rank collects its mismatches and asserts after all collectives ran.
-local loom = require "loom"
-local cjson = require "cjson"
+local loom = require("loom")
+local cjson = require("cjson")
 local hf = loom.models.hf
-local H = require "support.tp"
-local sys = require "support.sys"
+local H = require("support.tp")
+local sys = require("support.sys")
 
 local FIX = "spec/fixtures/"
 -- the checkpoints have 2 kv heads: on 4 ranks, TP 2 inside a {2, 2} mesh

@@ -4,8 +4,8 @@
 -- backward give the unsharded model's gradients (tolerance 1e-5); a unit
 -- of mixed dtypes is refused; an optimizer built before fully_shard names
 -- it at step().
-local loom, dist = require "loom", require "loom.distributed"
-local fsdp = require "loom.distributed.fsdp"
+local loom, dist = require("loom"), require("loom.distributed")
+local fsdp = require("loom.distributed.fsdp")
 local nn = loom.nn
 
 local mesh = dist.init_device_mesh("cpu", { dist.world_size() })

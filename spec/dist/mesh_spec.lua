@@ -1,8 +1,8 @@
 -- mesh_spec.lua: dist.init and ranks, DeviceMesh (row-major layout, slicing,
 -- sizes, coordinates, groups, tostring, errors) and the ambient mesh. Runs
 -- on every rank under loomrun (and on one rank under plain luajit).
-local loom = require "loom"
-local dist = require "loom.distributed"
+local loom = require("loom")
+local dist = require("loom.distributed")
 
 local k, me = dist.world_size(), dist.rank()
 

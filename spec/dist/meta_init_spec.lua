@@ -2,10 +2,10 @@
 -- materialised (to_empty + init_weights) holds exactly the slices of the
 -- model built the ordinary way, at any TP degree, and only its shards'
 -- memory. Runs on 1, 2 and 4 ranks.
-local loom = require "loom"
-local dist = require "loom.distributed"
-local tp = require "loom.parallel"
-local H = require "support.tp"
+local loom = require("loom")
+local dist = require("loom.distributed")
+local tp = require("loom.parallel")
+local H = require("support.tp")
 local tr = loom.models.transformer
 
 local CFG = { vocab_size = 64, dim = 64, n_layers = 2, n_heads = 4, max_seq_len = 16 }

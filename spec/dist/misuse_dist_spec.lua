@@ -7,11 +7,11 @@
 -- 2 and 4 ranks. Misuse that could crash a process (wrong handles given
 -- to collective ops) runs in child processes in misuse_ops_spec.lua: a
 -- child of an mpirun rank would join its job.
-local loom = require "loom"
-local dist = require "loom.distributed"
-local tp = require "loom.parallel"
-local X = require "support.misuse"
-local H = require "support.tp"
+local loom = require("loom")
+local dist = require("loom.distributed")
+local tp = require("loom.parallel")
+local X = require("support.misuse")
+local H = require("support.tp")
 local nn, F = loom.nn, loom.F
 local Shard, Replicate, Partial = dist.Shard, dist.Replicate, dist.Partial
 local ws = H.ws

@@ -3,8 +3,8 @@
 -- dim, counts in comm_mode, and the errors (shape mismatch named, bad peer,
 -- bad tag, non-contiguous receiver). Values are exact (bytes move as they are).
 --   scripts/loomrun -n 2 --quiet-others scripts/run_specs.lua -o plainTerminal spec/dist/p2p_spec.lua
-local loom = require "loom"
-local dist = require "loom.distributed"
+local loom = require("loom")
+local dist = require("loom.distributed")
 
 local me, n = dist.rank(), dist.world_size()
 

@@ -9,13 +9,13 @@
 -- the same elementwise work per tensor, so comparisons are exact.
 --   scripts/loomrun -n 2 --quiet-others scripts/run_specs.lua -o plainTerminal spec/dist/pipeline_checkpoint_spec.lua
 --   scripts/loomrun -n 4 --quiet-others scripts/run_specs.lua -o plainTerminal spec/dist/pipeline_checkpoint_spec.lua
-local loom = require "loom"
-local dist = require "loom.distributed"
-local pp = require "loom.distributed.pipelining"
-local tp = require "loom.parallel"
-local Tr = require "loom.models.transformer"
-local H = require "support.dist"
-local TH = require "support.tp"
+local loom = require("loom")
+local dist = require("loom.distributed")
+local pp = require("loom.distributed.pipelining")
+local tp = require("loom.parallel")
+local Tr = require("loom.models.transformer")
+local H = require("support.dist")
+local TH = require("support.tp")
 local ck = dist.checkpoint
 
 local ws, me = H.ws, H.rank

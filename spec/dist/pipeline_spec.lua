@@ -8,12 +8,12 @@
 -- Tolerance: f32, rtol 1e-5 / atol 1e-6 (microbatches sum the batch's
 -- gradients in another order than one batch does).
 --   scripts/loomrun -n 2 --quiet-others scripts/run_specs.lua -o plainTerminal spec/dist/pipeline_spec.lua
-local loom = require "loom"
-local dist = require "loom.distributed"
-local pp = require "loom.distributed.pipelining"
-local tp = require "loom.parallel"
-local H = require "support.tp"
-local Tr = require "loom.models.transformer"
+local loom = require("loom")
+local dist = require("loom.distributed")
+local pp = require("loom.distributed.pipelining")
+local tp = require("loom.parallel")
+local H = require("support.tp")
+local Tr = require("loom.models.transformer")
 local F = loom.F
 
 local ws = dist.world_size()
@@ -168,7 +168,7 @@ describe("pipeline parallelism", function()
       -- what predict.lua says tp rank 0 holds (torch.chunk's larger share of the 17-row vocabulary), to the element
       local held = 0
       for _, p in ipairs(st.submod:parameters()) do held = held + (dist.is_dtensor(p) and p:to_local() or p):numel() end
-      local P = require "loom.parallel.predict"
+      local P = require("loom.parallel.predict")
       local cfg = { vocab_size = V, dim = 16, n_layers = 3, n_heads = 2, max_seq_len = S }
       local predicted = P.params(cfg, { pp = 2, tp = 2, dp = 1, cp = 1 }, st.stage_index, false)
       local bad = check({}, "pp2xtp2", ref, { st.submod }, pp.Schedule1F1B(st, 2, loss_fn), st.is_last)
@@ -181,7 +181,7 @@ describe("pipeline parallelism", function()
     -- reduces (one reduce-scatter, in the last backward)
     for _, kind in ipairs { "ScheduleGPipe", "Schedule1F1B" } do
       it("pp2 x FSDP2 on a (pp, dp) mesh, " .. kind .. " with 4 microbatches, equals one process", function()
-        local fsdp = require "loom.distributed.fsdp"
+        local fsdp = require("loom.distributed.fsdp")
         local mesh = dist.init_device_mesh("cpu", { 2, 2 }, { mesh_dim_names = { "pp", "dp" } })
         local ref, m = H.twins(3, make, 4)
         local st = pp.pipeline(m, { num_stages = 2 }):build_stage(mesh:get_local_rank("pp"), { group = mesh, mesh_dim = "pp" })
@@ -195,7 +195,7 @@ describe("pipeline parallelism", function()
         -- one reduce-scatter per unit (2 blocks and the stage's root), not one per microbatch
         assert.equal(3, cm.counts.reduce_scatter)
         -- p2p bytes per step as predict.lua says them (B 8, S 8, dim 16, f32; both dp ranks the whole batch)
-        local P = require "loom.parallel.predict"
+        local P = require("loom.parallel.predict")
         local cfg = { vocab_size = V, dim = 16, n_layers = 4, n_heads = 2, max_seq_len = S }
         assert.equal(P.p2p_bytes(cfg, { pp = 2, tp = 1, dp = 1, cp = 1 }, st.stage_index, B, S), cm.bytes.send)
       end)

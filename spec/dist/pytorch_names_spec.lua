@@ -1,9 +1,9 @@
 -- pytorch_names_spec.lua: torch.distributed's names in loom.distributed
 -- (get_rank, get_world_size, init_process_group, ...), and the plan error
 -- that says nn.Sequential's children are named from "1".
-local loom = require "loom"
-local dist = require "loom.distributed"
-local tp = require "loom.parallel"
+local loom = require("loom")
+local dist = require("loom.distributed")
+local tp = require("loom.parallel")
 
 local ws = tonumber(os.getenv("OMPI_COMM_WORLD_SIZE") or "1")
 local rank = tonumber(os.getenv("OMPI_COMM_WORLD_RANK") or "0")

@@ -2,8 +2,8 @@
 -- PyTorch's do (issue 26): ranks seeded differently still draw one
 -- replicated tensor and one dropout mask, equal to a one-process draw
 -- from rank 0's seed. Meaningful on 2 or more ranks (spec/dist runs 2).
-local loom, dist = require "loom", require "loom.distributed"
-local F = require "loom.functional"
+local loom, dist = require("loom"), require("loom.distributed")
+local F = require("loom.functional")
 
 local ws, rank = dist.world_size(), dist.rank()
 local mesh = dist.init_device_mesh("cpu", { ws })

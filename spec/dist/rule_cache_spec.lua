@@ -1,9 +1,9 @@
 -- rule_cache_spec.lua: sharding decisions are cached by (op, input specs,
 -- attrs): the same op on the same specs hits, other specs miss, and a hit
 -- gives the same result as the first call.
-local ffi = require "ffi"
-local loom = require "loom"
-local dist = require "loom.distributed"
+local ffi = require("ffi")
+local loom = require("loom")
+local dist = require("loom.distributed")
 local C = loom.C
 
 local function stats()

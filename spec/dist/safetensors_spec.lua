@@ -9,13 +9,13 @@
 -- (support/tp.lua); vs numpy 1e-4; loaded weights exactly.
 -- Every rank collects its mismatches and asserts only after all
 -- collectives ran, so a failure cannot hang.
-local ffi = require "ffi"
-local loom = require "loom"
-local dist = require "loom.distributed"
-local st = require "loom.safetensors"
+local ffi = require("ffi")
+local loom = require("loom")
+local dist = require("loom.distributed")
+local st = require("loom.safetensors")
 local hf = loom.models.hf
-local H = require "support.tp"
-local S = require "support.dist"
+local H = require("support.tp")
+local S = require("support.dist")
 
 local Shard, Replicate = dist.Shard, dist.Replicate
 local ws, me = H.ws, H.rank

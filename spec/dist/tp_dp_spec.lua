@@ -7,8 +7,8 @@
 -- TP) run, on 1 rank 1x1: the same equality at every size.
 -- Tolerance: f32 rtol 1.3e-6 / atol 1e-5 (norms: rtol 1e-5, they are sums
 -- of squares taken in a different order).
-local loom, dist, tp = require "loom", require "loom.distributed", require "loom.parallel"
-local H = require "support.tp"
+local loom, dist, tp = require("loom"), require("loom.distributed"), require("loom.parallel")
+local H = require("support.tp")
 local nn, tr, clip = loom.nn, loom.models.transformer, loom.nn.utils.clip_grad_norm_
 
 local ws = H.ws

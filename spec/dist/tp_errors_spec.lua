@@ -2,8 +2,8 @@
 -- PrepareModuleInput/Output and tp_plan, each with the message that names
 -- what went wrong. No collective runs before an error is raised, so every
 -- rank raises alike. Runs on 1, 2 and 4 ranks.
-local loom, dist, tp = require "loom", require "loom.distributed", require "loom.parallel"
-local H = require "support.tp"
+local loom, dist, tp = require("loom"), require("loom.distributed"), require("loom.parallel")
+local H = require("support.tp")
 local nn, tr = loom.nn, loom.models.transformer
 local Shard, Replicate = dist.Shard, dist.Replicate
 local mesh, ws = H.world_mesh(), H.ws

@@ -13,8 +13,8 @@
 -- and the output Colwise (weight Shard(1)): both place the (vocab, dim)
 -- weight alike, and parallelize_module distributes a tied parameter once,
 -- so the plan needs no variant and the model keeps one tied parameter.
-local loom, dist, tp = require "loom", require "loom.distributed", require "loom.parallel"
-local H = require "support.tp"
+local loom, dist, tp = require("loom"), require("loom.distributed"), require("loom.parallel")
+local H = require("support.tp")
 local tr, Shard, Replicate = loom.models.transformer, dist.Shard, dist.Replicate
 local mesh, ws = H.world_mesh(), H.ws
 

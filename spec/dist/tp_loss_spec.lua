@@ -4,8 +4,8 @@
 -- logits, an uneven class count (7 classes over 2 or 4 ranks), loss and
 -- logits gradient; collective counts. Runs on 1, 2 and 4 ranks.
 -- Tolerance: f32 rtol 1.3e-6 / atol 1e-5; f64 rtol 1e-12 / atol 1e-12.
-local loom, dist, tp = require "loom", require "loom.distributed", require "loom.parallel"
-local H = require "support.tp"
+local loom, dist, tp = require("loom"), require("loom.distributed"), require("loom.parallel")
+local H = require("support.tp")
 local F, Shard, Replicate = loom.F, dist.Shard, dist.Replicate
 local mesh = H.world_mesh()
 

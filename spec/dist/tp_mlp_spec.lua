@@ -5,8 +5,8 @@
 --   luajit scripts/run_specs.lua spec/dist
 --   scripts/loomrun -n 2 --quiet-others scripts/run_specs.lua -o plainTerminal spec/dist
 -- Tolerance: f32 rtol 1.3e-6 / atol 1e-5 (support/tp.lua).
-local loom, dist, tp = require "loom", require "loom.distributed", require "loom.parallel"
-local H = require "support.tp"
+local loom, dist, tp = require("loom"), require("loom.distributed"), require("loom.parallel")
+local H = require("support.tp")
 local nn, Shard, Replicate = loom.nn, dist.Shard, dist.Replicate
 local mesh = H.world_mesh()
 

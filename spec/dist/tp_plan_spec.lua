@@ -3,8 +3,8 @@
 -- mesh (mesh:use), a model parallelizing its own children in its
 -- constructor, and src_data_rank 0 / 1 / false. Runs on 1, 2 and 4 ranks.
 -- Tolerance: f32 rtol 1.3e-6 / atol 1e-5.
-local loom, dist, tp = require "loom", require "loom.distributed", require "loom.parallel"
-local H = require "support.tp"
+local loom, dist, tp = require("loom"), require("loom.distributed"), require("loom.parallel")
+local H = require("support.tp")
 local nn, Shard, Replicate = loom.nn, dist.Shard, dist.Replicate
 local mesh, ws, me = H.world_mesh(), H.ws, H.rank
 

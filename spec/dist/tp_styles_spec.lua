@@ -3,8 +3,8 @@
 -- Output / InputOutput, PairwiseParallel, custom styles and tostring, each
 -- against the unsharded module built on every rank from the same seed.
 -- Runs on 1, 2 and 4 ranks. Tolerance: f32 rtol 1.3e-6 / atol 1e-5.
-local loom, dist, tp = require "loom", require "loom.distributed", require "loom.parallel"
-local H = require "support.tp"
+local loom, dist, tp = require("loom"), require("loom.distributed"), require("loom.parallel")
+local H = require("support.tp")
 local nn, Shard, Replicate = loom.nn, dist.Shard, dist.Replicate
 local mesh, ws, me = H.world_mesh(), H.ws, H.rank
 

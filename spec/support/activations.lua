@@ -1,7 +1,7 @@
 -- activations.lua: what the specs of activations share
--- (`local A = require "support.activations"`).
-local loom = require "loom"
-local R = require "support.ref"
+-- (`local A = require("support.activations")`).
+local loom = require("loom")
+local R = require("support.ref")
 
 local A = {}
 

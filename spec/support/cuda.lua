@@ -1,9 +1,9 @@
--- cuda.lua: what the CUDA specs share (`local G = require "support.cuda"`):
+-- cuda.lua: what the CUDA specs share (`local G = require("support.cuda")`):
 -- whether a GPU is there, the spec that says why not, and the comparison of
 -- a CPU result (the ground truth) with the same op's result on CUDA.
-local loom = require "loom"
-local luassert = require "luassert"
-local R = require "support.ref"
+local loom = require("loom")
+local luassert = require("luassert")
+local R = require("support.ref")
 
 local G = {}
 G.ok, G.why = loom.device_available("cuda")

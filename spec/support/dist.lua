@@ -3,8 +3,8 @@
 -- under test: rank-determined inputs with plain-Lua references (the
 -- collectives), and full plain tensors drawn on every rank from the same
 -- seed, with shards cut from them by plain-Lua torch.chunk math (DTensor).
-local loom = require "loom"
-local dist = require "loom.distributed"
+local loom = require("loom")
+local dist = require("loom.distributed")
 
 local H = {}
 H.ws, H.rank = dist.world_size(), dist.rank()
@@ -24,7 +24,7 @@ end
 -- rank 0's), made fresh and empty by rank 0 (collective; the spec removes
 -- it in its teardown, with on0)
 function H.scratch_dir(name)
-  require "loom.posix"   -- getpid
+  require("loom.posix")   -- getpid
   local t = loom.tensor({ tonumber(require("ffi").C.getpid()) }, { dtype = "i64" })
   local dir = string.format("/tmp/loom-%s-%d-%d", name, H.ws, dist.broadcast(t, 0, dist.world_group()):item())
   H.on0(function() os.execute("rm -rf '" .. dir .. "'; mkdir -p '" .. dir .. "'") end)

@@ -1,11 +1,11 @@
 -- fused.lua: what the fused-kernel specs (spec/fused_*_spec.lua) share
--- (`local X = require "support.fused"`): whether this run has the CPU's
+-- (`local X = require("support.fused")`): whether this run has the CPU's
 -- fused kernels (LOOM_CPU_FUSED=0 leaves them out, so the same specs check
 -- the ops' composed forms), random inputs from loom's seeded RNG, tensor
 -- comparison within a tolerance, and op-call counts (the profiler's) to
 -- show a fused path ran as one kernel.
-local loom = require "loom"
-local R = require "support.ref"
+local loom = require("loom")
+local R = require("support.ref")
 local C = loom.C
 
 local X = {}

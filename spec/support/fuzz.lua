@@ -1,8 +1,8 @@
 -- fuzz.lua: what the fuzz specs (fuzz_files_spec, fuzz_load_spec) share
--- (`local fuzz = require "support.fuzz"`): the seeds to run and a run of
+-- (`local fuzz = require("support.fuzz")`): the seeds to run and a run of
 -- their driver in a child luajit, whose death by a signal fails the spec
 -- with the case it died in.
-local sys = require "support.sys"
+local sys = require("support.sys")
 
 local fuzz = {}
 

@@ -16,12 +16,12 @@
 -- with "fuzz-files: N cases (...), N errors, N returned, T s".
 local root = debug.getinfo(1, "S").source:match("^@(.*)spec/support/fuzz_files%.lua$") or "./"
 package.path = root .. "lua/?.lua;" .. root .. "lua/?/init.lua;" .. root .. "spec/?.lua;" .. package.path
-local ffi = require "ffi"
-local bit = require "bit"
-local loom = require "loom"
-local sys = require "support.sys"
-local ckpt = require "loom.distributed.checkpoint"
-local lfs = require "lfs"
+local ffi = require("ffi")
+local bit = require("bit")
+local loom = require("loom")
+local sys = require("support.sys")
+local ckpt = require("loom.distributed.checkpoint")
+local lfs = require("lfs")
 local hf = loom.models.hf
 local C = loom.C
 

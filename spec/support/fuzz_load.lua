@@ -20,11 +20,11 @@
 -- values.
 local root = debug.getinfo(1, "S").source:match("^@(.*)spec/support/fuzz_load%.lua$") or "./"
 package.path = root .. "lua/?.lua;" .. root .. "lua/?/init.lua;" .. root .. "spec/?.lua;" .. package.path
-local ffi = require "ffi"
-local bit = require "bit"
-local loom = require "loom"
-local dist = require "loom.distributed"
-local sys = require "support.sys"
+local ffi = require("ffi")
+local bit = require("bit")
+local loom = require("loom")
+local dist = require("loom.distributed")
+local sys = require("support.sys")
 local C = loom.C
 
 local seed, iters, budget = tonumber(arg[1]) or 1, tonumber(arg[2]) or 300, tonumber(arg[3]) or 20

@@ -1,11 +1,11 @@
--- misuse.lua: the misuse specs' harness (`local X = require "support.misuse"`).
+-- misuse.lua: the misuse specs' harness (`local X = require("support.misuse")`).
 -- A case is { "what it does", fn, pattern, ... }: fn must raise a Lua error
 -- whose message holds every pattern (plain text, any case), so the message
 -- names the argument and what was expected. A case with `child = "code"`
 -- instead of fn runs the code in a fresh luajit (loom, ffi and dist loaded)
 -- because it could crash the process: the child must end with a Lua error
 -- holding the patterns, never with a signal.
-local sys = require "support.sys"
+local sys = require("support.sys")
 
 local X = {}
 
@@ -32,7 +32,7 @@ end
 -- runs code in a fresh luajit with loom and ffi loaded; returns the exit
 -- code and the output
 function X.child(code, env)
-  local rc, out = sys.luajit("loom = require 'loom'; ffi = require 'ffi'; " .. code, env)
+  local rc, out = sys.luajit("loom = require('loom'); ffi = require('ffi'); " .. code, env)
   return rc, out
 end
 
@@ -72,7 +72,7 @@ end
 -- after a run of errors, tensors and autograd still work (a small matmul,
 -- its gradient by hand) and grad mode was not left off
 function X.still_works()
-  local loom = require "loom"
+  local loom = require("loom")
   local x = loom.tensor({ { 1, 2 }, { 3, 4 } }, { requires_grad = true })
   local y = (x:matmul(x) + 1):sum()
   assert(y:item() == 4 * 1 + 7 + 10 + 15 + 22, "sum of x @ x + 1: " .. y:item())

@@ -2,10 +2,10 @@
 -- registry ops of core/ops_nn.c by name with C conventions (0-based dims and
 -- ids): inputs as flat f64 lists, the checks on them, and the plain-Lua
 -- references (softmax, layer/RMS norm) more than one of those specs uses.
--- `local N = require "support.nn_ops"`.
-local loom = require "loom"
-local luassert = require "luassert"
-local R = require "support.ref"
+-- `local N = require("support.nn_ops")`.
+local loom = require("loom")
+local luassert = require("luassert")
+local R = require("support.ref")
 
 local N = {}
 

@@ -3,7 +3,7 @@
 -- returns), comparison helpers, and a finite-difference gradient check; the
 -- scalar functions of support/scalar.lua come with it. Nothing here calls
 -- loom's math: loom is only used to move numbers in and out of tensors.
-local ffi = require "ffi"
+local ffi = require("ffi")
 
 local R = {}
 
@@ -334,7 +334,7 @@ end
 -- Returns the largest error seen.
 function R.gradcheck(fn, inputs, opts)
   opts = opts or {}
-  local loom = require "loom"
+  local loom = require("loom")
   local h, tol = opts.h or 1e-6, opts.tol or 1e-6
   for k, x in ipairs(inputs) do
     if x.requires_grad then
@@ -391,6 +391,6 @@ end
 
 
 -- scalar functions (erf, gelu, silu ...) and rounding to bf16/f16/f32
-for k, f in pairs(require "support.scalar") do R[k] = f end
+for k, f in pairs(require("support.scalar")) do R[k] = f end
 
 return R

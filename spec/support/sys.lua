@@ -33,7 +33,7 @@ end
 -- the output of sys.sh(cmd), asserting its exit code (with the output in
 -- the failure): want_rc, 0 by default, or any but 0 for "nonzero"
 function sys.output(cmd, want_rc)
-  local luassert = require "luassert"
+  local luassert = require("luassert")
   local rc, out = sys.sh(cmd)
   if want_rc == "nonzero" then luassert.are_not.equal(0, rc, out) else luassert.are.equal(want_rc or 0, rc, out) end
   return out
@@ -121,7 +121,7 @@ end
 -- string of the list also, log step 3, and log first the loaded model's
 -- loss want (within 1e-5)
 function sys.fine_tunes(flags, want, dir, also)
-  local luassert = require "luassert"
+  local luassert = require("luassert")
   for _, run in ipairs { { "luajit", 1 }, { "scripts/loomrun -n 2 --quiet-others", 2 } } do
     local log = dir .. "/run" .. run[2] .. ".jsonl"
     local rc, out = sys.sh_clean(run[1] .. " examples/train.lua " .. flags .. " --log " .. log)
@@ -141,7 +141,7 @@ end
 -- (its last loss below its first); then with each { ranks, more flags } of
 -- layouts it must log the same loss at every step (relative 1e-5)
 function sys.matches_one_process(flags, steps, layouts)
-  local luassert = require "luassert"
+  local luassert = require("luassert")
   local dir = sys.tmpdir()
   local ref = sys.train(1, flags, dir .. "/ref.json")
   luassert.are.equal(steps, #ref)

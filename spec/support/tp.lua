@@ -6,9 +6,9 @@
 -- Tolerances: f32 rtol 1.3e-6 / atol 1e-5 (PyTorch's defaults for float32
 -- in assert_close, with atol loosened for sums over ranks); f64 rtol 1e-12 /
 -- atol 1e-12.
-local loom = require "loom"
-local dist = require "loom.distributed"
-local D = require "support.dist"
+local loom = require("loom")
+local dist = require("loom.distributed")
+local D = require("support.dist")
 
 local H = {}
 H.ws, H.rank = D.ws, D.rank

@@ -11,7 +11,7 @@
 -- backward the keys' and values' gradients are summed over cp and each
 -- rank keeps its own chunks'.
 --
---   local cp = require "loom.distributed.context_parallel"
+--   local cp = require("loom.distributed.context_parallel")
 --   cp.context_parallel(mesh["cp"], {buffers = {x, y, {model, "rope_cos"}, {model, "rope_sin"}},
 --                                    buffer_seq_dims = {2, 2, 1, 1}},
 --     function(lx, ly) F.cross_entropy(model(lx), ly):backward() end)
@@ -20,8 +20,8 @@
 -- sequence length of the first tensor buffer). Gradients of parameters
 -- are this rank's share: average them over cp as data parallelism does
 -- (loom.parallel.replicate(model, mesh["cp"])).
-local loom = require "loom"
-local T = require "loom.tensor"
+local loom = require("loom")
+local T = require("loom.tensor")
 local C = loom.C
 
 local describe = T.describe
@@ -127,7 +127,7 @@ function M.set_rotate_method(m)
 end
 
 local function group_of(fname, mesh)
-  local dist = require "loom.distributed"
+  local dist = require("loom.distributed")
   if not dist.is_mesh(mesh) or mesh.ndim ~= 1 then
     error(fname .. ": mesh expected a 1-D DeviceMesh (the cp dim, e.g. mesh[\"cp\"]), got " .. describe(mesh), 3)
   end

@@ -12,9 +12,9 @@
 -- is zero but for this rank's rows (the received blocks are added to it as
 -- constants), summed over cp in backward: each rank's rows of the sum are
 -- its keys' and values' gradient (one all-reduce each, not overlapped).
-local loom = require "loom"
-local dist = require "loom.distributed"
-local T = require "loom.tensor"
+local loom = require("loom")
+local dist = require("loom.distributed")
+local T = require("loom.tensor")
 local C = loom.C
 
 local M = {}

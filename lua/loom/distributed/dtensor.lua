@@ -2,11 +2,11 @@
 -- (distribute_tensor, from_local, factories), redistribution and the
 -- DTensor face of a tensor (global size, placements, device_mesh). The
 -- spec lives in C on the tensor; ops on DTensors are dispatched there.
-local ffi = require "ffi"
-local loom = require "loom"
-local T = require "loom.tensor"
-local TC = require "loom.tensor_create"
-local Size = require "loom.size"
+local ffi = require("ffi")
+local loom = require("loom")
+local T = require("loom.tensor")
+local TC = require("loom.tensor_create")
+local Size = require("loom.size")
 local C = loom.C
 
 local M = {}
@@ -91,7 +91,7 @@ REG["loom.meshes"] = REG["loom.meshes"] or {}
 local meshes = REG["loom.meshes"]
 
 local function c_mesh(mesh)
-  local dist = require "loom.distributed"
+  local dist = require("loom.distributed")
   if not dist.is_mesh(mesh) then T.argerror("DTensor", "device_mesh", "a DeviceMesh", T.describe(mesh), 4) end
   local h = rawget(mesh, "_c")
   if h then return h end
@@ -137,7 +137,7 @@ local shapebuf = ffi.new("int64_t[8]")
 -- this rank's shard; shape (the global size) is needed for uneven shards.
 function M.from_local(t, mesh, placements, opts)
   T.check_tensor(t, "from_local", "local_tensor")
-  mesh = mesh or (require "loom.distributed").current_mesh()
+  mesh = mesh or (require("loom.distributed")).current_mesh()
   opts = T.check_opts("from_local", opts, { run_check = true, shape = true, stride = true })
   local m = c_mesh(mesh)
   local pl = c_placements("from_local", mesh, placements, t:dim())
@@ -161,13 +161,13 @@ end
 function M.distribute_tensor(t, mesh, placements, opts)
   T.check_tensor(t, "distribute_tensor", "tensor")
   if is_dtensor(t) then error("distribute_tensor: the tensor is already a DTensor", 2) end
-  mesh = mesh or (require "loom.distributed").current_mesh()
+  mesh = mesh or (require("loom.distributed")).current_mesh()
   if mesh == nil then error("distribute_tensor: no device_mesh given and no ambient mesh (mesh:use)", 2) end
   opts = T.check_opts("distribute_tensor", opts, { src_data_rank = true })
   -- Lua tables cannot hold nil: src_data_rank = false asks for no communication
   local src = opts.src_data_rank
   if src == nil then src = 0 elseif src == false then src = nil end
-  local dist = require "loom.distributed"
+  local dist = require("loom.distributed")
   local m = c_mesh(mesh)
   if src ~= nil then   -- a rank along every mesh dim: below the smallest dim's size
     local smallest = math.huge
@@ -207,7 +207,7 @@ end
 -- or dropout mask. A collective over the world, as every random DTensor
 -- op is (SPMD: every rank makes the same calls).
 local function sync_rng()
-  local dist = require "loom.distributed"
+  local dist = require("loom.distributed")
   if not dist.is_initialized() or dist.world_size() == 1 then return end
   local st = TC.get_rng_state()
   local buf = TC.empty({ 2 }, { dtype = "i64" })
@@ -225,7 +225,7 @@ local function factory(name, fill, float_only)
   return function(size, mesh, placements, opts)
     if type(size) == "number" then size = { size } end
     T.check_size(name, size)
-    mesh = mesh or (require "loom.distributed").current_mesh()
+    mesh = mesh or (require("loom.distributed")).current_mesh()
     if mesh == nil then error(name .. ": no device_mesh given and no ambient mesh (mesh:use)", 2) end
     opts = T.check_opts(name, opts, TC.CREATE_OPTS)
     if float_only then TC.check_float_dtype(name, opts.dtype) end

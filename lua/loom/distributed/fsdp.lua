@@ -32,12 +32,12 @@
 -- gathered from forward to the end of backward, as FSDP2 does.
 -- Under no_grad (evaluation) the forward gathers into temporaries that are
 -- freed after it, with no hooks.
-local loom = require "loom"
-local T = require "loom.tensor"
-local dist = require "loom.distributed"
-local hooks = require "loom.autograd_hooks"
-local L = require "loom.distributed.fsdp_layout"
-local setup = require "loom.distributed.fsdp_setup"
+local loom = require("loom")
+local T = require("loom.tensor")
+local dist = require("loom.distributed")
+local hooks = require("loom.autograd_hooks")
+local L = require("loom.distributed.fsdp_layout")
+local setup = require("loom.distributed.fsdp_setup")
 local C = loom.C
 
 local M = {}

@@ -8,8 +8,8 @@
 -- unit, on flat buffers where every rank's segment holds, parameter after
 -- parameter, its piece padded to c0 rows (so segments are equal and
 -- uneven pieces need no second collective).
-local loom = require "loom"
-local dist = require "loom.distributed"
+local loom = require("loom")
+local dist = require("loom.distributed")
 
 local M = {}
 

@@ -10,10 +10,10 @@
 -- dim TP shards (a Colwise bias) is cut inside its TP shard instead, on the
 -- {tp, dp} mesh (nested Shard: tp first, then dp). A plain parameter gets
 -- Shard(1) on the dp mesh.
-local loom = require "loom"
-local T = require "loom.tensor"
-local dist = require "loom.distributed"
-local L = require "loom.distributed.fsdp_layout"
+local loom = require("loom")
+local T = require("loom.tensor")
+local dist = require("loom.distributed")
+local L = require("loom.distributed.fsdp_layout")
 
 local M = {}
 
@@ -27,7 +27,7 @@ local OPTIONS = { mesh = true, reshard_after_forward = true, overlap = true }
 local function fail(fmt, ...) error(string.format("fully_shard: " .. fmt, ...), 4) end
 
 local function check_opts(module, opts)
-  local Module = require "loom.nn.module"
+  local Module = require("loom.nn.module")
   if not Module.is_module(module) then T.argerror("fully_shard", "module", "an nn.Module", T.describe(module), 4) end
   if opts ~= nil and type(opts) ~= "table" then
     T.argerror("fully_shard", "options", "a table like {mesh = mesh[\"dp\"]}", T.describe(opts), 4)

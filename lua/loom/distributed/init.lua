@@ -1,10 +1,10 @@
 -- loom.distributed: ranks, DeviceMesh, collectives on a mesh dim and
 -- communication counting. Collectives return new tensors and never write
 -- their input (like torch.distributed._functional_collectives).
-local ffi = require "ffi"
-local loom = require "loom"
-local T = require "loom.tensor"
-local mesh_mod = require "loom.distributed.mesh"
+local ffi = require("ffi")
+local loom = require("loom")
+local T = require("loom.tensor")
+local mesh_mod = require("loom.distributed.mesh")
 local C = loom.C
 
 local M = {}
@@ -357,13 +357,13 @@ do
   local path = package.searchpath("loom.distributed.dtensor", package.path)
   if path then
     package.loaded["loom.distributed"] = M -- dtensor may require us back
-    for k, v in pairs(require "loom.distributed.dtensor") do
+    for k, v in pairs(require("loom.distributed.dtensor")) do
       if M[k] == nil then M[k] = v end
     end
   end
 end
 
 -- dist.checkpoint (distributed checkpoints), loaded on first use
-setmetatable(M, { __index = function(t, k) if k == "checkpoint" then rawset(t, k, require "loom.distributed.checkpoint") return rawget(t, k) end end })
+setmetatable(M, { __index = function(t, k) if k == "checkpoint" then rawset(t, k, require("loom.distributed.checkpoint")) return rawget(t, k) end end })
 
 return M

@@ -1,9 +1,9 @@
 -- mesh.lua: DeviceMesh (PyTorch semantics: row-major rank layout, one
 -- communicator per mesh dim made by splitting the world, slicing by name)
 -- and Group, the Lua face of an lm_comm.
-local ffi = require "ffi"
-local loom = require "loom"
-local T = require "loom.tensor"
+local ffi = require("ffi")
+local loom = require("loom")
+local T = require("loom.tensor")
 local C = loom.C
 
 local M = {}

@@ -5,21 +5,21 @@
 -- wrote, in rank order, output identical on several ranks once, labelled
 -- with their ranks ("[ranks 0-3] ..."). Ranks waiting for the next chunk
 -- sleep (a non-blocking broadcast, polled) instead of spinning a core.
-local ffi = require "ffi"
+local ffi = require("ffi")
 local C = ffi.C
 
-require "loom.posix"   -- declares the libc functions used here
+require("loom.posix")   -- declares the libc functions used here
 
 local M = {}
 
-local function dist() return require "loom.distributed" end
+local function dist() return require("loom.distributed") end
 
 ---------------------------------------------------------------------------
 -- strings between ranks
 
 -- a string as an i64 tensor (8 bytes an element, zero padded to n bytes)
 local function pack(s, n)
-  local TC = require "loom.tensor_create"
+  local TC = require("loom.tensor_create")
   local t = TC.zeros({ math.max(1, math.ceil(n / 8)) }, { dtype = "i64" })
   ffi.copy(t:data_ptr(), s, #s)
   return t
@@ -44,7 +44,7 @@ end
 
 -- share(s): rank 0's s (nil: the end) on every rank
 local function share(s)
-  local D, loom = dist(), require "loom"
+  local D, loom = dist(), require("loom")
   local world = D.world_group()
   local n = loom.tensor({ s and #s or -1 }, { dtype = "i64" })
   n = wait_idle(D.broadcast(n, 0, world, nil, { async_op = true })):item()
@@ -55,7 +55,7 @@ end
 
 -- gather(s): every rank's s, on every rank, as a list indexed by rank + 1
 local function gather(s)
-  local D, loom = dist(), require "loom"
+  local D, loom = dist(), require("loom")
   local world = D.world_group()
   local lens = D.all_gather(loom.tensor({ #s }, { dtype = "i64" }), 1, world)
   local p, n, longest = ffi.cast("int64_t*", lens:data_ptr()), D.world_size(), 0
@@ -153,7 +153,7 @@ end
 
 -- rank 0's line reader: readline on the terminal, else plain lines
 local function reader_for(env)
-  local top = require "loom.repl"
+  local top = require("loom.repl")
   local f, fd = open_tty()
   if f then
     local r = top.reader(env, true)
@@ -168,9 +168,9 @@ end
 
 -- run(): the loop, on every rank, until rank 0's input ends (or quit())
 function M.run()
-  local loom, D = require "loom", dist()
+  local loom, D = require("loom"), dist()
   D.init()
-  local session = require "loom.repl.session"
+  local session = require("loom.repl.session")
   local me = D.rank()
   local s = session.new { env = { dist = D } }
   session.install_interrupt()

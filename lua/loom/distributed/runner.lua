@@ -2,7 +2,7 @@
 -- script.lua args...` (or `--repl`). It sets the rank's thread count, runs
 -- the script, and on an uncaught error prints it once with the rank and
 -- aborts the whole job (MPI_Abort) so no other rank waits forever.
-local ffi = require "ffi"
+local ffi = require("ffi")
 
 for _, decl in ipairs {
   "int setenv(const char *name, const char *value, int overwrite);",

@@ -3,9 +3,9 @@
 -- attention over a KV cache, the pre-norm residual step, the stack of
 -- blocks, running the layers over a sequence that may continue a cache, and
 -- the tensor-parallel plan.
-local loom = require "loom"
+local loom = require("loom")
 local F = loom.F
-local T = require "loom.tensor"
+local T = require("loom.tensor")
 
 local M = {}
 
@@ -118,8 +118,8 @@ end
 function M.tp_plan(names, opts, counts)
   opts = opts or {}
   if counts and opts.tp then check_tp(opts.tp, counts) end
-  local tp = require "loom.parallel"
-  local dt = require "loom.distributed.dtensor"
+  local tp = require("loom.parallel")
+  local dt = require("loom.distributed.dtensor")
   local Shard, Replicate = dt.Shard, dt.Replicate
   local sp, lp = opts.sequence_parallel, opts.loss_parallel
   local plan = {}

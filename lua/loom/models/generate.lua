@@ -10,9 +10,9 @@
 -- temperature, then top_k, then top_p (transformers' order) and draws from
 -- its own Philox stream (seed, step), so loom's RNG is left alone and the
 -- same seed gives the same text.
-local ffi = require "ffi"
-local loom = require "loom"
-local T = require "loom.tensor"
+local ffi = require("ffi")
+local loom = require("loom")
+local T = require("loom.tensor")
 local C = require("loom.lib").C
 
 local M = {}

@@ -4,10 +4,10 @@
 -- has separate q, k, v projections (Hugging Face's fused c_attn is split
 -- when loading, see loom.models.hf) and takes its per-rank head count from
 -- its weights' local shapes.
-local loom = require "loom"
+local loom = require("loom")
 local nn = loom.nn
 local F = loom.F
-local blocks = require "loom.models.blocks"
+local blocks = require("loom.models.blocks")
 
 local M = {}
 

@@ -10,10 +10,10 @@
 --     the fused c_attn (in, 3*out) is split into loom's q, k and v.
 -- Loading reads, on each rank, only the block of each tensor that the
 -- rank's (possibly sharded) parameter holds (see loom.safetensors).
-local json = require "dkjson"
-local loom = require "loom"
-local T = require "loom.tensor"
-local st = require "loom.safetensors"
+local json = require("dkjson")
+local loom = require("loom")
+local T = require("loom.tensor")
+local st = require("loom.safetensors")
 
 local M = {}
 
@@ -280,7 +280,7 @@ function M.from_pretrained(path, opts)
   local ok, err = pcall(require("loom.models.hf_config").check_weights, arch, cfg, r, file, config_path(path))
   r:close()
   if not ok then error(err, 2) end
-  local mod = arch == "llama" and require "loom.models.transformer" or require "loom.models.gpt2"
+  local mod = arch == "llama" and require("loom.models.transformer") or require("loom.models.gpt2")
   local model = mod.new(cfg)
   if opts.dtype and opts.dtype ~= "f32" then   -- one converted tensor per tensor: ties are kept
     local done = {}
@@ -376,7 +376,7 @@ function M.save_pretrained(model, dir)
   local tensors = M.hf_state_dict(model)
   local cfg = hf_config(model)
   st._on_rank0(function()
-    local fs = require "loom.fs"
+    local fs = require("loom.fs")
     fs.mkdir_p(dir)
     st.save(tensors, dir .. "/model.safetensors", { metadata = { format = "pt" } })
     -- (like the weights: a fresh temporary renamed over it, never written through a link)

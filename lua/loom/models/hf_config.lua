@@ -5,7 +5,7 @@
 -- sane bounds), kinds of RoPE and scaling loom lacks are refused by name,
 -- and check_weights compares the config with the weights file's header
 -- before anything is built.
-local R = require "loom.safetensors_reader"
+local R = require("loom.safetensors_reader")
 
 local M = {}
 

@@ -3,10 +3,10 @@
 -- projection). Attention and the feed-forward take their per-rank head
 -- counts and widths from their weights' local shapes, so the same code runs
 -- once tensor parallelism has sharded those weights.
-local loom = require "loom"
+local loom = require("loom")
 local nn = loom.nn
 local F = loom.F
-local blocks = require "loom.models.blocks"
+local blocks = require("loom.models.blocks")
 
 local M = {}
 

@@ -1,12 +1,12 @@
 -- layers.lua: the standard layers (PyTorch's names, shapes and default
 -- initialisations), each a small Module over loom.F.
-local loom = require "loom"
-local T = require "loom.tensor"
-local TC = require "loom.tensor_create"
-local Module = require "loom.nn.module"
+local loom = require("loom")
+local T = require("loom.tensor")
+local TC = require("loom.tensor_create")
+local Module = require("loom.nn.module")
 
 local F = loom.F
-local init = require "loom.nn.weights"
+local init = require("loom.nn.weights")
 local M = {}
 
 -- nn.Parameter(t): t as a trainable leaf

@@ -1,8 +1,8 @@
 -- module.lua: nn.Module, Torch7's module protocol with PyTorch's registry:
 -- assigning a module or a parameter to a field registers it under that name,
 -- so named_parameters() yields FQNs like "layers.1.attention.wq.weight".
-local loom = require "loom"
-local T = require "loom.tensor"
+local loom = require("loom")
+local T = require("loom.tensor")
 
 local Module = { __name = "Module" }
 

@@ -6,10 +6,10 @@
 -- build (so they equal its slices bit for bit).
 -- As in PyTorch, build the optimizer after moving the model: moved
 -- parameters are new tensors.
-local ffi = require "ffi"
-local loom = require "loom"
-local T = require "loom.tensor"
-local Module = require "loom.nn.module"
+local ffi = require("ffi")
+local loom = require("loom")
+local T = require("loom.tensor")
+local Module = require("loom.nn.module")
 
 
 -- Replaces every parameter and buffer t of the module tree by make(t, fqn,

@@ -1,6 +1,6 @@
 -- utils.lua: loom.nn.utils, gradient clipping.
-local loom = require "loom"
-local T = require "loom.tensor"
+local loom = require("loom")
+local T = require("loom.tensor")
 
 local M = {}
 
@@ -59,7 +59,7 @@ end
 -- a group's sum all-reduced over its sharded dims (a tensor on its device)
 local function reduced(grp)
   local t = type(grp.sum) == "number" and loom.tensor({ grp.sum }, { dtype = "f64" }):to(grp.device) or grp.sum
-  local dist = require "loom.distributed"
+  local dist = require("loom.distributed")
   for _, d in ipairs(grp.dims) do t = dist.all_reduce(t, "sum", grp.mesh, d) end
   return t
 end

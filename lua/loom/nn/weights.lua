@@ -4,9 +4,9 @@
 -- its slice of the full draw and a meta tensor uses the counters a real
 -- draw would: a model built on meta, parallelised and materialised, then
 -- initialised, equals the model built the ordinary way, bit for bit.
-local ffi = require "ffi"
-local loom = require "loom"
-local T = require "loom.tensor"
+local ffi = require("ffi")
+local loom = require("loom")
+local T = require("loom.tensor")
 local C = loom.C
 
 local M = {}

@@ -1,10 +1,10 @@
 -- adamw.lua: AdamW (decoupled weight decay, bias correction), as
 -- torch.optim.AdamW. Moments are kept in f32 (f64 for f64 parameters), so
 -- bf16 parameters get f32 optimizer state.
-local loom = require "loom"
-local T = require "loom.tensor"
+local loom = require("loom")
+local T = require("loom.tensor")
 local C = require("loom.lib").C
-local Optimizer = require "loom.optim.optimizer"
+local Optimizer = require("loom.optim.optimizer")
 
 local AdamW = {}
 AdamW.__index = AdamW

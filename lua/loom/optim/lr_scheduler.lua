@@ -1,5 +1,5 @@
 -- lr_scheduler.lua: cosine decay with linear warmup.
-local T = require "loom.tensor"
+local T = require("loom.tensor")
 
 local M = {}
 

@@ -1,7 +1,7 @@
 -- optimizer.lua: what SGD and AdamW share: parameter checks, zero_grad,
 -- state_dict / load_state_dict. Updates run shard-locally on whatever
 -- tensors the parameters are (plain or DTensor shards).
-local T = require "loom.tensor"
+local T = require("loom.tensor")
 
 local Optimizer = {}
 Optimizer.__index = Optimizer

@@ -1,7 +1,7 @@
 -- sgd.lua: SGD with momentum, dampening, Nesterov and weight decay, as
 -- torch.optim.SGD.
-local loom = require "loom"
-local Optimizer = require "loom.optim.optimizer"
+local loom = require("loom")
+local Optimizer = require("loom.optim.optimizer")
 
 local SGD = {}
 SGD.__index = SGD

@@ -14,9 +14,9 @@
 -- sums added in rank order). Gradients go through differentiable
 -- collectives in backward (not overlapped): the gathered input's through a
 -- reduce-scatter (_dist_pad), the scattered output's through an all-gather.
-local loom = require "loom"
-local dist = require "loom.distributed"
-local T = require "loom.tensor"
+local loom = require("loom")
+local dist = require("loom.distributed")
+local T = require("loom.tensor")
 local C = loom.C
 
 local M = {}

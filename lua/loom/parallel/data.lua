@@ -2,10 +2,10 @@
 -- broadcasts the parameters over the data-parallel mesh once, then averages
 -- gradients over it with bucketed all-reduces launched from the grad-ready
 -- hooks while backward goes on; the last waits run when backward ends.
-local loom = require "loom"
-local T = require "loom.tensor"
-local dist = require "loom.distributed"
-local hooks = require "loom.autograd_hooks"
+local loom = require("loom")
+local T = require("loom.tensor")
+local dist = require("loom.distributed")
+local hooks = require("loom.autograd_hooks")
 
 local M = {}
 
@@ -14,7 +14,7 @@ local function shard(t) return t.dist ~= nil and t:to_local() or t end
 -- replicate(model, dp_mesh, {bucket_cap_mb=25}): call it before or after
 -- parallelize_module on the tp mesh; dp_mesh is 1-D (mesh["dp"]).
 function M.replicate(model, mesh, opts)
-  local Module = require "loom.nn.module"
+  local Module = require("loom.nn.module")
   if not Module.is_module(model) then T.argerror("replicate", "module", "an nn.Module", T.describe(model)) end
   if not dist.is_mesh(mesh) or mesh.ndim ~= 1 then
     T.argerror("replicate", "device_mesh", "a 1-D DeviceMesh (e.g. mesh[\"dp\"])", T.describe(mesh))

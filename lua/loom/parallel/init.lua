@@ -1,10 +1,10 @@
 -- loom.parallel: tensor parallelism with the semantics of PyTorch's
 -- torch.distributed.tensor.parallel: parallelize_module resolves a plan and
 -- calls each style's apply; the styles do the rest.
-local T = require "loom.tensor"
-local S = require "loom.parallel.parallel_style"
-local styles = require "loom.parallel.styles"
-local prepare = require "loom.parallel.prepare"
+local T = require("loom.tensor")
+local S = require("loom.parallel.parallel_style")
+local styles = require("loom.parallel.styles")
+local prepare = require("loom.parallel.prepare")
 
 local M = { ParallelStyle = S.ParallelStyle }
 for k, v in pairs(styles) do M[k] = v end
@@ -18,7 +18,7 @@ end
 -- fnmatch on one FQN atom, by libc's fnmatch(3) as Python's fnmatch does
 -- it: * ? [seq] [!seq] with ranges; a backslash is an ordinary character
 -- (FNM_NOESCAPE), and a dot is matched by * and ? (no FNM_PERIOD).
-local ffi = require "ffi"
+local ffi = require("ffi")
 pcall(ffi.cdef, "int fnmatch(const char *pattern, const char *string, int flags);")
 local FNM_NOESCAPE = 2   -- glibc's and POSIX's value
 local function fnmatch(name, pattern)
@@ -61,9 +61,9 @@ end
 -- where parallelize_module(module, plan) may omit it altogether.
 -- src_data_rank = false distributes with no communication.
 function M.parallelize_module(module, mesh, plan, opts)
-  local Module = require "loom.nn.module"
+  local Module = require("loom.nn.module")
   if not Module.is_module(module) then T.argerror("parallelize_module", "module", "an nn.Module", T.describe(module)) end
-  local dist = require "loom.distributed"
+  local dist = require("loom.distributed")
   -- parallelize_module(module, plan) inside mesh:use(...): the mesh omitted
   if plan == nil and mesh ~= nil and not dist.is_mesh(mesh) and type(mesh) == "table" then mesh, plan = nil, mesh end
   mesh = mesh or dist.current_mesh()

@@ -3,7 +3,7 @@
 -- degrees asked for, the line that says it, and what pipeline parallelism
 -- changes in a step (the stage this rank holds, its schedule, the loss and
 -- the gradient norm summed over stages).
-local loom = require "loom"
+local loom = require("loom")
 
 local M = {}
 
@@ -86,7 +86,7 @@ function M.async_tp(plan, o, w)
   if not o["sequence-parallel"] or w.tp == 1 then
     error("layout: --async-tp needs --sequence-parallel and --tp > 1", 0)
   end
-  local tp, dt = require "loom.parallel", require "loom.distributed.dtensor"
+  local tp, dt = require("loom.parallel"), require("loom.distributed.dtensor")
   for _, k in ipairs { "layers.*.attention.wo", "layers.*.feed_forward.w2" } do
     plan[k] = tp.RowwiseParallel { output_layouts = dt.Shard(2), async_tp = true }
   end
@@ -105,7 +105,7 @@ end
 -- Call before tensor or data parallelism, which then apply to the stage.
 function M.split(model, w, o)
   if w.pp == 1 then return model end
-  local pipelining = require "loom.distributed.pipelining"
+  local pipelining = require("loom.distributed.pipelining")
   w.whole_names = {}   -- the whole model's parameters, for checkpoints (optim_opts)
   for i, kv in ipairs(model:named_parameters()) do w.whole_names[i] = kv[1] end
   local pipe = pipelining.pipeline(model, { num_stages = w.pp })
@@ -126,7 +126,7 @@ end
 
 -- the schedule of the stage, with loss_fn(out, y) computed on the last stage
 function M.schedule(w, loss_fn)
-  local pipelining = require "loom.distributed.pipelining"
+  local pipelining = require("loom.distributed.pipelining")
   local make = w.schedule_name == "gpipe" and pipelining.ScheduleGPipe or pipelining.Schedule1F1B
   return make(w.stage, w.microbatches, loss_fn)
 end
@@ -140,7 +140,7 @@ end
 -- with --fsdp: each block, then the root, sharded over dp x cp (w.grad_mesh)
 function M.fully_shard(model, w, o)
   if not o.fsdp or not w.grad_mesh then return end
-  local fsdp = require "loom.distributed.fsdp"
+  local fsdp = require("loom.distributed.fsdp")
   local opts = { mesh = w.grad_mesh, reshard_after_forward = not o["no-reshard"] }
   for _, block in model.layers:ipairs() do fsdp.fully_shard(block, opts) end
   fsdp.fully_shard(model, { mesh = w.grad_mesh })
@@ -150,7 +150,7 @@ end
 -- context-parallel when cp > 1 (the model's rotary tables sharded alike)
 function M.with_cp(w, model, x, y, f)
   if w.cp == 1 then return f(x, y) end
-  local cp = require "loom.distributed.context_parallel"
+  local cp = require("loom.distributed.context_parallel")
   return cp.context_parallel(w.mesh["cp"], { buffers = { x, y, { model, "rope_cos" }, { model, "rope_sin" } },
                                              buffer_seq_dims = { 2, 2, 1, 1 } }, f)
 end

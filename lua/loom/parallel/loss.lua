@@ -7,10 +7,10 @@
 -- the (N, C/k) shard. (The fused cross_entropy kernels do not fit here:
 -- their gradient takes the row's own lse, class count and target, where
 -- this one needs the global ones and rows whose target is on another rank.)
-local loom = require "loom"
-local T = require "loom.tensor"
-local dt = require "loom.distributed.dtensor"
-local F = require "loom.functional"
+local loom = require("loom")
+local T = require("loom.tensor")
+local dt = require("loom.distributed.dtensor")
+local F = require("loom.functional")
 local C = loom.C
 
 local M = {}

@@ -2,8 +2,8 @@
 -- input/output preparation they share (PyTorch's tensor/parallel/style.py).
 -- A style's apply(module, mesh) shards the module's parameters and installs
 -- forward hooks that lay out its inputs and outputs.
-local T = require "loom.tensor"
-local dt = require "loom.distributed.dtensor"
+local T = require("loom.tensor")
+local dt = require("loom.distributed.dtensor")
 
 local M = {}
 

@@ -1,8 +1,8 @@
 -- prepare.lua: PrepareModuleInput, PrepareModuleOutput and
 -- PrepareModuleInputOutput: lay out a module's inputs or outputs without
 -- sharding its parameters. Named inputs arrive in a trailing table argument.
-local T = require "loom.tensor"
-local S = require "loom.parallel.parallel_style"
+local T = require("loom.tensor")
+local S = require("loom.parallel.parallel_style")
 
 local M = {}
 

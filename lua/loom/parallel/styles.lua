@@ -1,8 +1,8 @@
 -- styles.lua: ColwiseParallel, RowwiseParallel, SequenceParallel and
 -- PairwiseParallel, with PyTorch's defaults and semantics (dims are Lua's:
 -- PyTorch Shard(0) is Shard(1) here, sequence_dim 1 is 2).
-local dt = require "loom.distributed.dtensor"
-local S = require "loom.parallel.parallel_style"
+local dt = require("loom.distributed.dtensor")
+local S = require("loom.parallel.parallel_style")
 
 local Shard, Replicate = dt.Shard, dt.Replicate
 local M = {}

@@ -2,7 +2,7 @@
 -- A name may be written as the user would (zeros, loom.zeros, loom.nn.Linear,
 -- nn.Linear, x:size, Tensor.size); an object is found by identity in the
 -- loaded parts of the public API.
-local docs = require "loom.docstrings"
+local docs = require("loom.docstrings")
 
 local M = {}
 

@@ -3,11 +3,11 @@
 -- history in ~/.loom_history, Tab completion), else plain lines with no
 -- prompt; each chunk runs in one session (session.lua). Exit status: 0, or
 -- 1 when input was piped and a chunk failed.
-local ffi = require "ffi"
-local session = require "loom.repl.session"
-local complete = require "loom.repl.complete"
+local ffi = require("ffi")
+local session = require("loom.repl.session")
+local complete = require("loom.repl.complete")
 
-require "loom.posix"   -- declares isatty
+require("loom.posix")   -- declares isatty
 
 local M = {}
 

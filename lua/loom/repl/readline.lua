@@ -4,7 +4,7 @@
 -- SIGINT handler is loom's, core/entry/interrupt.c; a read it interrupts
 -- calls rl_signal_event_hook, here). open() returns nil and the reason
 -- when the library is missing; the REPL then reads plain lines.
-local ffi = require "ffi"
+local ffi = require("ffi")
 
 pcall(ffi.cdef, "typedef struct FILE FILE;")
 pcall(ffi.cdef, [[

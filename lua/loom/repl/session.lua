@@ -3,8 +3,8 @@
 -- globals (chunk.lua), expressions echo their values, errors come back as
 -- a message with the user's frames only (loom's own files, the REPL and C
 -- frames left out), and Ctrl-C during a chunk ends the chunk.
-local chunk = require "loom.repl.chunk"
-local help = require "loom.repl.help"
+local chunk = require("loom.repl.chunk")
+local help = require("loom.repl.help")
 
 local M = {}
 local Session = {}
@@ -105,7 +105,7 @@ end
 
 -- new(opts): a session; opts.env: extra globals
 function M.new(opts)
-  local loom = require "loom"
+  local loom = require("loom")
   local env = setmetatable({ loom = loom }, { __index = _G })
   env.help = help.help
   for k, v in pairs(opts and opts.env or {}) do env[k] = v end

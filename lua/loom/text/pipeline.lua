@@ -3,7 +3,7 @@
 -- the pre-tokenizer (text -> pieces), the post-processor (ids -> ids with
 -- the template's special tokens) and the decoder (token strings -> text).
 -- A stage loom does not implement is a Lua error naming its type.
-local regex = require "loom.text.regex"
+local regex = require("loom.text.regex")
 
 local M = {}
 local NULL = require("cjson").null

@@ -3,7 +3,7 @@
 -- (GPT-2's, Llama 3's: \p{L}, \p{N}, lookahead). Patterns compile with
 -- UTF and UCP, as Oniguruma (which HF tokenizers uses) reads them, and are
 -- JIT-compiled when PCRE2 can.
-local ffi = require "ffi"
+local ffi = require("ffi")
 
 ffi.cdef [[
 typedef struct pcre2_real_code_8 pcre2_code_8;

@@ -3,8 +3,8 @@
 -- memory map, and a seeded batch sampler over it that touches only the rows
 -- it draws. The file holds 0-based ids (HF's, as nanoGPT writes them);
 -- batches hold loom's 1-based ids (file id + 1).
-local ffi = require "ffi"
-local T = require "loom.tensor"
+local ffi = require("ffi")
+local T = require("loom.tensor")
 
 local errno_msg = require("loom.posix").errno_msg   -- and the libc functions used here
 

@@ -6,10 +6,10 @@
 --
 -- The JSON is read by lua-cjson, the pre-tokenizers' regexes run in PCRE2
 -- (loom.text.regex) and the merge loop in C (core/text/bpe.c).
-local ffi = require "ffi"
-local cjson = require "cjson"
-local pipeline = require "loom.text.pipeline"
-local lib = require "loom.lib"
+local ffi = require("ffi")
+local cjson = require("cjson")
+local pipeline = require("loom.text.pipeline")
+local lib = require("loom.lib")
 local C = lib.C
 
 local M = {}
@@ -214,7 +214,7 @@ end
 
 local function as_list(ids, what)
   if type(ids) == "table" and ids.dtype == nil then return ids end
-  local T = require "loom.tensor"
+  local T = require("loom.tensor")
   if T.is_tensor(ids) then return ids:reshape(-1):totable() end
   error(what .. ": ids: expected a table or a tensor of ids, got " .. type(ids), 3)
 end
@@ -260,7 +260,7 @@ function Tokenizer:encode_batch(texts, opts)
     if type(opts.max_length) ~= "number" then error("Tokenizer:encode_batch: max_length: expected a number with padding = \"max_length\"", 2) end
     width = math.max(width, opts.max_length)
   end
-  local loom = require "loom"
+  local loom = require("loom")
   local ids = loom.full({ #rows, math.max(width, 1) }, pad, { dtype = "i64" })
   local mask = loom.zeros({ #rows, math.max(width, 1) }, { dtype = "i64" })
   local pi, pm = ffi.cast("int64_t *", C.lm_data(ids)), ffi.cast("int64_t *", C.lm_data(mask))

@@ -17,12 +17,12 @@
 -- between the two renames leaves it in DIR.old, which load errors offer.
 -- One job at a time: rank 0 holds DIR.lock (flock) through the save, and a
 -- directory holding files that are not loom's is refused, never replaced.
-local ffi = require "ffi"
-local T = require "loom.tensor"
-local TC = require "loom.tensor_create"
+local ffi = require("ffi")
+local T = require("loom.tensor")
+local TC = require("loom.tensor_create")
 local C = require("loom.lib").C
-local serialize = require "loom.serialize"
-local fs = require "loom.fs"
+local serialize = require("loom.serialize")
+local fs = require("loom.fs")
 
 local M = {}
 

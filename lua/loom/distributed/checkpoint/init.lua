@@ -20,18 +20,18 @@
 -- raised on every rank (the failing rank's message), so none is left
 -- waiting in a collective. The directory must be visible to every rank
 -- (a shared filesystem on several machines).
-local ffi = require "ffi"
-local loom = require "loom"
-local T = require "loom.tensor"
-local TC = require "loom.tensor_create"
-local format = require "loom.distributed.checkpoint.format"
-local plan = require "loom.distributed.checkpoint.plan"
-local state = require "loom.distributed.checkpoint.state"
-local ranks = require "loom.distributed.checkpoint.ranks"
-local optim = require "loom.distributed.checkpoint.optim"
-local interop = require "loom.distributed.checkpoint.interop"
-local union = require "loom.distributed.checkpoint.union"
-local fs = require "loom.fs"
+local ffi = require("ffi")
+local loom = require("loom")
+local T = require("loom.tensor")
+local TC = require("loom.tensor_create")
+local format = require("loom.distributed.checkpoint.format")
+local plan = require("loom.distributed.checkpoint.plan")
+local state = require("loom.distributed.checkpoint.state")
+local ranks = require("loom.distributed.checkpoint.ranks")
+local optim = require("loom.distributed.checkpoint.optim")
+local interop = require("loom.distributed.checkpoint.interop")
+local union = require("loom.distributed.checkpoint.union")
+local fs = require("loom.fs")
 local C = loom.C
 
 local M = {}
@@ -47,7 +47,7 @@ M.param_index = optim.param_index
 -- aborts the save on every rank at that point, as a crash would.
 M._hook = nil
 
-local function dist() return require "loom.distributed" end
+local function dist() return require("loom.distributed") end
 local together, numel = ranks.together, plan.numel
 
 local function dir_arg(fname, dir)

@@ -5,11 +5,11 @@
 -- full tensors of a file that loom.save wrote (as DCP's
 -- BroadcastingTorchSaveReader does). Neither needs the world size or mesh
 -- of the run that wrote it.
-local TC = require "loom.tensor_create"
-local serialize = require "loom.serialize"
-local format = require "loom.distributed.checkpoint.format"
-local plan = require "loom.distributed.checkpoint.plan"
-local state = require "loom.distributed.checkpoint.state"
+local TC = require("loom.tensor_create")
+local serialize = require("loom.serialize")
+local format = require("loom.distributed.checkpoint.format")
+local plan = require("loom.distributed.checkpoint.plan")
+local state = require("loom.distributed.checkpoint.state")
 
 local M = {}
 

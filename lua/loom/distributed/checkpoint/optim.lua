@@ -1,14 +1,14 @@
 -- optim.lua: an optimizer's state as a state_dict for dist.checkpoint:
 -- the state of DTensor parameters wrapped as DTensors, so that it reshards
 -- like the parameters, and back.
-local loom = require "loom"
-local T = require "loom.tensor"
-local plan = require "loom.distributed.checkpoint.plan"
+local loom = require("loom")
+local T = require("loom.tensor")
+local plan = require("loom.distributed.checkpoint.plan")
 
 local M = {}
 
 local is_dtensor, sizes = plan.is_dtensor, plan.sizes
-local function dist() return require "loom.distributed" end
+local function dist() return require("loom.distributed") end
 
 -- opts.param_index, checked: one distinct number per parameter of opt
 local function index_arg(fname, opt, opts)

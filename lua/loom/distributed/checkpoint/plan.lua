@@ -2,10 +2,10 @@
 -- every tensor, exchanged, and which rank writes which block (the lowest
 -- rank offering it, so replicated data is written once). On load: the part
 -- of a saved block that overlaps the block a rank holds now (resharding).
-local ffi = require "ffi"
-local T = require "loom.tensor"
+local ffi = require("ffi")
+local T = require("loom.tensor")
 local C = require("loom.lib").C
-local ranks = require "loom.distributed.checkpoint.ranks"
+local ranks = require("loom.distributed.checkpoint.ranks")
 
 local M = {}
 
@@ -14,7 +14,7 @@ local MAXD = M.MAXD
 local W = 3 + 3 * MAXD   -- i64 words per tensor in the exchanged metadata
 local ABSENT = -1        -- the dtype word of a path this rank does not hold
 
-local function dist() return require "loom.distributed" end
+local function dist() return require("loom.distributed") end
 function M.is_dtensor(x) return T.is_tensor(x) and x.dist ~= nil end
 local is_dtensor = M.is_dtensor
 

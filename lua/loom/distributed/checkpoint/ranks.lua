@@ -1,15 +1,15 @@
 -- ranks.lua: agreement between ranks for the collective save and load
 -- (over the world): exchanging int64 records, and raising an error on
 -- every rank when any one fails, so none is left waiting in a collective.
-local ffi = require "ffi"
-local TC = require "loom.tensor_create"
+local ffi = require("ffi")
+local TC = require("loom.tensor_create")
 local C = require("loom.lib").C
 
 local M = {}
 
 local MSGLEN = 1000   -- bytes of an error message passed between ranks
 
-local function dist() return require "loom.distributed" end
+local function dist() return require("loom.distributed") end
 
 -- i64s(n) -> a zeroed i64 tensor of n and a pointer to its data
 function M.i64s(n)

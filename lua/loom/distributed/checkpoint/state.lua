@@ -1,7 +1,7 @@
 -- state.lua: a state_dict seen as paths: its tensors (in a deterministic
 -- order, each with its path of keys), the table without them, and back.
-local ffi = require "ffi"
-local T = require "loom.tensor"
+local ffi = require("ffi")
+local T = require("loom.tensor")
 
 local M = {}
 

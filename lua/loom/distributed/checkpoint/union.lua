@@ -4,8 +4,8 @@
 -- ranks that hold it (plan.writers checks that their blocks cover it), and
 -- the manifest's values are every rank's merged (the lower rank's value
 -- where two ranks give one path different values).
-local state = require "loom.distributed.checkpoint.state"
-local ranks = require "loom.distributed.checkpoint.ranks"
+local state = require("loom.distributed.checkpoint.state")
+local ranks = require("loom.distributed.checkpoint.ranks")
 
 local M = {}
 

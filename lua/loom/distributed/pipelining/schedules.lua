@@ -14,8 +14,8 @@
 --                    a multiple of pp
 --   LoopedBFS        v stages per rank: each local stage's forwards, then
 --                    the backwards in reverse (GPipe over virtual stages)
-local loom = require "loom"
-local T = require "loom.tensor"
+local loom = require("loom")
+local T = require("loom.tensor")
 local now = require("loom.bench").now
 
 local describe = T.describe

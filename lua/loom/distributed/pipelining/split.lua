@@ -6,8 +6,8 @@
 --   Transformer (loom.models.transformer)  tok_embeddings, layers.1..n, norm+output
 -- split_spec maps a part's FQN to SplitPoint.BEGINNING (a stage starts at
 -- it) or SplitPoint.END (a stage ends after it), as PyTorch's pipeline().
-local loom = require "loom"
-local T = require "loom.tensor"
+local loom = require("loom")
+local T = require("loom.tensor")
 local nn = loom.nn
 
 local describe = T.describe
@@ -156,7 +156,7 @@ end
 
 -- build_stage(i, {group, mesh_dim}): the PipelineStage of stage i
 function Pipe:build_stage(i, opts)
-  local Stage = require "loom.distributed.pipelining.stage"
+  local Stage = require("loom.distributed.pipelining.stage")
   return Stage.new(self:get_stage_module(i), i, self.num_stages, opts)
 end
 

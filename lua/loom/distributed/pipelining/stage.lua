@@ -2,9 +2,9 @@
 -- module, its place in the pipeline and the p2p traffic of a microbatch
 -- (activations to the next stage, their gradients back to the previous).
 -- The schedules (schedules.lua) call forward_one and backward_one.
-local loom = require "loom"
-local dist = require "loom.distributed"
-local T = require "loom.tensor"
+local loom = require("loom")
+local dist = require("loom.distributed")
+local T = require("loom.tensor")
 
 local describe = T.describe
 local now = require("loom.bench").now
