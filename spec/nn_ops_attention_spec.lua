@@ -61,7 +61,9 @@ describe("scaled_dot_product_attention", function()
           m = math.max(m, s)
         end
         local z = 0
-        for j = 0, S - 1 do sc[j] = math.exp(sc[j] - m) z = z + sc[j] end
+        -- a row whose keys are all masked attends to nothing: zeros (PyTorch 2.15)
+        for j = 0, S - 1 do sc[j] = m == -math.huge and 0 or math.exp(sc[j] - m) z = z + sc[j] end
+        if z == 0 then z = 1 end
         for e = 0, Ev - 1 do
           local acc = 0
           for j = 0, S - 1 do acc = acc + sc[j] / z * v[(bh * S + j) * Ev + e + 1] end
@@ -90,6 +92,26 @@ describe("scaled_dot_product_attention", function()
     run({ mask = function(i, j) return mb[i + 1][j + 1] end }, loom.tensor(mb))
     local mf = rand_flat({ L, S })
     run({ mask = function(i, j) return mf[i * S + j + 1] end }, T(mf, { L, S }))
+    mb[2] = { false, false, false, false } -- row 2 attends to nothing
+    run({ mask = function(i, j) return mb[i + 1][j + 1] end }, loom.tensor(mb))
+    for j = 1, S do mf[S + j] = -math.huge end
+    run({ mask = function(i, j) return mf[i * S + j + 1] end }, T(mf, { L, S }))
+  end)
+
+  it("gives zeros and no gradient where a row's keys are all masked, as PyTorch 2.15 (f64, f32, bf16)", function()
+    local m = loom.tensor { { true, false, true, true }, { false, false, false, false }, { true, true, false, true } }
+    local f = function(t) return loom.op("scaled_dot_product_attention", t, { 0 }, { 0 }) end
+    gradcheck(f, { T(qf, qs), T(kf, ks), T(vf, vs), m }, { 1, 2, 3 })
+    for _, dt in ipairs { "f64", "f32", "bf16" } do
+      local q, k, v = T(qf, qs, dt):requires_grad_(), T(kf, ks, dt):requires_grad_(), T(vf, vs, dt)
+      local y = loom.F.scaled_dot_product_attention(q, k, v, { attn_mask = m })
+      y:sum():backward()
+      local row, grow = y:narrow(3, 2, 1):to("f64"), q.grad:narrow(3, 2, 1):to("f64")
+      assert.equals(0, row:abs():sum():item(), dt .. ": the masked row's output")
+      assert.equals(0, grow:abs():sum():item(), dt .. ": the masked row's query gradient")
+      local total = y:to("f64"):sum():item() + k.grad:to("f64"):abs():sum():item()
+      assert.is_true(total == total and math.abs(total) < math.huge, dt .. ": no NaN or inf elsewhere")
+    end
   end)
 
   it("has the right gradients for q, k, v and a float mask", function()

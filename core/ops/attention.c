@@ -87,7 +87,13 @@ static lm_tensor *sdpa_probs(lm_scope *s, lm_tensor *const *in, int nin, const l
                               : lm_s2(s, LM_OP_ADD, sc, lm_s_cast(s, m, cd));
   }
   if (scores) *scores = sc;
-  return lm_sop(s, LM_OP_SOFTMAX, 1, &sc, &(lm_attrs){.i = {-1}, .ni = 1});
+  lm_tensor *p = lm_sop(s, LM_OP_SOFTMAX, 1, &sc, &(lm_attrs){.i = {-1}, .ni = 1});
+  if (nin < 4 || (a->ni >= 1 && a->i[0])) return p; /* causal: key 0 is always kept */
+  /* a row whose keys are all masked attends to nothing: zeros, not NaN (the
+   * fused kernels' answer, and PyTorch's safe softmax since 2.5) */
+  lm_tensor *none = lm_s2(s, LM_OP_EQ, lm_sop(s, LM_OP_MAX, 1, &sc, &(lm_attrs){.i = {-1, 1}, .ni = 2}),
+                          lm_scalar(s, -INFINITY, sc));
+  return lm_s_where(s, none, lm_scalar(s, 0, p), p);
 }
 
 /* ---- the fused path: q, k, v as (B, L, E), (B, S, E), (B, S, Ev) ---- */

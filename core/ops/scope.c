@@ -2,6 +2,7 @@
  * owned intermediates (lm_scope), op helpers with attrs, and gradients
  * summed back over broadcast dims. */
 #include "op.h"
+#include <math.h>
 #include <string.h>
 
 lm_tensor *lm_s(lm_scope *s, lm_tensor *t) {
@@ -76,6 +77,9 @@ lm_tensor *lm_s_arange(lm_scope *s, int64_t n, int device) {
 lm_tensor *lm_s_logsumexp(lm_scope *s, lm_tensor *x, int dim) {
   lm_attrs a = {.i = {dim, 1}, .ni = 2};
   lm_tensor *m = lm_sop(s, LM_OP_MAX, 1, &x, &a);
+  /* a row of -inf (or one holding +inf) is shifted by 0: its -inf (inf) comes
+   * out of log(sum(exp(x))) and not NaN from inf - inf, as torch.logsumexp */
+  m = lm_s_where(s, lm_s2(s, LM_OP_EQ, lm_s1(s, LM_OP_ABS, m), lm_scalar(s, INFINITY, m)), lm_scalar(s, 0, m), m);
   lm_tensor *e = lm_s1(s, LM_OP_EXP, lm_s2(s, LM_OP_SUB, x, m));
   return lm_s2(s, LM_OP_ADD, m, lm_s1(s, LM_OP_LOG, lm_s_sum(s, e, dim, 1)));
 }
