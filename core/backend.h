@@ -222,40 +222,28 @@ typedef int lm_cross_entropy_bwd_fn(lm_tensor *dx, const lm_tensor *gloss, const
                                     const lm_tensor *target, const lm_tensor *w,
                                     const lm_tensor *lse, int64_t ignore, double eps);
 
+/* The slots every backend with kernels fills (kernels/cpu/, kernels/cuda/),
+ * by name: LM_SLOTS(X) calls X(slot) for each, LM_FUSED_SLOTS(X) for the
+ * fused ones. The table's fields, each backend's declarations (lm_copy_fn
+ * lm_cpu_copy;) and its table are made from these lists, so a slot both
+ * backends have is one entry here (with its type above). */
+#define LM_SLOTS(X)                                                                                  \
+  X(alloc) X(free) X(empty_cache) X(memory_stats) X(copy) X(fill) X(unary) X(binary) X(where)      \
+  X(reduce) X(gemm) X(random) X(softmax) X(norm) X(embedding) X(index_add) X(adamw)
+#define LM_FUSED_SLOTS(X)                                                                            \
+  X(unary_grad) X(swiglu) X(swiglu_bwd) X(softmax_bwd) X(norm_bwd) X(rope) X(attention)            \
+  X(attention_bwd) X(cross_entropy) X(cross_entropy_bwd)
+#define LM_SLOT_FIELD(slot) lm_##slot##_fn *slot;
+
 typedef struct lm_backend {
-  const char *name;
+  const char *name; /* first: a slot offset of 0 means none (ops/op.h) */
   lm_select_fn *select;
   lm_count_fn *count;
-  lm_alloc_fn *alloc;
-  lm_free_fn *free;
-  lm_copy_fn *copy;
-  lm_fill_fn *fill;
-  lm_unary_fn *unary;
-  lm_binary_fn *binary;
-  lm_where_fn *where;
-  lm_reduce_fn *reduce;
-  lm_gemm_fn *gemm;
-  lm_random_fn *random;
-  lm_softmax_fn *softmax;
-  lm_norm_fn *norm;
-  lm_embedding_fn *embedding;
-  lm_index_add_fn *index_add;
-  lm_adamw_fn *adamw;
-  lm_memory_stats_fn *memory_stats;
-  lm_empty_cache_fn *empty_cache;
   lm_info_fn *info;
   lm_check_ids_fn *check_ids;
-  /* fused kernels */
-  lm_unary_grad_fn *unary_grad;
-  lm_swiglu_fn *swiglu;
-  lm_swiglu_bwd_fn *swiglu_bwd;
-  lm_softmax_bwd_fn *softmax_bwd;
-  lm_norm_bwd_fn *norm_bwd;
-  lm_rope_fn *rope;
-  lm_attention_fn *attention;
-  lm_attention_bwd_fn *attention_bwd;
-  lm_cross_entropy_fn *cross_entropy;
-  lm_cross_entropy_bwd_fn *cross_entropy_bwd;
+  LM_SLOTS(LM_SLOT_FIELD)
+  LM_FUSED_SLOTS(LM_SLOT_FIELD)
+  /* fused kernels only some backends have */
   lm_attention_bias_fn *attention_bias; /* masked attention (issue 22) */
   lm_attention_bias_bwd_fn *attention_bias_bwd;
 } lm_backend;
