@@ -23,30 +23,10 @@ struct layout { cudaDataType t; uint64_t rows, cols; int64_t ld; int32_t batch; 
 struct desc { cublasComputeType_t compute; cudaDataType scale; cublasOperation_t ta, tb; };
 struct pref { uint64_t ws; };
 
-int type_size(cudaDataType t) {
-  switch (t) {
-  case CUDA_R_64F: return 8;
-  case CUDA_R_32F: return 4;
-  case CUDA_R_16BF: case CUDA_R_16F: return 2;
-  default: return 0;
-  }
-}
-double load(const char *p, cudaDataType t) {
-  switch (t) {
-  case CUDA_R_64F: return *(const double *)p;
-  case CUDA_R_32F: return *(const float *)p;
-  case CUDA_R_16BF: return (double)__bfloat162float(*(const __nv_bfloat16 *)p);
-  default: return (double)__half2float(*(const __half *)p);
-  }
-}
-void store(char *p, cudaDataType t, double v) {
-  switch (t) {
-  case CUDA_R_64F: *(double *)p = v; break;
-  case CUDA_R_32F: *(float *)p = (float)v; break;
-  case CUDA_R_16BF: *(__nv_bfloat16 *)p = __float2bfloat16_rn((float)v); break;
-  default: *(__half *)p = __float2half_rn((float)v); break;
-  }
-}
+/* the matrix types the emulated GEMMs take, X(type, C type), and
+ * type_size, load, store */
+#define GEMM_TYPES(X) X(CUDA_R_64F, double) X(CUDA_R_32F, float) X(CUDA_R_16BF, __nv_bfloat16) X(CUDA_R_16F, __half)
+LM_RT_ELEMENT_FUNCTIONS(GEMM_TYPES, cudaDataType)
 float tf32(float f) { /* round to nearest even at 10 mantissa bits */
   uint32_t u;
   memcpy(&u, &f, 4);
