@@ -9,6 +9,10 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
+#if defined(__CUDACC__) || defined(LOOM_CUDA_EMULATE)
+#include <cuda_fp16.h> /* f16 as the GPU converts it (lm_f16_to_f32 below) */
+#endif
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -77,13 +81,65 @@ static inline void lm_walk_init(lm_walk *w, int narg, const lm_tensor *const *t)
   }
 }
 
-/* ---- dtype conversions every backend shares (tensor/dtype.c) ---- */
-float lm_bf16_to_f32(uint16_t h);
-uint16_t lm_f32_to_bf16(float f);
-float lm_f16_to_f32(uint16_t h);
-uint16_t lm_f32_to_f16(float f);
-double lm_load(const void *p, int dtype);       /* one element as double */
-void lm_store(void *p, int dtype, double v);    /* one element from double */
+/* ---- dtypes ---- */
+/* The facts of each dtype of enum lm_dtype (loom.h keeps the enum: LuaJIT
+ * reads that file line by line, without '#' lines): its name, the C type
+ * its elements are stored as, and the NCCL type it travels as
+ * (comm/nccl.c). LM_DTYPES(X) calls X(ID, name, type, nccl) for each. */
+#define LM_DTYPES(X)                                                                                 \
+  X(LM_F32, "f32", float, ncclFloat32)                                                               \
+  X(LM_F64, "f64", double, ncclFloat64)                                                              \
+  X(LM_BF16, "bf16", uint16_t, ncclBfloat16)                                                         \
+  X(LM_F16, "f16", uint16_t, ncclFloat16)                                                            \
+  X(LM_I32, "i32", int32_t, ncclInt32)                                                               \
+  X(LM_I64, "i64", int64_t, ncclInt64)                                                               \
+  X(LM_BOOL, "bool", uint8_t, ncclUint8)
+
+/* The conversions every backend shares, compiled alike for C (the core,
+ * the CPU backend), for CUDA (host and device) and by the emulator's host
+ * compiler, so an element reads as the same bits everywhere. f16 goes
+ * through the platform's own conversion (cuda_fp16.h where the CUDA
+ * headers are, else C's _Float16): exact widening, rounding to nearest
+ * even. Storing from double is per backend (tensor/dtype.c saturates
+ * ints; kernels/cuda/common.cuh converts as the GPU does). */
+#ifdef __CUDACC__
+#define LM_ELEM static __host__ __device__ inline
+#else
+#define LM_ELEM static inline
+#endif
+LM_ELEM float lm_bf16_to_f32(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+LM_ELEM uint16_t lm_f32_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* NaN */
+  u += 0x7fffu + ((u >> 16) & 1); /* round to nearest even */
+  return (uint16_t)(u >> 16);
+}
+#if defined(__CUDACC__) || defined(LOOM_CUDA_EMULATE)
+LM_ELEM float lm_f16_to_f32(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+LM_ELEM uint16_t lm_f32_to_f16(float f) { return __half_as_ushort(__float2half_rn(f)); }
+#else
+LM_ELEM float lm_f16_to_f32(uint16_t h) { _Float16 x; memcpy(&x, &h, 2); return (float)x; }
+LM_ELEM uint16_t lm_f32_to_f16(float f) { _Float16 x = (_Float16)f; uint16_t h; memcpy(&h, &x, 2); return h; }
+#endif
+/* one element as double */
+LM_ELEM double lm_load(const void *p, int d) {
+  switch (d) {
+  case LM_F32: return *(const float *)p;
+  case LM_F64: return *(const double *)p;
+  case LM_BF16: return lm_bf16_to_f32(*(const uint16_t *)p);
+  case LM_F16: return lm_f16_to_f32(*(const uint16_t *)p);
+  case LM_I32: return *(const int32_t *)p;
+  case LM_I64: return (double)*(const int64_t *)p;
+  default: return *(const uint8_t *)p;
+  }
+}
+void lm_store(void *p, int dtype, double v);    /* one element from double (tensor/dtype.c) */
 
 /* ---- kernel kinds ---- */
 /* Pointwise kinds; unary kinds (enum lm_unary, with their math: unary.h)
@@ -222,40 +278,28 @@ typedef int lm_cross_entropy_bwd_fn(lm_tensor *dx, const lm_tensor *gloss, const
                                     const lm_tensor *target, const lm_tensor *w,
                                     const lm_tensor *lse, int64_t ignore, double eps);
 
+/* The slots every backend with kernels fills (kernels/cpu/, kernels/cuda/),
+ * by name: LM_SLOTS(X) calls X(slot) for each, LM_FUSED_SLOTS(X) for the
+ * fused ones. The table's fields, each backend's declarations (lm_copy_fn
+ * lm_cpu_copy;) and its table are made from these lists, so a slot both
+ * backends have is one entry here (with its type above). */
+#define LM_SLOTS(X)                                                                                  \
+  X(alloc) X(free) X(empty_cache) X(memory_stats) X(copy) X(fill) X(unary) X(binary) X(where)      \
+  X(reduce) X(gemm) X(random) X(softmax) X(norm) X(embedding) X(index_add) X(adamw)
+#define LM_FUSED_SLOTS(X)                                                                            \
+  X(unary_grad) X(swiglu) X(swiglu_bwd) X(softmax_bwd) X(norm_bwd) X(rope) X(attention)            \
+  X(attention_bwd) X(cross_entropy) X(cross_entropy_bwd)
+#define LM_SLOT_FIELD(slot) lm_##slot##_fn *slot;
+
 typedef struct lm_backend {
-  const char *name;
+  const char *name; /* first: a slot offset of 0 means none (ops/op.h) */
   lm_select_fn *select;
   lm_count_fn *count;
-  lm_alloc_fn *alloc;
-  lm_free_fn *free;
-  lm_copy_fn *copy;
-  lm_fill_fn *fill;
-  lm_unary_fn *unary;
-  lm_binary_fn *binary;
-  lm_where_fn *where;
-  lm_reduce_fn *reduce;
-  lm_gemm_fn *gemm;
-  lm_random_fn *random;
-  lm_softmax_fn *softmax;
-  lm_norm_fn *norm;
-  lm_embedding_fn *embedding;
-  lm_index_add_fn *index_add;
-  lm_adamw_fn *adamw;
-  lm_memory_stats_fn *memory_stats;
-  lm_empty_cache_fn *empty_cache;
   lm_info_fn *info;
   lm_check_ids_fn *check_ids;
-  /* fused kernels */
-  lm_unary_grad_fn *unary_grad;
-  lm_swiglu_fn *swiglu;
-  lm_swiglu_bwd_fn *swiglu_bwd;
-  lm_softmax_bwd_fn *softmax_bwd;
-  lm_norm_bwd_fn *norm_bwd;
-  lm_rope_fn *rope;
-  lm_attention_fn *attention;
-  lm_attention_bwd_fn *attention_bwd;
-  lm_cross_entropy_fn *cross_entropy;
-  lm_cross_entropy_bwd_fn *cross_entropy_bwd;
+  LM_SLOTS(LM_SLOT_FIELD)
+  LM_FUSED_SLOTS(LM_SLOT_FIELD)
+  /* fused kernels only some backends have */
   lm_attention_bias_fn *attention_bias; /* masked attention (issue 22) */
   lm_attention_bias_bwd_fn *attention_bias_bwd;
 } lm_backend;

@@ -198,6 +198,20 @@ static int finish_unpack(lm_work *w) {
   return move_blocks(w->out, w->recv, w->fdim, w->fsizes, w->comm->size, 0);
 }
 
+/* The buffer w receives into: out itself when its blocks cut on dim lie in
+ * place, else a scratch that finish_unpack moves into out. */
+static void recv_blocks(lm_work *w, int dim) {
+  if (!w->out) return;
+  if (blocks_in_place(w->out, dim)) {
+    w->recv = w->out;
+    lm_retain(w->recv);
+  } else {
+    w->recv = lm_empty_like(w->out);
+    w->fdim = dim;
+    w->finish = finish_unpack;
+  }
+}
+
 /* The dtype buffers travel in: halves are reduced in f32 unless the
  * transport reduces them itself. */
 static int wire_dtype(const lm_transport *tr, int dtype) {
@@ -272,14 +286,7 @@ static lm_work *all_gather_w(lm_comm *c, lm_tensor *t, int dim, int64_t full, in
   w->dtype = t->dtype_;
   w->out = lm_empty_as(t, t->ndim, sh, t->dtype_);
   w->send = lm_contiguous(t);
-  if (w->out && blocks_in_place(w->out, d)) {
-    w->recv = w->out;
-    lm_retain(w->recv);
-  } else if (w->out) {
-    w->recv = lm_empty_like(w->out);
-    w->fdim = d;
-    w->finish = finish_unpack;
-  }
+  recv_blocks(w, d);
   if (!w->out || !w->send || !w->recv) { lm_work_free(w); return NULL; }
   return lm_work_launch(w, t);
 }
@@ -368,14 +375,7 @@ static lm_work *all_to_all_w(lm_comm *c, lm_tensor *t, int split_dim, int cat_di
   w->dtype = t->dtype_;
   w->out = lm_empty_as(t, t->ndim, sh, t->dtype_);
   w->send = blocks_in_place(t, sd) ? (lm_retain(t), t) : pack(t, sd, send_sizes, k, t->dtype_);
-  if (w->out && blocks_in_place(w->out, cd)) {
-    w->recv = w->out;
-    lm_retain(w->recv);
-  } else if (w->out) {
-    w->recv = lm_empty_like(w->out);
-    w->fdim = cd;
-    w->finish = finish_unpack;
-  }
+  recv_blocks(w, cd);
   free(send_sizes);
   if (!w->out || !w->send || !w->recv) { lm_work_free(w); return NULL; }
   return lm_work_launch(w, t);

@@ -17,15 +17,9 @@ static int nccl_fail(const char *what, ncclResult_t r) {
 }
 
 static ncclDataType_t nccl_dtype(int d) {
-  switch (d) {
-  case LM_F32: return ncclFloat32;
-  case LM_F64: return ncclFloat64;
-  case LM_BF16: return ncclBfloat16;
-  case LM_F16: return ncclFloat16;
-  case LM_I32: return ncclInt32;
-  case LM_I64: return ncclInt64;
-  default: return ncclUint8;
-  }
+#define NCCL_TYPE(ID, name, type, nccl) case ID: return nccl;
+  switch (d) { LM_DTYPES(NCCL_TYPE) default: return ncclUint8; }
+#undef NCCL_TYPE
 }
 
 static ncclRedOp_t nccl_op(int op) {

@@ -43,13 +43,17 @@ static void pointwise_shards(lm_rule *r, int k) {
   for (int o = 0; o < r->nout; o++) r->out[o].pl[k] = od >= 0 ? S_(od) : R_;
 }
 
+/* Mesh dim k of an op that cannot take a Partial input: such inputs are
+ * reduced first (wanted replicated), then sharded as pointwise_shards says. */
+static void reduce_then_shard(lm_rule *r, int k) {
+  for (int i = 0; i < r->nin; i++)
+    if (is(r->want[i][k], LM_PARTIAL)) r->want[i][k] = R_;
+  pointwise_shards(r, k);
+}
+
 /* Nonlinear elementwise ops: a Partial input is reduced first. */
 int lm_rule_pointwise(lm_rule *r) {
-  for (int k = 0; k < nmesh(r); k++) {
-    for (int i = 0; i < r->nin; i++)
-      if (is(r->want[i][k], LM_PARTIAL)) r->want[i][k] = R_;
-    pointwise_shards(r, k);
-  }
+  for (int k = 0; k < nmesh(r); k++) reduce_then_shard(r, k);
   return 0;
 }
 
@@ -75,9 +79,7 @@ int lm_rule_linear_pw(lm_rule *r) {
       r->out[0].pl[k] = r->want[0][k];
       continue;
     }
-    for (int i = 0; i < r->nin; i++)
-      if (is(r->want[i][k], LM_PARTIAL)) r->want[i][k] = R_;
-    pointwise_shards(r, k);
+    reduce_then_shard(r, k);
   }
   return 0;
 }
@@ -93,9 +95,7 @@ int lm_rule_mul(lm_rule *r) {
       for (int o = 0; o < r->nout; o++) r->out[o].pl[k] = P_(LM_RED_SUM);
       continue;
     }
-    for (int i = 0; i < r->nin; i++)
-      if (is(r->want[i][k], LM_PARTIAL)) r->want[i][k] = R_;
-    pointwise_shards(r, k);
+    reduce_then_shard(r, k);
   }
   return 0;
 }

@@ -1,12 +1,14 @@
-/* dtype.c: dtype names, sizes, promotion, and the bf16/f16 conversions
- * every backend shares. */
+/* dtype.c: dtype names, sizes and promotion, and lm_store (the
+ * conversions every backend shares are in backend.h). */
 #include "tensor.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static const char *names[LM_NDTYPES] = {"f32", "f64", "bf16", "f16", "i32", "i64", "bool"};
-static const int sizes[LM_NDTYPES] = {4, 8, 2, 2, 4, 8, 1};
+#define NAME(ID, name, type, nccl) [ID] = name,
+#define SIZE(ID, name, type, nccl) [ID] = sizeof(type),
+static const char *names[LM_NDTYPES] = {LM_DTYPES(NAME)};
+static const int sizes[LM_NDTYPES] = {LM_DTYPES(SIZE)};
 
 int lm_dtype_from_name(const char *name) {
   if (!name) return lm_error("dtype: expected a name like \"f32\", got nil");
@@ -30,34 +32,6 @@ int lm_promote(int a, int b) {
                                        [LM_BF16] = 3, [LM_F16] = 3, [LM_F32] = 4, [LM_F64] = 5};
   if (rank[a] == rank[b]) return LM_F32; /* bf16 vs f16 */
   return rank[a] > rank[b] ? a : b;
-}
-
-float lm_bf16_to_f32(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-uint16_t lm_f32_to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  if ((u & 0x7fffffff) > 0x7f800000) return (uint16_t)((u >> 16) | 0x40); /* NaN */
-  u += 0x7fff + ((u >> 16) & 1); /* round to nearest even */
-  return (uint16_t)(u >> 16);
-}
-float lm_f16_to_f32(uint16_t h) { _Float16 x; memcpy(&x, &h, 2); return (float)x; }
-uint16_t lm_f32_to_f16(float f) { _Float16 x = (_Float16)f; uint16_t h; memcpy(&h, &x, 2); return h; }
-
-double lm_load(const void *p, int d) {
-  switch (d) {
-  case LM_F32: return *(const float *)p;
-  case LM_F64: return *(const double *)p;
-  case LM_BF16: return lm_bf16_to_f32(*(const uint16_t *)p);
-  case LM_F16: return lm_f16_to_f32(*(const uint16_t *)p);
-  case LM_I32: return *(const int32_t *)p;
-  case LM_I64: return (double)*(const int64_t *)p;
-  default: return *(const uint8_t *)p;
-  }
 }
 
 /* Out-of-range conversions to integers are undefined in C; these are

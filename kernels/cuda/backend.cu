@@ -105,36 +105,13 @@ __attribute__((constructor)) static void register_cuda(void) {
   b.name = "cuda";
   b.select = cuda_select;
   b.count = devices;
-  b.alloc = lm_cuda_alloc;
-  b.free = lm_cuda_free;
-  b.copy = lm_cuda_copy;
-  b.fill = lm_cuda_fill;
-  b.unary = lm_cuda_unary;
-  b.binary = lm_cuda_binary;
-  b.where = lm_cuda_where;
-  b.reduce = lm_cuda_reduce;
-  b.gemm = lm_cuda_gemm;
-  b.random = lm_cuda_random;
-  b.softmax = lm_cuda_softmax;
-  b.norm = lm_cuda_norm;
-  b.embedding = lm_cuda_embedding;
-  b.index_add = lm_cuda_index_add;
-  b.adamw = lm_cuda_adamw;
-  b.memory_stats = lm_cuda_memory_stats;
-  b.check_ids = lm_cuda_check_ids;
-  b.empty_cache = lm_cuda_empty_cache;
   b.info = cuda_info;
-  b.unary_grad = lm_cuda_unary_grad;
-  b.swiglu = lm_cuda_swiglu;
-  b.swiglu_bwd = lm_cuda_swiglu_bwd;
-  b.softmax_bwd = lm_cuda_softmax_bwd;
-  b.norm_bwd = lm_cuda_norm_bwd;
-  b.rope = lm_cuda_rope;
-  b.attention = lm_cuda_attention;
-  b.attention_bwd = lm_cuda_attention_bwd;
+  b.check_ids = lm_cuda_check_ids;
+#define CUDA_SLOT(slot) b.slot = lm_cuda_##slot;
+  LM_SLOTS(CUDA_SLOT)
+  LM_FUSED_SLOTS(CUDA_SLOT)
+#undef CUDA_SLOT
   b.attention_bias = lm_cuda_attention_bias;
   b.attention_bias_bwd = lm_cuda_attention_bias_bwd;
-  b.cross_entropy = lm_cuda_cross_entropy;
-  b.cross_entropy_bwd = lm_cuda_cross_entropy_bwd;
   lm_register_backend(LM_KIND_CUDA, &b);
 }

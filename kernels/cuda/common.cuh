@@ -1,6 +1,7 @@
-/* common.cuh: what the CUDA kernels share: error helpers, dtype loads and
- * stores matching core/dtype.c bit for bit, and a strided walk over up to
- * four operands (the device twin of kernels/cpu/iter.c). */
+/* common.cuh: what the CUDA kernels share: error helpers, dtype stores
+ * (loads are core/backend.h's lm_load, on host and device alike), and a
+ * strided walk over up to four operands (the device twin of
+ * kernels/cpu/iter.c). */
 #ifndef LOOM_CUDA_COMMON_CUH
 #define LOOM_CUDA_COMMON_CUH
 #include <cuda_runtime.h>
@@ -45,50 +46,20 @@ static inline unsigned lm_blocks(int64_t n, int threads = LM_THREADS) {
   return (unsigned)(b < 1 ? 1 : b > (1 << 19) ? (1 << 19) : b);
 }
 
-/* ---- dtypes (the same bits as core/dtype.c's lm_load / lm_store) ---- */
-__host__ __device__ inline float lm_dev_bf16_to_f32(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-__host__ __device__ inline uint16_t lm_dev_f32_to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* NaN */
-  u += 0x7fffu + ((u >> 16) & 1); /* round to nearest even */
-  return (uint16_t)(u >> 16);
-}
-__host__ __device__ inline float lm_dev_f16_to_f32(uint16_t h) {
-  return __half2float(__ushort_as_half(h));
-}
-__host__ __device__ inline uint16_t lm_dev_f32_to_f16(float f) {
-  return __half_as_ushort(__float2half_rn(f));
-}
-
+/* ---- dtypes (loads and the bf16/f16 conversions: core/backend.h's, on
+ * host and device alike) ---- */
 __host__ __device__ inline int lm_dtype_size_dev(int d) {
   return d == LM_F64 || d == LM_I64 ? 8 : d == LM_F32 || d == LM_I32 ? 4 : d == LM_BOOL ? 1 : 2;
 }
 
-/* One element as double (what lm_load does). */
-__host__ __device__ inline double lm_dev_load(const char *p, int d) {
-  switch (d) {
-  case LM_F32: return *(const float *)p;
-  case LM_F64: return *(const double *)p;
-  case LM_BF16: return lm_dev_bf16_to_f32(*(const uint16_t *)p);
-  case LM_F16: return lm_dev_f16_to_f32(*(const uint16_t *)p);
-  case LM_I32: return *(const int32_t *)p;
-  case LM_I64: return (double)*(const int64_t *)p;
-  default: return *(const uint8_t *)p;
-  }
-}
-/* One element from double (what lm_store does). */
+/* One element from double (what lm_store does, but ints as the GPU
+ * converts them). */
 __host__ __device__ inline void lm_dev_store(char *p, int d, double v) {
   switch (d) {
   case LM_F32: *(float *)p = (float)v; break;
   case LM_F64: *(double *)p = v; break;
-  case LM_BF16: *(uint16_t *)p = lm_dev_f32_to_bf16((float)v); break;
-  case LM_F16: *(uint16_t *)p = lm_dev_f32_to_f16((float)v); break;
+  case LM_BF16: *(uint16_t *)p = lm_f32_to_bf16((float)v); break;
+  case LM_F16: *(uint16_t *)p = lm_f32_to_f16((float)v); break;
   case LM_I32: *(int32_t *)p = (int32_t)v; break;
   case LM_I64: *(int64_t *)p = (int64_t)v; break;
   default: *(uint8_t *)p = v != 0; break;
@@ -99,16 +70,16 @@ __host__ __device__ inline void lm_dev_store(char *p, int d, double v) {
 __host__ __device__ inline float lm_dev_loadf(const char *p, int d) {
   switch (d) {
   case LM_F32: return *(const float *)p;
-  case LM_BF16: return lm_dev_bf16_to_f32(*(const uint16_t *)p);
-  case LM_F16: return lm_dev_f16_to_f32(*(const uint16_t *)p);
+  case LM_BF16: return lm_bf16_to_f32(*(const uint16_t *)p);
+  case LM_F16: return lm_f16_to_f32(*(const uint16_t *)p);
   default: return *(const uint8_t *)p;
   }
 }
 __host__ __device__ inline void lm_dev_storef(char *p, int d, float v) {
   switch (d) {
   case LM_F32: *(float *)p = v; break;
-  case LM_BF16: *(uint16_t *)p = lm_dev_f32_to_bf16(v); break;
-  case LM_F16: *(uint16_t *)p = lm_dev_f32_to_f16(v); break;
+  case LM_BF16: *(uint16_t *)p = lm_f32_to_bf16(v); break;
+  case LM_F16: *(uint16_t *)p = lm_f32_to_f16(v); break;
   default: *(uint8_t *)p = v != 0; break;
   }
 }
@@ -124,7 +95,7 @@ template <typename T> __host__ __device__ inline void lm_dev_store_as(char *p, i
 }
 template <typename T> __host__ __device__ inline T lm_dev_load_as(const char *p, int d) {
   if (d == lm_dtype_of<T>::value) return *(const T *)p;
-  return (T)lm_dev_load(p, d);
+  return (T)lm_load(p, d);
 }
 
 /* ---- float storage types and their compute types ----
@@ -147,7 +118,7 @@ template <> __device__ __forceinline__ __half lm_from_acc<__half>(float v) { ret
 template <typename C> __device__ __forceinline__ C lm_ld(const char *p, int d) {
   return d == LM_F64 ? (C) * (const double *)p : (C)lm_dev_loadf(p, d);
 }
-template <> __device__ __forceinline__ double lm_ld<double>(const char *p, int d) { return lm_dev_load(p, d); }
+template <> __device__ __forceinline__ double lm_ld<double>(const char *p, int d) { return lm_load(p, d); }
 template <typename C> __device__ __forceinline__ void lm_st(char *p, int d, C v) {
   if (d == LM_F64) *(double *)p = (double)v;
   else lm_dev_storef(p, d, (float)v);

@@ -13,7 +13,7 @@ struct CopyFloat { /* f32, bf16, f16 and bool among themselves */
 };
 struct CopyDouble { /* everything else goes through double, as lm_store does */
   int sd, dd;
-  __host__ __device__ void operator()(char **p) const { lm_dev_store(p[0], dd, lm_dev_load(p[1], sd)); }
+  __host__ __device__ void operator()(char **p) const { lm_dev_store(p[0], dd, lm_load(p[1], sd)); }
 };
 
 static bool floaty(int d) { return d == LM_F32 || d == LM_BF16 || d == LM_F16 || d == LM_BOOL; }
@@ -59,6 +59,20 @@ static lm_tensor dense(lm_storage *s, void *data, const lm_tensor *like, int dty
 /* Device scratch on the current device, stream-ordered like tensors. */
 static void *scratch(size_t n) { return lm_cuda_alloc(n ? n : 1); }
 
+/* src's values dense in dtype on src's GPU, made current: src's own
+ * memory when it already is, else a scratch (*buf, for the caller to free)
+ * gathered and converted there; *p points at them. */
+static int gather_on_device(const lm_tensor *src, int dtype, void **buf, const char **p) {
+  *p = lm_ptr(src);
+  LM_TRY(lm_cuda_use(src));
+  if (src->dtype_ == dtype && lm_is_contiguous(src)) return 0;
+  lm_storage s;
+  if (!(*buf = scratch((size_t)src->numel_ * lm_dtype_size(dtype)))) return -1;
+  lm_tensor d = dense(&s, *buf, src, dtype, src->device_);
+  *p = (const char *)*buf;
+  return device_copy(&d, src);
+}
+
 static int host_to_device(lm_tensor *dst, const lm_tensor *src) {
   size_t n = (size_t)src->numel_ * lm_dtype_size(src->dtype_);
   lm_storage hs, ds;
@@ -92,16 +106,10 @@ static int host_to_device(lm_tensor *dst, const lm_tensor *src) {
 
 static int device_to_host(lm_tensor *dst, const lm_tensor *src) {
   size_t n = (size_t)src->numel_ * lm_dtype_size(dst->dtype_);
-  lm_storage hs, ds;
+  lm_storage hs;
   void *host = NULL, *dev = NULL;
-  const char *dp = lm_ptr(src);
-  int rc = lm_cuda_use(src);
-  if (rc == 0 && !(src->dtype_ == dst->dtype_ && lm_is_contiguous(src))) {
-    if (!(dev = scratch(n))) return -1;   /* convert and gather on the GPU */
-    lm_tensor d = dense(&ds, dev, src, dst->dtype_, src->device_);
-    rc = device_copy(&d, src);
-    dp = (const char *)dev;
-  }
+  const char *dp = NULL;
+  int rc = gather_on_device(src, dst->dtype_, &dev, &dp); /* convert and gather on the GPU */
   if (rc == 0) {
     bool direct = lm_is_contiguous(dst);
     char *hp = direct ? lm_ptr(dst) : (char *)(host = malloc(n));
@@ -126,16 +134,10 @@ static int device_to_host(lm_tensor *dst, const lm_tensor *src) {
 /* GPU to GPU: gather on the source, copy across, convert on the target. */
 static int peer_copy(lm_tensor *dst, const lm_tensor *src) {
   size_t n = (size_t)src->numel_ * lm_dtype_size(src->dtype_);
-  lm_storage s1, s2;
+  lm_storage s2;
   void *a = NULL, *b = NULL;
-  const char *sp = lm_ptr(src);
-  int rc = lm_cuda_use(src);
-  if (rc == 0 && !lm_is_contiguous(src)) {
-    if (!(a = scratch(n))) return -1;
-    lm_tensor t = dense(&s1, a, src, src->dtype_, src->device_);
-    rc = device_copy(&t, src);
-    sp = (const char *)a;
-  }
+  const char *sp = NULL;
+  int rc = gather_on_device(src, src->dtype_, &a, &sp);
   if (rc == 0) rc = lm_cuda_use(dst);
   if (rc == 0 && !(b = scratch(n))) rc = -1;
   if (rc == 0) {

@@ -203,7 +203,7 @@ gemm_empty_k_kernel(char *c, int dt, int64_t M, int64_t N, int64_t s0, int64_t s
        i += (int64_t)gridDim.x * blockDim.x) {
     int64_t b = i / (M * N), m = i / N % M, n = i % N;
     char *p = c + (b * s0 + m * s1 + n) * lm_dtype_size_dev(dt);
-    lm_dev_store(p, dt, beta == 0 ? 0.0 : beta * lm_dev_load(p, dt));
+    lm_dev_store(p, dt, beta == 0 ? 0.0 : beta * lm_load(p, dt));
   }
 }
 

@@ -8,11 +8,7 @@
 
 /* Device memory on the current device, stream-ordered like tensors, from
  * the caching allocator (alloc.cu). */
-lm_alloc_fn lm_cuda_alloc;
-lm_free_fn lm_cuda_free;
 size_t lm_cuda_round_size(size_t nbytes);       /* the size class of a request */
-void lm_cuda_empty_cache(int index);            /* cached blocks back to the driver */
-lm_memory_stats_fn lm_cuda_memory_stats;
 int lm_cuda_current_device(void);               /* its index, or -1 with an error */
 
 /* What a kernel returns for arguments it does not take (a head dim, a
@@ -21,33 +17,16 @@ int lm_cuda_current_device(void);               /* its index, or -1 with an erro
 #define LM_CUDA_UNSUPPORTED LM_UNSUPPORTED
 #define lm_cuda_unsupported(fmt, ...) (lm_error("unsupported: " fmt, ##__VA_ARGS__), LM_CUDA_UNSUPPORTED)
 
-lm_copy_fn lm_cuda_copy;                 /* copy.cu */
-lm_fill_fn lm_cuda_fill;                 /* copy.cu */
-lm_unary_fn lm_cuda_unary;               /* pointwise.cu */
-lm_binary_fn lm_cuda_binary;
-lm_where_fn lm_cuda_where;
-lm_reduce_fn lm_cuda_reduce;             /* reduce.cu */
-lm_gemm_fn lm_cuda_gemm;                 /* gemm.cu */
-lm_random_fn lm_cuda_random;             /* random.cu */
-lm_softmax_fn lm_cuda_softmax;           /* nn.cu */
-lm_norm_fn lm_cuda_norm;
-lm_embedding_fn lm_cuda_embedding;
-lm_index_add_fn lm_cuda_index_add;
-lm_adamw_fn lm_cuda_adamw;
+/* lm_cuda_<slot> for every slot of core/backend.h's LM_SLOTS and
+ * LM_FUSED_SLOTS, defined in: alloc.cu (alloc, free, empty_cache,
+ * memory_stats), copy.cu (copy, fill), pointwise.cu (unary, binary,
+ * where), reduce.cu, gemm.cu, random.cu, nn.cu (softmax, norm, embedding,
+ * index_add), optim.cu (adamw); fused: fused.cu, loss.cu, attention.cu. */
+#define LM_CUDA_KERNEL(slot) lm_##slot##_fn lm_cuda_##slot;
+LM_SLOTS(LM_CUDA_KERNEL)
+LM_FUSED_SLOTS(LM_CUDA_KERNEL)
+lm_attention_bias_fn lm_cuda_attention_bias;  /* attention.cu: the slots only CUDA has */
+lm_attention_bias_bwd_fn lm_cuda_attention_bias_bwd;
 lm_check_ids_fn lm_cuda_check_ids;       /* check.cu */
 int lm_cuda_ids_report(int index);       /* after a wait on device index: -1 raising a bad id */
-
-/* fused kernels (fused.cu, loss.cu, attention.cu): core/backend.h's slots */
-lm_unary_grad_fn lm_cuda_unary_grad;
-lm_swiglu_fn lm_cuda_swiglu;
-lm_swiglu_bwd_fn lm_cuda_swiglu_bwd;
-lm_softmax_bwd_fn lm_cuda_softmax_bwd;
-lm_norm_bwd_fn lm_cuda_norm_bwd;
-lm_rope_fn lm_cuda_rope;
-lm_attention_fn lm_cuda_attention;
-lm_attention_bwd_fn lm_cuda_attention_bwd;
-lm_attention_bias_fn lm_cuda_attention_bias;
-lm_attention_bias_bwd_fn lm_cuda_attention_bias_bwd;
-lm_cross_entropy_fn lm_cuda_cross_entropy;
-lm_cross_entropy_bwd_fn lm_cuda_cross_entropy_bwd;
 #endif

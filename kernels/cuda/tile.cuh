@@ -18,6 +18,7 @@
 #ifndef LOOM_CUDA_TILE_CUH
 #define LOOM_CUDA_TILE_CUH
 #include "common.cuh"
+#include <type_traits>
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #error "the attention kernels need sm_80 or later (mma.sync on bf16)"
@@ -36,20 +37,17 @@ __device__ __forceinline__ void lm_mma(float (&c)[4], const uint32_t (&a)[4], co
   lm_emu_mma(c, a, b, true);
 }
 #else
-__device__ __forceinline__ void lm_mma(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
-                                       __nv_bfloat16) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-               "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-__device__ __forceinline__ void lm_mma(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
-                                       __half) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-               "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
+/* the instruction for operand type T, named ptx in the PTX ISA */
+#define LM_MMA_SYNC(T, ptx)                                                                              \
+  __device__ __forceinline__ void lm_mma(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], T) { \
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." ptx "." ptx ".f32 {%0,%1,%2,%3}, "              \
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"                                              \
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                        \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));                    \
+  }
+LM_MMA_SYNC(__nv_bfloat16, "bf16")
+LM_MMA_SYNC(__half, "f16")
+#undef LM_MMA_SYNC
 #endif
 
 /* ldmatrix: four 8x8 tiles of 16-bit elements from shared memory; lane l
@@ -118,62 +116,52 @@ __device__ __forceinline__ void lm_mma_16(float (&acc)[NJ][4], const T *A, int l
   }
 }
 
-/* ---- f32 operands: the same fragment with FMAs ---- */
-template <int KD, int NJ>
-__device__ __forceinline__ void lm_mma_nt_f32(float (&acc)[NJ][4], const float *A, int lda, const float *Bt,
-                                              int ldb) {
+/* ---- f32 operands: the same fragment with FMAs ----
+ * B as lm_mma_16 takes it; Bt rows are read 4 k at a time (float4), B rows
+ * 2 columns at a time (float2) */
+template <bool BT, int KD, int NJ>
+__device__ __forceinline__ void lm_mma_f32(float (&acc)[NJ][4], const float *A, int lda, const float *B, int ldb) {
   int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const float *a0 = A + g * lda, *a1 = a0 + 8 * lda;
 #pragma unroll
   for (int j = 0; j < NJ; j++) {
-    const float *b0 = Bt + (8 * j + 2 * t) * ldb, *b1 = b0 + ldb;
+    if constexpr (BT) {
+      const float *b0 = B + (8 * j + 2 * t) * ldb, *b1 = b0 + ldb;
 #pragma unroll 4
-    for (int k = 0; k < KD; k += 4) {
-      float4 x0 = *(const float4 *)(a0 + k), x1 = *(const float4 *)(a1 + k);
-      float4 y0 = *(const float4 *)(b0 + k), y1 = *(const float4 *)(b1 + k);
-      acc[j][0] += x0.x * y0.x + x0.y * y0.y + x0.z * y0.z + x0.w * y0.w;
-      acc[j][1] += x0.x * y1.x + x0.y * y1.y + x0.z * y1.z + x0.w * y1.w;
-      acc[j][2] += x1.x * y0.x + x1.y * y0.y + x1.z * y0.z + x1.w * y0.w;
-      acc[j][3] += x1.x * y1.x + x1.y * y1.y + x1.z * y1.z + x1.w * y1.w;
+      for (int k = 0; k < KD; k += 4) {
+        float4 x0 = *(const float4 *)(a0 + k), x1 = *(const float4 *)(a1 + k);
+        float4 y0 = *(const float4 *)(b0 + k), y1 = *(const float4 *)(b1 + k);
+        acc[j][0] += x0.x * y0.x + x0.y * y0.y + x0.z * y0.z + x0.w * y0.w;
+        acc[j][1] += x0.x * y1.x + x0.y * y1.y + x0.z * y1.z + x0.w * y1.w;
+        acc[j][2] += x1.x * y0.x + x1.y * y0.y + x1.z * y0.z + x1.w * y0.w;
+        acc[j][3] += x1.x * y1.x + x1.y * y1.y + x1.z * y1.z + x1.w * y1.w;
+      }
+    } else {
+      const float *b = B + 8 * j + 2 * t;
+#pragma unroll 4
+      for (int k = 0; k < KD; k++) {
+        float2 y = *(const float2 *)(b + k * ldb);
+        float x0 = a0[k], x1 = a1[k];
+        acc[j][0] += x0 * y.x, acc[j][1] += x0 * y.y;
+        acc[j][2] += x1 * y.x, acc[j][3] += x1 * y.y;
+      }
     }
   }
 }
 
-template <int KD, int NJ>
-__device__ __forceinline__ void lm_mma_nn_f32(float (&acc)[NJ][4], const float *A, int lda, const float *B,
-                                              int ldb) {
-  int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const float *a0 = A + g * lda, *a1 = a0 + 8 * lda;
-#pragma unroll
-  for (int j = 0; j < NJ; j++) {
-    const float *b = B + 8 * j + 2 * t;
-#pragma unroll 4
-    for (int k = 0; k < KD; k++) {
-      float2 y = *(const float2 *)(b + k * ldb);
-      float x0 = a0[k], x1 = a1[k];
-      acc[j][0] += x0 * y.x, acc[j][1] += x0 * y.y;
-      acc[j][2] += x1 * y.x, acc[j][3] += x1 * y.y;
-    }
-  }
+/* the one name the kernels call: tensor cores for 16-bit T, FMAs for f32;
+ * nt takes B as Bt (n x k), nn as B (k x n) */
+template <bool BT, typename T, int KD, int NJ>
+__device__ __forceinline__ void lm_mma_tile(float (&acc)[NJ][4], const T *A, int lda, const T *B, int ldb) {
+  if constexpr (std::is_same<T, float>::value) lm_mma_f32<BT, KD, NJ>(acc, A, lda, B, ldb);
+  else lm_mma_16<BT, T, KD, NJ>(acc, A, lda, B, ldb);
 }
-
-/* the one name the kernels call: tensor cores for 16-bit T, FMAs for f32 */
 template <typename T, int KD, int NJ> struct lm_tile {
   static __device__ __forceinline__ void nt(float (&acc)[NJ][4], const T *A, int lda, const T *Bt, int ldb) {
-    lm_mma_16<true, T, KD, NJ>(acc, A, lda, Bt, ldb);
+    lm_mma_tile<true, T, KD, NJ>(acc, A, lda, Bt, ldb);
   }
   static __device__ __forceinline__ void nn(float (&acc)[NJ][4], const T *A, int lda, const T *B, int ldb) {
-    lm_mma_16<false, T, KD, NJ>(acc, A, lda, B, ldb);
-  }
-};
-template <int KD, int NJ> struct lm_tile<float, KD, NJ> {
-  static __device__ __forceinline__ void nt(float (&acc)[NJ][4], const float *A, int lda, const float *Bt,
-                                            int ldb) {
-    lm_mma_nt_f32<KD, NJ>(acc, A, lda, Bt, ldb);
-  }
-  static __device__ __forceinline__ void nn(float (&acc)[NJ][4], const float *A, int lda, const float *B,
-                                            int ldb) {
-    lm_mma_nn_f32<KD, NJ>(acc, A, lda, B, ldb);
+    lm_mma_tile<false, T, KD, NJ>(acc, A, lda, B, ldb);
   }
 };
 

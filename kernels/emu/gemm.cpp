@@ -23,36 +23,47 @@ struct layout { cudaDataType t; uint64_t rows, cols; int64_t ld; int32_t batch; 
 struct desc { cublasComputeType_t compute; cudaDataType scale; cublasOperation_t ta, tb; };
 struct pref { uint64_t ws; };
 
-int type_size(cudaDataType t) {
-  switch (t) {
-  case CUDA_R_64F: return 8;
-  case CUDA_R_32F: return 4;
-  case CUDA_R_16BF: case CUDA_R_16F: return 2;
-  default: return 0;
-  }
-}
-double load(const char *p, cudaDataType t) {
-  switch (t) {
-  case CUDA_R_64F: return *(const double *)p;
-  case CUDA_R_32F: return *(const float *)p;
-  case CUDA_R_16BF: return (double)__bfloat162float(*(const __nv_bfloat16 *)p);
-  default: return (double)__half2float(*(const __half *)p);
-  }
-}
-void store(char *p, cudaDataType t, double v) {
-  switch (t) {
-  case CUDA_R_64F: *(double *)p = v; break;
-  case CUDA_R_32F: *(float *)p = (float)v; break;
-  case CUDA_R_16BF: *(__nv_bfloat16 *)p = __float2bfloat16_rn((float)v); break;
-  default: *(__half *)p = __float2half_rn((float)v); break;
-  }
-}
+/* the matrix types the emulated GEMMs take, X(type, C type), and
+ * type_size, load, store */
+#define GEMM_TYPES(X) X(CUDA_R_64F, double) X(CUDA_R_32F, float) X(CUDA_R_16BF, __nv_bfloat16) X(CUDA_R_16F, __half)
+LM_RT_ELEMENT_FUNCTIONS(GEMM_TYPES, cudaDataType)
 float tf32(float f) { /* round to nearest even at 10 mantissa bits */
   uint32_t u;
   memcpy(&u, &f, 4);
   if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0xfffu + ((u >> 13) & 1)) & ~0x1fffu;
   memcpy(&f, &u, 4);
   return f;
+}
+
+/* op(X), rows x cols of it (X's columns ld elements apart, in type t), as a
+ * dense column-major rows x cols: in d64 for f64 compute, else in d32
+ * (rounded to TF32 when asked) */
+void densify(const char *X, cublasOperation_t op, int64_t rows, int64_t cols, int64_t ld, cudaDataType t,
+             bool f64, bool round_tf32, std::vector<double> &d64, std::vector<float> &d32) {
+  int es = type_size(t);
+  for (int64_t j = 0; j < cols; j++)
+    for (int64_t i = 0; i < rows; i++) {
+      int64_t off = op == CUBLAS_OP_N ? i + j * ld : j + i * ld;
+      double v = load(X + off * es, t);
+      if (f64) d64[i + j * rows] = v;
+      else d32[i + j * rows] = round_tf32 ? tf32((float)v) : (float)v;
+    }
+}
+
+/* The opaque objects of the API: a new one behind its handle type, and its
+ * end; a cuBLAS or cuBLASLt handle needs a device and makes its context. */
+template <class T, class H> cublasStatus_t make(H *out, const T &v) {
+  *out = (H) new T(v);
+  return CUBLAS_STATUS_SUCCESS;
+}
+template <class T, class H> cublasStatus_t drop(H h) {
+  delete (T *)h;
+  return CUBLAS_STATUS_SUCCESS;
+}
+template <class H> cublasStatus_t make_handle(H *out) {
+  if (lm_rt::device_count() == 0) return CUBLAS_STATUS_NOT_INITIALIZED;
+  lm_rt::context();
+  return make(out, handle{0});
 }
 
 /* one problem in cuBLAS's terms */
@@ -115,20 +126,8 @@ cublasStatus_t run(const problem &p, cudaStream_t stream) {
     /* op(A) as a dense column-major m x k, op(B) as k x n */
     if (f64) a64.assign(p.m * p.k, 0), b64.assign(p.k * p.n, 0), c64.assign(p.m * p.n, 0);
     else a32.assign(p.m * p.k, 0), b32.assign(p.k * p.n, 0), c32.assign(p.m * p.n, 0);
-    for (int64_t j = 0; j < p.k; j++)
-      for (int64_t i = 0; i < p.m; i++) {
-        int64_t off = p.ta == CUBLAS_OP_N ? i + j * p.lda : j + i * p.lda;
-        double v = load(A + off * as, p.at);
-        if (f64) a64[i + j * p.m] = v;
-        else a32[i + j * p.m] = round_tf32 ? tf32((float)v) : (float)v;
-      }
-    for (int64_t j = 0; j < p.n; j++)
-      for (int64_t i = 0; i < p.k; i++) {
-        int64_t off = p.tb == CUBLAS_OP_N ? i + j * p.ldb : j + i * p.ldb;
-        double v = load(B + off * bs, p.bt);
-        if (f64) b64[i + j * p.k] = v;
-        else b32[i + j * p.k] = round_tf32 ? tf32((float)v) : (float)v;
-      }
+    densify(A, p.ta, p.m, p.k, p.lda, p.at, f64, round_tf32, a64, a32);
+    densify(B, p.tb, p.k, p.n, p.ldb, p.bt, f64, round_tf32, b64, b32);
     int m = (int)p.m, n = (int)p.n, k = (int)p.k;
     if (m && n && k) {
       if (f64) cblas_dgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0, a64.data(), m, b64.data(), k,
@@ -157,16 +156,8 @@ cublasStatus_t run(const problem &p, cudaStream_t stream) {
 
 extern "C" {
 /* ---- cuBLAS ---- */
-cublasStatus_t cublasCreate_v2(cublasHandle_t *h) {
-  if (lm_rt::device_count() == 0) return CUBLAS_STATUS_NOT_INITIALIZED;
-  lm_rt::context();
-  *h = (cublasHandle_t) new handle{0};
-  return CUBLAS_STATUS_SUCCESS;
-}
-cublasStatus_t cublasDestroy_v2(cublasHandle_t h) {
-  delete (handle *)h;
-  return CUBLAS_STATUS_SUCCESS;
-}
+cublasStatus_t cublasCreate_v2(cublasHandle_t *h) { return make_handle(h); }
+cublasStatus_t cublasDestroy_v2(cublasHandle_t h) { return drop<handle>(h); }
 cublasStatus_t cublasSetStream_v2(cublasHandle_t h, cudaStream_t s) {
   ((handle *)h)->stream = s;
   return CUBLAS_STATUS_SUCCESS;
@@ -189,26 +180,14 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta
 }
 
 /* ---- cuBLASLt ---- */
-cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) {
-  if (lm_rt::device_count() == 0) return CUBLAS_STATUS_NOT_INITIALIZED;
-  lm_rt::context();
-  *h = (cublasLtHandle_t) new handle{0};
-  return CUBLAS_STATUS_SUCCESS;
-}
-cublasStatus_t cublasLtDestroy(cublasLtHandle_t h) {
-  delete (handle *)h;
-  return CUBLAS_STATUS_SUCCESS;
-}
+cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) { return make_handle(h); }
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t h) { return drop<handle>(h); }
 cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType t, uint64_t rows, uint64_t cols,
                                           int64_t ld) {
   if (!type_size(t)) return CUBLAS_STATUS_NOT_SUPPORTED;
-  *l = (cublasLtMatrixLayout_t) new layout{t, rows, cols, ld, 1, 0};
-  return CUBLAS_STATUS_SUCCESS;
+  return make(l, layout{t, rows, cols, ld, 1, 0});
 }
-cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) {
-  delete (layout *)l;
-  return CUBLAS_STATUS_SUCCESS;
-}
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) { return drop<layout>(l); }
 cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t a,
                                                 const void *buf, size_t n) {
   layout *L = (layout *)l;
@@ -219,13 +198,9 @@ cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t l, cublas
   return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t c, cudaDataType_t scale) {
-  *d = (cublasLtMatmulDesc_t) new desc{c, scale, CUBLAS_OP_N, CUBLAS_OP_N};
-  return CUBLAS_STATUS_SUCCESS;
+  return make(d, desc{c, scale, CUBLAS_OP_N, CUBLAS_OP_N});
 }
-cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) {
-  delete (desc *)d;
-  return CUBLAS_STATUS_SUCCESS;
-}
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) { return drop<desc>(d); }
 cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a,
                                               const void *buf, size_t n) {
   desc *D = (desc *)d;
@@ -235,14 +210,8 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMa
   else { lm_rt::note("cublasLtMatmulDescSetAttribute %d: not emulated", (int)a); return CUBLAS_STATUS_NOT_SUPPORTED; }
   return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p) {
-  *p = (cublasLtMatmulPreference_t) new pref{0};
-  return CUBLAS_STATUS_SUCCESS;
-}
-cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) {
-  delete (pref *)p;
-  return CUBLAS_STATUS_SUCCESS;
-}
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p) { return make(p, pref{0}); }
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) { return drop<pref>(p); }
 cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p,
                                                     cublasLtMatmulPreferenceAttributes_t a, const void *buf,
                                                     size_t n) {

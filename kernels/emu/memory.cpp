@@ -102,6 +102,21 @@ static void unmap_block(void *p, size_t n) {
   char *a = (char *)p - (pages(n) - span(n));
   munmap(a, pages(n) + PAGE);
 }
+/* cudaFree's and cudaFreeHost's work, under mu: unmaps the allocation that
+ * starts at p, recorded in m, and hands back its record; false, with a note
+ * naming the call and the kind of allocation, when none starts there. */
+template <class B> static bool end_block(std::map<uintptr_t, B> &m, void *p, const char *call, const char *kind,
+                                         B *was) {
+  auto it = m.find((uintptr_t)p);
+  if (it == m.end()) {
+    note("%s(%p): not the start of a %s", call, p, kind);
+    return false;
+  }
+  *was = it->second;
+  unmap_block(p, it->second.size); /* the size mapped: n, or 1 for 0 */
+  m.erase(it);
+  return true;
+}
 
 extern "C" {
 cudaError_t cudaMalloc(void **p, size_t n) {
@@ -120,14 +135,9 @@ cudaError_t cudaMalloc(void **p, size_t n) {
 cudaError_t cudaFree(void *p) {
   if (!p) return cudaSuccess;
   std::lock_guard<std::mutex> g(mu);
-  auto it = blocks.find((uintptr_t)p);
-  if (it == blocks.end()) {
-    note("cudaFree(%p): not the start of a device allocation", p);
-    return fail(cudaErrorInvalidValue);
-  }
-  used[it->second.device] -= it->second.size;
-  unmap_block(p, it->second.size); /* the size mapped: n, or 1 for 0 */
-  blocks.erase(it);
+  block b;
+  if (!end_block(blocks, p, "cudaFree", "device allocation", &b)) return fail(cudaErrorInvalidValue);
+  used[b.device] -= b.size;
   return cudaSuccess;
 }
 /* Pinned host memory. Mapped: a kernel may read and write it (device.cpp
@@ -161,14 +171,9 @@ cudaError_t cudaHostGetDevicePointer(void **pd, void *p, unsigned flags) {
 cudaError_t cudaFreeHost(void *p) {
   if (!p) return cudaSuccess;
   std::lock_guard<std::mutex> g(mu);
-  auto it = host_blocks.find((uintptr_t)p);
-  if (it == host_blocks.end()) {
-    note("cudaFreeHost(%p): not the start of a cudaHostAlloc allocation", p);
-    return fail(cudaErrorInvalidValue);
-  }
-  unmap_block(p, it->second.size);
-  host_blocks.erase(it);
-  return cudaSuccess;
+  host_block b;
+  return end_block(host_blocks, p, "cudaFreeHost", "cudaHostAlloc allocation", &b) ? cudaSuccess
+                                                                                   : fail(cudaErrorInvalidValue);
 }
 cudaError_t cudaMemGetInfo(size_t *fr, size_t *total) {
   int d = context();

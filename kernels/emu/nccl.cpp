@@ -29,43 +29,12 @@ thread_local int group_depth;
 struct queued { bool p2p; std::function<ncclResult_t(std::vector<MPI_Request> &)> run; };
 thread_local std::vector<queued> queue;
 
-size_t type_size(ncclDataType_t t) {
-  switch (t) {
-  case ncclInt8: case ncclUint8: return 1;
-  case ncclFloat16: case ncclBfloat16: return 2;
-  case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
-  case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
-  default: return 0;
-  }
-}
-double load(const char *p, ncclDataType_t t) {
-  switch (t) {
-  case ncclInt8: return *(const int8_t *)p;
-  case ncclUint8: return *(const uint8_t *)p;
-  case ncclFloat16: return __half2float(*(const __half *)p);
-  case ncclBfloat16: return __bfloat162float(*(const __nv_bfloat16 *)p);
-  case ncclInt32: return *(const int32_t *)p;
-  case ncclUint32: return *(const uint32_t *)p;
-  case ncclFloat32: return *(const float *)p;
-  case ncclInt64: return (double)*(const int64_t *)p;
-  case ncclUint64: return (double)*(const uint64_t *)p;
-  default: return *(const double *)p;
-  }
-}
-void store(char *p, ncclDataType_t t, double v) {
-  switch (t) {
-  case ncclInt8: *(int8_t *)p = (int8_t)v; break;
-  case ncclUint8: *(uint8_t *)p = (uint8_t)v; break;
-  case ncclFloat16: *(__half *)p = __float2half_rn((float)v); break;
-  case ncclBfloat16: *(__nv_bfloat16 *)p = __float2bfloat16_rn((float)v); break;
-  case ncclInt32: *(int32_t *)p = (int32_t)v; break;
-  case ncclUint32: *(uint32_t *)p = (uint32_t)v; break;
-  case ncclFloat32: *(float *)p = (float)v; break;
-  case ncclInt64: *(int64_t *)p = (int64_t)v; break;
-  case ncclUint64: *(uint64_t *)p = (uint64_t)v; break;
-  default: *(double *)p = v; break;
-  }
-}
+/* NCCL's element types, X(type, C type), and type_size, load, store */
+#define NCCL_TYPES(X)                                                                                   \
+  X(ncclInt8, int8_t) X(ncclUint8, uint8_t) X(ncclInt32, int32_t) X(ncclUint32, uint32_t)              \
+  X(ncclInt64, int64_t) X(ncclUint64, uint64_t) X(ncclFloat16, __half) X(ncclBfloat16, __nv_bfloat16) \
+  X(ncclFloat32, float) X(ncclFloat64, double)
+LM_RT_ELEMENT_FUNCTIONS(NCCL_TYPES, ncclDataType_t)
 /* element i of the reduction over the size buffers in all (rank-major) */
 double reduce_one(const char *all, size_t stride, int size, size_t i, ncclDataType_t t, ncclRedOp_t op) {
   size_t es = type_size(t);

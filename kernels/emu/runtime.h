@@ -12,6 +12,8 @@
 #ifndef LOOM_CUDA_EMU_RUNTIME_H
 #define LOOM_CUDA_EMU_RUNTIME_H
 #include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -56,5 +58,31 @@ enum counter {
   C_N
 };
 void count(counter c, int64_t n = 1);
+
+/* One element of C type T to and from double, as cuBLAS and NCCL convert
+ * (gemm.cpp, nccl.cpp): halves through float, rounding to nearest even. */
+template <class T> inline double widen(T v) { return (double)v; }
+inline double widen(__half v) { return (double)__half2float(v); }
+inline double widen(__nv_bfloat16 v) { return (double)__bfloat162float(v); }
+template <class T> inline T narrow(double v) { return (T)v; }
+template <> inline __half narrow<__half>(double v) { return __float2half_rn((float)v); }
+template <> inline __nv_bfloat16 narrow<__nv_bfloat16>(double v) { return __float2bfloat16_rn((float)v); }
 }
+/* A library's element functions over its type enum Enum, from its list of
+ * X(type id, C type): type_size (0 for a type not listed: callers refuse
+ * it before anything loads or stores), load (one element as double) and
+ * store (one from double). */
+#define LM_RT_SIZE_CASE(id, T) case id: return (int)sizeof(T);
+#define LM_RT_LOAD_CASE(id, T) case id: return lm_rt::widen(*(const T *)p);
+#define LM_RT_STORE_CASE(id, T) case id: *(T *)p = lm_rt::narrow<T>(v); break;
+#define LM_RT_ELEMENT_FUNCTIONS(LIST, Enum)                                                        \
+  int type_size(Enum t) {                                                                          \
+    switch (t) { LIST(LM_RT_SIZE_CASE) default: return 0; }                                        \
+  }                                                                                                \
+  double load(const char *p, Enum t) {                                                             \
+    switch (t) { LIST(LM_RT_LOAD_CASE) default: return 0; }                                        \
+  }                                                                                                \
+  void store(char *p, Enum t, double v) {                                                          \
+    switch (t) { LIST(LM_RT_STORE_CASE) default: break; }                                          \
+  }
 #endif

@@ -78,7 +78,7 @@ struct Ten {
   lm_tensor t;
   lm_storage s;
   std::vector<char> buf;
-  double at(int64_t i) const { return lm_dev_load(lm_ptr(&t) + i * lm_dtype_size(t.dtype_), t.dtype_); }
+  double at(int64_t i) const { return lm_load(lm_ptr(&t) + i * lm_dtype_size(t.dtype_), t.dtype_); }
   void set(int64_t i, double v) { lm_dev_store(lm_ptr(&t) + i * lm_dtype_size(t.dtype_), t.dtype_, v); }
   int64_t n() const { return t.numel_; }
 };

@@ -15,6 +15,13 @@ static const int dtypes[] = {LM_F32, LM_F64, LM_BF16, LM_F16, LM_I32, LM_I64};
 /* Element [i][j] of rank q's input: small integers, exact in every dtype. */
 static double val(int q, int64_t i, int64_t j) { return (q + 1) * 3 + i * 4 + j; }
 
+/* Releases the tensors a test made (NULL ones too, as lm_release does). */
+static void release_all(lm_tensor **t, size_t n) {
+  for (size_t i = 0; i < n; i++) lm_release(t[i]);
+}
+#define RELEASE(...) \
+  release_all((lm_tensor *[]){__VA_ARGS__}, sizeof((lm_tensor *[]){__VA_ARGS__}) / sizeof(lm_tensor *))
+
 static lm_tensor *input(int q, int64_t n0, int64_t n1, int dtype) {
   int64_t sh[2] = {n0, n1};
   lm_tensor *t = lm_empty(2, sh, dtype, LM_CPU);
@@ -85,8 +92,7 @@ static void test_all_reduce(lm_comm *c, int dtype) {
     expect_shape(y, 5, 3, "all_reduce shape");
     red_ctx r = {op, 0, 0};
     check_all(y, dtype, "all_reduce", reduce_ref, &r);
-    lm_release(x);
-    lm_release(y);
+    RELEASE(x, y);
   }
 }
 
@@ -120,8 +126,7 @@ static void test_all_gather(lm_comm *c, int dtype) {
       else expect_shape(y, 3, full, "all_gather shape");
       gat_ctx g = {dim, full, 3};
       check_all(y, dtype, dim ? "all_gather dim 1" : "all_gather dim 0", gather_ref, &g);
-      lm_release(x);
-      lm_release(y);
+      RELEASE(x, y);
     }
 }
 
@@ -136,8 +141,7 @@ static void test_reduce_scatter(lm_comm *c, int dtype) {
       else expect_shape(y, 3, mine, "reduce_scatter shape");
       red_ctx r = {LM_RED_SUM, dim == 0 ? off : 0, dim == 1 ? off : 0};
       check_all(y, dtype, dim ? "reduce_scatter dim 1" : "reduce_scatter dim 0", reduce_ref, &r);
-      lm_release(x);
-      lm_release(y);
+      RELEASE(x, y);
     }
 }
 
@@ -166,9 +170,7 @@ static void test_all_to_all(lm_comm *c, int dtype) {
     for (int64_t i = 0; z && i < mine; i++)
       for (int64_t j = 0; j < n1; j++)
         expect(at(z, i, j) == at(x, i, j), "all_to_all round trip", dtype, at(z, i, j), at(x, i, j));
-    lm_release(x);
-    lm_release(y);
-    lm_release(z);
+    RELEASE(x, y, z);
   }
 }
 
@@ -182,8 +184,7 @@ static void test_broadcast(lm_comm *c, int dtype) {
   lm_tensor *y = lm_broadcast(c, x, world - 1);
   expect_shape(y, 4, 3, "broadcast shape");
   check_all(y, dtype, "broadcast", bcast_ref, NULL);
-  lm_release(x);
-  lm_release(y);
+  RELEASE(x, y);
 }
 
 /* A transposed view (non-contiguous) reduces like its contiguous copy. */
@@ -207,10 +208,7 @@ static void test_non_contiguous(lm_comm *c) {
     for (int64_t j = 0; j < 3 * world; j++)
       expect(at(g, i, j) == val((int)(j / 3), j % 3, i), "all_gather of a view", LM_F32,
              at(g, i, j), val((int)(j / 3), j % 3, i));
-  lm_release(x);
-  lm_release(xt);
-  lm_release(y);
-  lm_release(g);
+  RELEASE(x, xt, y, g);
 }
 
 static void test_async(lm_comm *c) {
@@ -228,9 +226,7 @@ static void test_async(lm_comm *c) {
   lm_work_free(w1);
   lm_work_free(w2);
   lm_work_free(w3);
-  lm_release(x);
-  lm_release(y);
-  lm_release(g);
+  RELEASE(x, y, g);
 }
 
 static void test_errors(lm_comm *c) {
