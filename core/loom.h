@@ -217,11 +217,12 @@ enum lm_precision { LM_PRECISION_HIGHEST = 0, LM_PRECISION_HIGH = 1 };
 int lm_set_float32_matmul_precision(int precision);   /* -1 when unknown */
 int lm_float32_matmul_precision(void);
 
-/* A device allocator's counters, in bytes (calls for the last): the memory
- * held by live tensors, its peak, what the allocator keeps reserved, and
- * how many allocations it asked the driver for. */
+/* A device allocator's counters, in bytes (calls for DRIVER_ALLOCS): the
+ * memory held by live tensors, its peak, what the allocator keeps reserved,
+ * how many allocations it asked the driver (the OS) for and their bytes in
+ * all (fresh memory: a count that only grows). */
 enum lm_memory_stat { LM_MEM_ALLOCATED = 0, LM_MEM_PEAK = 1, LM_MEM_RESERVED = 2,
-                      LM_MEM_DRIVER_ALLOCS = 3, LM_NMEM_STATS = 4 };
+                      LM_MEM_DRIVER_ALLOCS = 3, LM_MEM_DRIVER_BYTES = 4, LM_NMEM_STATS = 5 };
 /* fills stats[LM_NMEM_STATS]; -1 when the device keeps none */
 int lm_device_memory_stats(int device, int64_t *stats);
 /* hands the device allocator's cached blocks back (the CPU's to the OS) */

@@ -14,7 +14,7 @@ local C = loom.C
 
 -- the allocator's counters of cuda:0
 local function mem()
-  local s = ffi.new("int64_t[4]")
+  local s = ffi.new("int64_t[?]", C.LM_NMEM_STATS)
   assert(C.lm_device_memory_stats(C.LM_CUDA0, s) == 0, ffi.string(C.lm_last_error()))
   return { allocated = tonumber(s[C.LM_MEM_ALLOCATED]), peak = tonumber(s[C.LM_MEM_PEAK]),
            reserved = tonumber(s[C.LM_MEM_RESERVED]), driver = tonumber(s[C.LM_MEM_DRIVER_ALLOCS]) }

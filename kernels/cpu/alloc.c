@@ -119,7 +119,7 @@ static char *map_large(size_t size) {
       b = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     }
     if (b == MAP_FAILED) b = NULL;
-    else stat[LM_MEM_RESERVED] += (int64_t)size, stat[LM_MEM_DRIVER_ALLOCS]++;
+    else stat[LM_MEM_RESERVED] += (int64_t)size, stat[LM_MEM_DRIVER_ALLOCS]++, stat[LM_MEM_DRIVER_BYTES] += (int64_t)size;
   }
   if (b) count_alloc(size);
   pthread_mutex_unlock(&mu);

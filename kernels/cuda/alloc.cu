@@ -171,6 +171,7 @@ static void *from_driver(int k, size_t n, size_t size) {
     return NULL;
   }
   devs[k].stat[LM_MEM_DRIVER_ALLOCS]++;
+  devs[k].stat[LM_MEM_DRIVER_BYTES] += (int64_t)size;
   devs[k].stat[LM_MEM_RESERVED] += (int64_t)size;
   return p;
 }

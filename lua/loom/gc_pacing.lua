@@ -39,14 +39,17 @@ local function cpu_now()   -- this thread's CPU time: neighbours on a shared mac
   ffi.C.clock_gettime(3, gc_ts)   -- CLOCK_THREAD_CPUTIME_ID
   return tonumber(gc_ts.tv_sec) + tonumber(gc_ts.tv_nsec) * 1e-9
 end
-local mem = ffi.new("int64_t[4]")
-local function cpu_reserved()
+local mem = ffi.new("int64_t[?]", C.LM_NMEM_STATS)
+local function cpu_fresh()   -- the bytes the CPU allocator has mapped fresh from the OS, in all
   C.lm_device_memory_stats(0, mem)
-  return tonumber(mem[2])
+  return tonumber(mem[C.LM_MEM_DRIVER_BYTES])
 end
 local gc_took, took_eff = 0, 0   -- the CPU seconds of the last collection, the cheaper of the last two
-local seen_live, reserved_at_gc = 0, 0
+local seen_live, fresh_at_gc = 0, 0
+local collections = 0   -- how many it asked for (M.collections(): a spec counts them)
+function M.collections() return collections end
 local function collect()
+  collections = collections + 1
   local t0 = cpu_now()
   collectgarbage()
   local t = cpu_now() - t0
@@ -55,14 +58,17 @@ local function collect()
   took_eff, gc_took = math.min(gc_took, t), t
   local after = tonumber(C.lm_allocated_bytes())
   gc_threshold = after + math.max(gc_floor, math.min(math.max(after, took_eff * GC_AMORTISE), gc_cap))
-  reserved_at_gc, seen_live = cpu_reserved(), after
+  fresh_at_gc, seen_live = cpu_fresh(), after
 end
 local function gc_pressure()
   local live = tonumber(C.lm_allocated_bytes())
   if live > gc_threshold then return collect() end
   if live > seen_live + 2^20 then   -- a large block since the last look: fresh pages?
     seen_live = live
-    if (cpu_reserved() - reserved_at_gc) / FRESH_RATE > took_eff then collect() end
+    -- only the large blocks' mappings count: blocks under 1 MiB come from
+    -- malloc's heap, whose growth is the live set's (a small model's
+    -- activations), and counting them cost a collection per MiB of forward
+    if (cpu_fresh() - fresh_at_gc) / FRESH_RATE > took_eff then collect() end
   elseif live < seen_live then
     seen_live = live
   end

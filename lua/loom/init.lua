@@ -87,15 +87,8 @@ function loom.cuda.device_count() return (lib.C.lm_cuda_device_count()) end
 function loom.cuda.set_device(k)
   if lib.C.lm_set_cuda_device(k) < 0 then T.c_error() end
 end
--- memory_stats(k): bytes allocated (live tensors), peak, reserved (cached
--- by the allocator) and the number of driver allocations
-function loom.cuda.memory_stats(k)
-  local ffi = require("ffi")
-  local st = ffi.new("int64_t[4]")
-  if lib.C.lm_device_memory_stats(lib.C.LM_CUDA0 + (k or 0), st) < 0 then T.c_error() end
-  return { allocated = tonumber(st[0]), peak = tonumber(st[1]), reserved = tonumber(st[2]),
-           driver_allocs = tonumber(st[3]) }
-end
+-- memory_stats(k): loom.memory_stats("cuda:k")
+function loom.cuda.memory_stats(k) return loom.memory_stats("cuda:" .. (k or 0)) end
 
 -- emu_counters({reset = bool}): on the emulated CUDA device (a build with
 -- LOOM_CUDA=EMULATE) what its runtime counted since the last reset, by name
@@ -113,17 +106,19 @@ function loom.cuda.emu_counters(opts)
   return out
 end
 
--- memory_stats(device): a device allocator's counters, "cpu" by default
--- (the CPU's caching allocator: bytes held by live blocks, their peak, the
--- bytes taken from the OS including cached blocks, and the mmap calls)
+-- memory_stats(device): a device allocator's counters, "cpu" by default:
+-- allocated (bytes held by live blocks), peak, reserved (the bytes taken
+-- from the OS or driver, cached blocks included), driver_allocs (the mmap or
+-- cudaMalloc calls) and driver_bytes (the bytes they took, in all)
 function loom.memory_stats(device)
   local d = device == nil and "cpu" or device
   if type(d) ~= "string" then T.argerror("memory_stats", "device", "\"cpu\" or \"cuda[:N]\"", T.describe(d)) end
-  local ffi = require("ffi")
-  local st = ffi.new("int64_t[4]")
-  if lib.C.lm_device_memory_stats(T.device_id(d, "memory_stats"), st) < 0 then T.c_error() end
-  return { allocated = tonumber(st[0]), peak = tonumber(st[1]), reserved = tonumber(st[2]),
-           driver_allocs = tonumber(st[3]) }
+  local ffi, C = require("ffi"), lib.C
+  local st = ffi.new("int64_t[?]", C.LM_NMEM_STATS)
+  if C.lm_device_memory_stats(T.device_id(d, "memory_stats"), st) < 0 then T.c_error() end
+  return { allocated = tonumber(st[C.LM_MEM_ALLOCATED]), peak = tonumber(st[C.LM_MEM_PEAK]),
+           reserved = tonumber(st[C.LM_MEM_RESERVED]), driver_allocs = tonumber(st[C.LM_MEM_DRIVER_ALLOCS]),
+           driver_bytes = tonumber(st[C.LM_MEM_DRIVER_BYTES]) }
 end
 -- empty_cache(device): hands the allocator's cached blocks back to the OS
 -- (or the GPU's driver), after a collection so dead tensors return theirs
