@@ -28,7 +28,10 @@
 #define MADV_POPULATE_WRITE 23 /* Linux 5.14; older kernels refuse it: no harm */
 #endif
 
-enum { HEAD = 64, MAX_CACHED = 256 };
+/* MAX_CACHED: a 350M model's training step frees several hundred large
+ * blocks; with room for 256 the rest went back to the OS each step and came
+ * back as 2.2 GB of fresh pages (15.5 s a step, 13.6 s with 4096) */
+enum { HEAD = 64, MAX_CACHED = 4096 };
 #define LARGE ((size_t)1 << 20)
 #define MAPPED ((size_t)1) /* the low bit of a block's size word: it came from mmap */
 
