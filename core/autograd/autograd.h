@@ -26,5 +26,8 @@ int lm_run_recorded(int op, int nin, lm_tensor *const *in, const lm_attrs *a, lm
 /* 0 when nothing the node saved was changed in place since, else -1 with
  * PyTorch's kind of message (which tensor, which op saved it, versions) */
 int lm_check_saved(const lm_node *n);
+/* fn runs as each backward starts (the DTensor layer lets go of what it
+ * kept for the forward); one at a time, NULL for none */
+void lm_autograd_on_backward(void (*fn)(void));
 
 #endif

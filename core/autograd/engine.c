@@ -153,7 +153,11 @@ static int run(lm_node *root_node, nodes *order, leaves *lv) {
   return rc;
 }
 
+static void (*on_backward)(void);
+void lm_autograd_on_backward(void (*fn)(void)) { on_backward = fn; }
+
 int lm_backward(lm_tensor *root, lm_tensor *grad) {
+  if (on_backward) on_backward();
   if (!root) return lm_error("backward: tensor is nil");
   if (root->freed) return lm_error("backward: the tensor was freed (t:free())");
   if (!root->needs_grad)

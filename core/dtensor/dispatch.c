@@ -78,6 +78,37 @@ static int cached_rule(int op, lm_rule *r, lm_tensor *const *in) {
 void lm_dtensor_rule_stats(int64_t *hits, int64_t *misses) { *hits = rule_hits, *misses = rule_misses; }
 void lm_dtensor_rule_cache_clear(void) { memset(rule_cache, 0, sizeof rule_cache); }
 
+/* The input guarded last and its guarded form: q, k and v (w1 and w3)
+ * read one activation in turn, and sharing one guard sums their gradients
+ * before its one all-reduce (Megatron's count: one per block input, not one
+ * per Linear). Only an activation (not a leaf: a parameter is read again by
+ * the next microbatch's graph) at the same version, mesh and guarded dims;
+ * let go at the next guard and when a backward starts. */
+static _Thread_local struct {
+  lm_tensor *in, *guarded;
+  int64_t version;
+  const lm_mesh *mesh;
+  uint32_t dims;
+} last_guard;
+
+static void forget_guard(void) {
+  lm_release(last_guard.in), lm_release(last_guard.guarded);
+  memset(&last_guard, 0, sizeof last_guard);
+}
+
+static bool guard_kept(const lm_tensor *in, const lm_mesh *m, uint32_t dims) {
+  return last_guard.in == in && last_guard.mesh == m && last_guard.dims == dims &&
+         last_guard.version == in->storage->version;
+}
+
+static void keep_guard(lm_tensor *in, lm_tensor *guarded, const lm_mesh *m, uint32_t dims) {
+  forget_guard();
+  lm_retain(in), lm_retain(guarded);
+  last_guard.in = in, last_guard.guarded = guarded, last_guard.mesh = m, last_guard.dims = dims;
+  last_guard.version = in->storage->version;
+  lm_autograd_on_backward(forget_guard);
+}
+
 static lm_tensor *call1(int op, lm_tensor *x, const lm_attrs *a) {  /* (for the rule's moves) */
   lm_tensor *out[LM_MAX_OUT];
   return lm_run_recorded(op, 1, &x, a, out) < 0 ? NULL : out[0];
@@ -117,24 +148,31 @@ int lm_dtensor_call(int op, int nin, lm_tensor *const *in, const lm_attrs *a, lm
   const lm_mesh *m = first->mesh;
   for (int i = 0; i < nin && rc == 0; i++) {
     lm_tensor *x = args[i];
-    if (!lm_spec(x)) { /* a plain (replicated) input: a DTensor when it must move or guard */
-      bool moves = memcmp(r.want[i], r.in[i]->pl, m->ndim * sizeof(lm_placement)) != 0, varies = false;
-      for (int o = 0; o < r.nout; o++)
-        for (int k = 0; k < m->ndim; k++) varies |= !is_replicated_on(&r.out[o], k);
-      if (!moves && !(varies && x->needs_grad && lm_is_grad_enabled())) continue;
-      if (!(x = lm_s(&s, lm_dtensor_from_local(x, (lm_mesh *)m, r.in[i]->pl, x->shape_, 0)))) { rc = -1; break; }
-    }
-    if (memcmp(r.want[i], r.in[i]->pl, m->ndim * sizeof(lm_placement)))
-      x = lm_s(&s, lm_dtensor_redistribute(x, r.want[i]));
-    for (int k = 0; x && k < m->ndim; k++) {
+    bool moves = memcmp(r.want[i], r.in[i]->pl, m->ndim * sizeof(lm_placement)) != 0;
+    uint32_t guards = 0; /* mesh dims along which x's gradient is a sum over ranks */
+    for (int k = 0; k < m->ndim; k++) {
       bool varies = false;
       for (int o = 0; o < r.nout; o++) varies |= !is_replicated_on(&r.out[o], k);
-      if (varies && r.want[i][k].kind == LM_REPLICATE && x->needs_grad && lm_is_grad_enabled()) {
-        lm_attrs ga = lm_comm_attrs(m->comm[k]);
-        x = lm_s(&s, call1(LM_OP_DIST_GRAD_REDUCE, x, &ga));
-      }
+      if (varies && r.want[i][k].kind == LM_REPLICATE && x->needs_grad && lm_is_grad_enabled()) guards |= 1u << k;
+    }
+    bool share = guards && !moves && x->grad_fn_ && x->storage;
+    if (share && guard_kept(x, m, guards)) {
+      lm_retain(last_guard.guarded);
+      args[i] = lm_s(&s, last_guard.guarded);
+      continue;
+    }
+    if (!lm_spec(x)) { /* a plain (replicated) input: a DTensor when it must move or guard */
+      if (!moves && !guards) continue;
+      if (!(x = lm_s(&s, lm_dtensor_from_local(x, (lm_mesh *)m, r.in[i]->pl, x->shape_, 0)))) { rc = -1; break; }
+    }
+    if (moves) x = lm_s(&s, lm_dtensor_redistribute(x, r.want[i]));
+    for (int k = 0; x && k < m->ndim; k++) {
+      if (!(guards >> k & 1)) continue;
+      lm_attrs ga = lm_comm_attrs(m->comm[k]);
+      x = lm_s(&s, call1(LM_OP_DIST_GRAD_REDUCE, x, &ga));
     }
     if (!(args[i] = x)) rc = -1;
+    else if (share) keep_guard(in[i], x, m, guards);
   }
   if (rc == 0) rc = lm_run_recorded(op, nin, args, &r.local, out) < 0 ? -1 : 0; /* on the shards */
   for (int o = 0; rc == 0 && o < r.nout; o++)

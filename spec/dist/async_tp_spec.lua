@@ -124,12 +124,14 @@ describe("async TP", function()
     assert.equal(0, fwa.counts.reduce_scatter)
     assert.equal(4 * (ws - 1), fwa.counts.send)
     assert.equal((ws - 1) * (fwp.bytes.all_gather + fwp.bytes.reduce_scatter / ws), fwa.bytes.send)
-    -- backward: the plain plan sums the input's gradient over ranks once
-    -- per column-wise Linear (wq, wk, wv, w1, w3: 5 all-reduces of the
-    -- gathered input); the shared gather reduce-scatters it once per
-    -- module (2). The all-reduces left are the 2 norms' weights (dim f32).
-    assert.equal(7, bwp.counts.all_reduce)
-    assert.equal(5 * ws * shard + 2 * cfg.dim * 4, bwp.bytes.all_reduce)
+    -- backward: the plain plan sums the gathered input's gradient over
+    -- ranks once per module (its column-wise Linears share one guard:
+    -- wq, wk, wv and w1, w3, 2 all-reduces of the gathered input; one per
+    -- Linear, 5, before they shared it); the shared gather reduce-scatters
+    -- it once per module (2). The 2 all-reduces left are the norms' weights
+    -- (dim f32).
+    assert.equal(4, bwp.counts.all_reduce)
+    assert.equal(2 * ws * shard + 2 * cfg.dim * 4, bwp.bytes.all_reduce)
     assert.equal(2, bwa.counts.all_reduce)
     assert.equal(2 * cfg.dim * 4, bwa.bytes.all_reduce)
     assert.equal(2, bwa.counts.reduce_scatter)

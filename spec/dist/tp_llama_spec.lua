@@ -28,7 +28,8 @@ local FROZEN = { "tok_embeddings.weight", "layers.1.attention.wq.weight", "layer
                  "layers.2.feed_forward.w2.weight" }
 
 -- builds the pair, parallelizes, runs forward + backward + AdamW + forward;
--- returns the list of mismatches and the forward's comm_mode
+-- returns the list of mismatches, the forward's comm_mode, the models and
+-- the backward's comm_mode
 local function run(o)
   local ref, m = H.twins(3, function() return tr.new(cfg(o.cfg)) end)
   if o.frozen then
@@ -55,16 +56,18 @@ local function run(o)
   end
   H.close(bad, "logits", logits, ref_logits)
   local lossr = loom.F.cross_entropy(ref_logits, tgt)
-  local loss
+  local loss, bw
   if o.lp then
-    loss = tp.loss_parallel(function()
-      local l = loom.F.cross_entropy(logits, tgt)
-      l:backward()
-      return l
+    bw, loss = dist.comm_mode(function()
+      return tp.loss_parallel(function()
+        local l = loom.F.cross_entropy(logits, tgt)
+        l:backward()
+        return l
+      end)
     end)
   else
     loss = loom.F.cross_entropy(logits, tgt)
-    loss:backward()
+    bw = dist.comm_mode(function() loss:backward() end)
   end
   lossr:backward()
   H.close(bad, "loss", loss, lossr)
@@ -74,7 +77,7 @@ local function run(o)
   o2:step()
   H.compare_params(bad, "after AdamW", m, ref, false)
   loom.no_grad(function() H.close(bad, "logits after the step", m(ids), ref(ids)) end)
-  return bad, cm, m, ref
+  return bad, cm, m, ref, bw
 end
 
 -- expected collectives of the forward (any TP degree)
@@ -85,14 +88,25 @@ local function want_counts(sp, lp)
   return { all_reduce = 5, reduce_scatter = 0, all_gather = lp and 0 or 1 }
 end
 
+-- expected all-reduces of the backward (2 layers): per layer one of the
+-- attention's input gradient and one of the feed-forward's (their
+-- column-wise Linears sum theirs first: Megatron's count; one per Linear
+-- made it 5), one of the output head's input; with SP also the norms'
+-- weights (2 a layer and the last norm); loss_parallel's cross entropy,
+-- computed inside, adds 3 (max, sum of exps, target logits over the shards)
+local function want_bw_all_reduce(sp, lp)
+  return 2 * 2 + 1 + (sp and 2 * 2 + 1 or 0) + (lp and 3 or 0)
+end
+
 describe("TP Llama (PyTorch's test_transformer_training)", function()
   for _, sp in ipairs { false, true } do
     for _, lp in ipairs { false, true } do
       local name = string.format("sequence_parallel=%s loss_parallel=%s", tostring(sp), tostring(lp))
       it(name .. ": forward, backward and AdamW equal the unsharded model", function()
-        local bad, cm = run { sp = sp, lp = lp }
+        local bad, cm, _, _, bw = run { sp = sp, lp = lp }
         -- a mesh of one rank counts its (trivial) collectives too
         H.check_counts(bad, "forward", cm, want_counts(sp, lp))
+        H.check_counts(bad, "backward", bw, { all_reduce = want_bw_all_reduce(sp, lp) })
         assert.same({}, bad)
       end)
     end

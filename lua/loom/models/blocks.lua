@@ -110,8 +110,9 @@ end
 -- embedding names.embedding vocabulary-parallel (Rowwise), the head
 -- names.output Colwise. opts.sequence_parallel: the Rowwise outputs and the
 -- embedding's are sharded on the sequence (Shard(2)), names.norms run
--- SequenceParallel, and each module of names.gathered (fqn = its number of
--- positional inputs) gets its inputs gathered from the sequence shards.
+-- SequenceParallel. Each module of names.gathered (fqn = its number of
+-- positional inputs) takes its first input as one Replicate DTensor
+-- (gathered from the sequence shards with SP).
 -- opts.loss_parallel: the logits stay a DTensor sharded on the vocabulary.
 -- counts (the model's head counts, when it is given) are checked against
 -- opts.tp. The models' tp_plan tail-call this, so errors name their caller.
@@ -132,10 +133,13 @@ function M.tp_plan(names, opts, counts)
                                            output_layouts = lp and Shard(-1) or Replicate(), use_local_output = not lp }
   if sp then
     for _, fqn in ipairs(names.norms) do plan[fqn] = tp.SequenceParallel{} end
-    for fqn, n in pairs(names.gathered) do
-      plan[fqn] = tp.PrepareModuleInput{ input_layouts = { Shard(2), n = n },
-                                         desired_input_layouts = { Replicate(), n = n } }
-    end
+  end
+  -- the module's input one Replicate DTensor (gathered from the sequence
+  -- shards with SP) that all its column-wise Linears read: their input
+  -- gradients are summed before one all-reduce (dtensor/dispatch.c)
+  for fqn, n in pairs(names.gathered or {}) do
+    plan[fqn] = tp.PrepareModuleInput{ input_layouts = { sp and Shard(2) or Replicate(), n = n },
+                                       desired_input_layouts = { Replicate(), n = n } }
   end
   return plan
 end
