@@ -12,6 +12,12 @@ local N = 2 * 2^20                  -- 8 MiB of f32: a large block
 local function addr(t) return tonumber(ffi.cast("uintptr_t", t:data_ptr())) end
 local function f32(t) return ffi.cast("float*", t:data_ptr()) end
 local function stats() return loom.memory_stats("cpu") end
+-- the number a child luajit (env: its environment) writes after running code
+local function child_number(code, env)
+  local rc, out = sys.luajit(code, env)
+  assert.equal(0, rc, out)
+  return assert(tonumber(out), "the child wrote no number: " .. out)
+end
 
 describe("the CPU caching allocator", function()
   before_each(function() loom.empty_cache() end)
@@ -80,10 +86,9 @@ describe("the CPU caching allocator", function()
       for _ = 1, 80 do y = x:silu() end
       io.write(loom.memory_stats().driver_allocs - before)
     ]]
-    local rc, out = sys.luajit(code, "LOOM_GC_CAP_MB=64")
-    assert.equal(0, rc, out)
+    local n = child_number(code, "LOOM_GC_CAP_MB=64")
     -- (a block or two more when the garbage at a collection varies by one output; 80 without reuse)
-    assert.is_true(tonumber(out) ~= nil and tonumber(out) <= 2, "new mmaps in 80 calls: " .. out)
+    assert.is_true(n <= 2, "new mmaps in 80 calls: " .. n)
   end)
 
   it("caches more large blocks than a big model's step frees (400 here; it held 256)", function()
@@ -96,9 +101,8 @@ describe("the CPU caching allocator", function()
       for i = 1, 400 do t[i] = loom.empty({ 262144 }) end
       io.write(loom.memory_stats().driver_allocs - before)
     ]]
-    local rc, out = sys.luajit(code)
-    assert.equal(0, rc, out)
-    assert.equal("0", out, "fresh mappings for blocks the cache could have kept")
+    local n = child_number(code)
+    assert.equal(0, n, "fresh mappings for blocks the cache could have kept")
   end)
 
   it("building a 97M model asks for few collections: its fresh pages are live, not garbage", function()
@@ -109,10 +113,9 @@ describe("the CPU caching allocator", function()
       loom.models.transformer.new { vocab_size = 8192, dim = 768, n_layers = 12, n_heads = 12, max_seq_len = 256 }
       io.write(gc.collections() - before)
     ]]
-    local rc, out = sys.luajit(code)
-    assert.equal(0, rc, out)
+    local n = child_number(code)
     -- 86 when each one waited for as little as the last: each freed nothing
-    assert.is_true(tonumber(out) ~= nil and tonumber(out) <= 20, "full collections while building: " .. out)
+    assert.is_true(n <= 20, "full collections while building: " .. n)
   end)
 
   it("a small model's training step, once warm, asks for no full collection per MiB of activations", function()
@@ -134,9 +137,8 @@ describe("the CPU caching allocator", function()
       for _ = 1, 6 do step() end
       io.write(gc.collections() - before)
     ]]
-    local rc, out = sys.luajit(code)
-    assert.equal(0, rc, out)
-    assert.is_true(tonumber(out) ~= nil and tonumber(out) <= 6, "full collections in 6 steps: " .. out)
+    local n = child_number(code)
+    assert.is_true(n <= 6, "full collections in 6 steps: " .. n)
   end)
 
   it("counts live, peak and reserved bytes", function()
