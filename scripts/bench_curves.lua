@@ -80,14 +80,13 @@ end
 -- bytes each rank's collectives take as input in a step, from the layout.
 -- TP (loss parallel): an all-reduce of the (batch, seq, dim) activations
 -- after each row-parallel linear forward (wo, w2), and in backward one per
--- column-parallel linear (wq, wk, wv, w1, w3: loom reduces each one's input
--- gradient alone, where Megatron sums the three and the two first, which
--- would make it 4 per layer), plus the embedding's forward and backward:
--- (7 layers + 2) activations. FSDP: each block's shard all-gathered for
+-- block input (wq, wk, wv share one, w1 and w3 another: Megatron's 4 per
+-- layer), plus the embedding's forward and the output head's input
+-- gradient: (4 layers + 2) activations. FSDP: each block's shard all-gathered for
 -- forward and again for backward, the full gradients reduce-scattered.
 local act = c.batch * c.seq * c.dim * 4
 local predicted = 0
-if layout == "tp" then predicted = (7 * c.layers + 2) * act
+if layout == "tp" then predicted = (4 * c.layers + 2) * act
 elseif layout == "fsdp" then predicted = 2 * nparams * 4 / world + nparams * 4 end
 
 -- PyTorch eager on the same config and steps, one rank (scripts/bench_torch_train.py),
