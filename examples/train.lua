@@ -464,8 +464,8 @@ local function main(argv)
     local folder = o.log:match("^(.*[^/])/+[^/]+$")
     if folder then require("loom.fs").mkdir_p(folder) end
     local err
-    log, err = io.open(o.log, start_step > 0 and "a" or "w")
-    if not log then error("train.lua: cannot open the log " .. tostring(err), 0) end
+    log, err = require("loom.fs").open_log(o.log, start_step > 0)
+    if not log then error("train.lua: --log: " .. tostring(err), 0) end
   end
   if log and start_step == 0 then
     log:write(json_line({ world = w.world, tp = w.tp, dp = w.dp, sequence_parallel = o["sequence-parallel"],

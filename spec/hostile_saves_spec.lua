@@ -56,6 +56,35 @@ describe("saves through planted links", function()
     assert.equal(16, select(2, loom.models.hf.read_config(out)).dim)
   end)
 
+  it("a log (fs.open_log, train.lua's --log) is never opened through a link, on a FIFO or a directory", function()
+    local victim, link, fifo = d .. "/victim3", d .. "/log-link.jsonl", d .. "/log-fifo"
+    sys.write(victim, "precious")
+    os.execute(string.format("ln -s %s %s && mkfifo %s", sys.shq(victim), sys.shq(link), sys.shq(fifo)))
+    for _, c in ipairs { { link, "it is a link %(not followed%)" }, { fifo, "a FIFO with no reader" },
+                         { d, "Is a directory" } } do
+      local h, err = fs.open_log(c[1], false)
+      assert.is_nil(h, c[1])
+      assert.matches(c[2], err)
+    end
+    assert.equal("precious", sys.read(victim))
+    local out = sys.output("luajit examples/train.lua --steps 1 --log " .. sys.shq(link) .. " 2>&1", 2)
+    assert.matches("train.lua: error: %-%-log: cannot open .*log%-link.jsonl: it is a link %(not followed%)", out)
+    assert.equal("precious", sys.read(victim))
+  end)
+
+  it("a log file is truncated, or appended to", function()
+    local path = d .. "/plain.jsonl"
+    sys.write(path, "old\n")
+    local h = assert(fs.open_log(path, true))
+    h:write("a", 1, "\n"):flush()
+    h:close()
+    assert.equal("old\na1\n", sys.read(path))
+    h = assert(fs.open_log(path, false))
+    h:write("new\n")
+    h:close()
+    assert.equal("new\n", sys.read(path))
+  end)
+
   it("a link planted at PATH itself is replaced, not written through", function()
     local victim, path = d .. "/victim2", d .. "/linked.loom"
     sys.write(victim, "precious")

@@ -69,8 +69,9 @@ end
 -- files written whole and only where they are named
 
 local O_WRONLY, O_RDWR, O_CREAT, O_EXCL, O_CLOEXEC = 1, 2, 0x40, 0x80, 0x80000
+local O_APPEND, O_NONBLOCK = 0x400, 0x800
 local O_NOFOLLOW = ffi.arch == "arm64" and 0x8000 or 0x20000
-local EINTR, EEXIST, EWOULDBLOCK, LOCK_EX, LOCK_NB = 4, 17, 11, 2, 4
+local EINTR, EEXIST, EWOULDBLOCK, ELOOP, ENXIO, LOCK_EX, LOCK_NB = 4, 17, 11, 40, 6, 2, 4
 local serial = 0
 -- a per-process random part of temporary names: names planted in advance
 -- cannot be guessed (and O_EXCL refuses any that exist anyway)
@@ -151,6 +152,41 @@ end
 
 function M.unlock(h)
   if h and h[0] >= 0 then libc.close(h[0]) h[0] = -1 end
+end
+
+-- open_log(path, append): a log file written line by line where it is
+-- named: never through a link planted at path, never a FIFO or a device
+-- (refused before anything is written or truncated; O_NONBLOCK: a FIFO
+-- with no reader fails at once instead of hanging). Truncated unless
+-- append. Returns a handle with write(...), flush() and close(), or nil
+-- and the reason.
+function M.open_log(path, append)
+  local fd = libc.open(path, O_WRONLY + O_CREAT + O_NOFOLLOW + O_NONBLOCK + O_CLOEXEC + (append and O_APPEND or 0),
+                       ffi.cast("unsigned int", 420))
+  local e = fd < 0 and ffi.errno()
+  if e == ELOOP then return nil, "cannot open " .. path .. ": it is a link (not followed)" end
+  if e == ENXIO then return nil, "cannot open " .. path .. ": not a regular file (a FIFO with no reader)" end
+  if fd < 0 then return nil, "cannot open " .. path .. ": " .. errno_msg() end
+  if lfs.symlinkattributes(path, "mode") ~= "file" then
+    libc.close(fd)
+    return nil, "cannot open " .. path .. ": not a regular file"
+  end
+  if not append and libc.ftruncate(fd, 0) ~= 0 then
+    local why = errno_msg()
+    libc.close(fd)
+    return nil, "cannot truncate " .. path .. ": " .. why
+  end
+  local h = { fd = fd }
+  function h:write(...)
+    for i = 1, select("#", ...) do
+      local s = tostring((select(i, ...)))
+      if self.fd < 0 or not write_all(self.fd, s, #s) then error("writing " .. path .. " failed: " .. errno_msg(), 2) end
+    end
+    return self
+  end
+  function h:flush() return self end   -- each write is a system call: nothing is buffered
+  function h:close() if self.fd >= 0 then libc.close(self.fd) self.fd = -1 end end
+  return h
 end
 
 return M

@@ -16,6 +16,7 @@ for _, decl in ipairs {
   "long write(int fd, const void *buf, size_t n);",
   "long pread(int fd, void *buf, size_t n, int64_t offset);",
   "int fsync(int fd);",
+  "int ftruncate(int fd, int64_t length);",
   "int flock(int fd, int op);",
   "int dup(int fd);",
   "int dup2(int fd, int fd2);",
