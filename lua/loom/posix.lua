@@ -40,4 +40,19 @@ local M = {}
 -- errno_msg(): the message of errno, as strerror gives it
 function M.errno_msg() return ffi.string(ffi.C.strerror(ffi.errno())) end
 
+-- pread_all(fd, dst, n, offset): reads n bytes at offset of fd into dst;
+-- true, or false and why (the file ended first, or the read failed)
+local EINTR = 4
+function M.pread_all(fd, dst, n, offset)
+  dst = ffi.cast("uint8_t *", dst)
+  local done = 0
+  while done < n do
+    local got = tonumber(ffi.C.pread(fd, dst + done, n - done, offset + done))
+    if got < 0 and ffi.errno() ~= EINTR then return false, M.errno_msg() end
+    if got == 0 then return false, "the file ends early: it shrank after it was opened?" end
+    if got > 0 then done = done + got end
+  end
+  return true
+end
+
 return M

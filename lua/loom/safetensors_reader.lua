@@ -16,7 +16,7 @@ local errno_msg = require("loom.posix").errno_msg   -- and the libc functions us
 
 local M = {}
 
-local O_RDONLY, O_NONBLOCK, O_CLOEXEC, SEEK_END, EINTR = 0, 0x800, 0x80000, 2, 4
+local O_RDONLY, O_NONBLOCK, O_CLOEXEC, SEEK_END = 0, 0x800, 0x80000, 2
 
 M.MAX_HEADER = 100000000   -- bytes of JSON, the limit of the reference implementation
 M.MAX_INDEX = 16000000     -- bytes of an index file (a 405B model's is under 1 MB; dkjson's work is bounded)
@@ -37,18 +37,7 @@ local function fail(fname, path, msg, ...) error(string.format("%s: %s: " .. msg
 M.fail = fail
 local numel = require("loom.size").Size.numel
 
--- reads n bytes at offset of fd into dst; false when the file ends first
-local function pread_all(fd, dst, n, offset)
-  dst = ffi.cast("uint8_t *", dst)
-  local done = 0
-  while done < n do
-    local got = tonumber(libc.pread(fd, dst + done, n - done, offset + done))
-    if got < 0 and ffi.errno() ~= EINTR then return false, errno_msg() end
-    if got == 0 then return false, "the file ends early: it shrank after it was opened?" end
-    if got > 0 then done = done + got end
-  end
-  return true
-end
+local pread_all = require("loom.posix").pread_all
 
 ---------------------------------------------------------------------------
 -- the header

@@ -25,6 +25,7 @@ local T = require("loom.tensor")
 local TC = require("loom.tensor_create")
 local C = require("loom.lib").C
 local fs = require("loom.fs")
+local posix = require("loom.posix")   -- and the libc functions load calls
 
 local M = {}
 local MAGIC = "LOOM\2\n"
@@ -43,6 +44,7 @@ for _, decl in ipairs {
 } do pcall(ffi.cdef, decl) end
 
 local i64_ct, u64_ct = ffi.typeof("int64_t"), ffi.typeof("uint64_t")
+local O_RDONLY, O_NONBLOCK, O_CLOEXEC, SEEK_END = 0, 0x800, 0x80000, 2
 
 local function u32(n) local b = ffi.new("uint32_t[1]", n) return ffi.string(b, 4) end
 local function u64(n) local b = ffi.new("uint64_t[1]", n) return ffi.string(b, 8) end
@@ -115,16 +117,46 @@ function M.save(obj, path)
   if not ok then error("save: " .. path .. ": " .. err, 2) end
 end
 
-local function decoder(s, path)
-  local pos, stop = HEAD + 1, #s - 8
+-- The file is read through fd in windows of BUF bytes (pread), so load
+-- holds at most one window besides the values it returns, whatever the
+-- file's size.
+local BUF = 2^16
+
+-- decoder(fd, path, stop, buf): the record at HEAD, read up to stop (where
+-- the checksum starts)
+local function decoder(fd, path, stop, buf)
+  local base, len, pos = 0, 0, HEAD   -- buf holds the bytes [base, base + len)
   local function corrupt(what) error("load: " .. path .. " is corrupt (" .. what .. ")", 0) end
-  local function take(n)
-    if pos + n - 1 > stop then corrupt("a record runs past the end") end
-    local chunk = s:sub(pos, pos + n - 1)
-    pos = pos + n
-    return chunk
+  local function read(dst, n, at)
+    local ok, why = posix.pread_all(fd, dst, n, at)
+    if not ok then error("load: " .. path .. ": " .. why, 0) end
   end
-  local function rd(ct, n) return ffi.cast(ct, take(n))[0] end
+  local function need(n) if pos + n > stop then corrupt("a record runs past the end") end end
+  -- a pointer to the n (<= BUF) bytes at pos, which it passes
+  local function window(n)
+    need(n)
+    if pos + n > base + len then
+      base, len = pos, math.min(BUF, stop - pos)
+      read(buf, len, base)
+    end
+    local p = buf + (pos - base)
+    pos = pos + n
+    return p
+  end
+  -- the n bytes at pos into dst
+  local function into(dst, n)
+    if n <= BUF then return ffi.copy(dst, window(n), n) end
+    need(n)
+    read(dst, n, pos)
+    pos = pos + n
+  end
+  local function take(n)
+    if n <= BUF then return ffi.string(window(n), n) end
+    local b = ffi.new("uint8_t[?]", n)
+    into(b, n)
+    return ffi.string(b, n)
+  end
+  local function rd(ct, n) return ffi.cast(ct, window(n))[0] end
   local function decode(depth)
     if depth > 200 then corrupt("tables nested too deep") end
     local tag = take(1)
@@ -152,18 +184,30 @@ local function decoder(s, path)
       local numel = 1
       for d = 1, nd do numel = numel * size[d] end
       local nbytes = numel * C.lm_dtype_size(dt)
-      if pos + nbytes - 1 > stop then corrupt("tensor data runs past the end") end
+      if pos + nbytes > stop then corrupt("tensor data runs past the end") end
       local t = TC.empty(size, { dtype = T.dtypes[dt + 1] })
-      if nbytes > 0 then ffi.copy(C.lm_data(t), take(nbytes), nbytes) end
+      if nbytes > 0 then into(C.lm_data(t), nbytes) end
       return t
     end
     corrupt(string.format("unknown record tag 0x%02x at byte %d", tag:byte(), pos - 1))
   end
   return function()
     local v = decode(0)
-    if pos ~= stop + 1 then corrupt("trailing bytes after the value") end
+    if pos ~= stop then corrupt("trailing bytes after the value") end
     return v
   end
+end
+
+-- the FNV-1a checksum of fd's first n bytes, read through buf
+local function checksum(fd, n, buf)
+  local h, at = 0, 0
+  while at < n do
+    local k = math.min(BUF, n - at)
+    local ok, why = posix.pread_all(fd, buf, k, at)
+    if not ok then return nil, why end
+    h, at = C.lm_fnv1a(buf, k, h), at + k
+  end
+  return h
 end
 
 -- a directory: a distributed checkpoint, read whole (see
@@ -176,6 +220,42 @@ local function load_dir(path)
         .. format.old_hint(dir, "load"), 0)
 end
 
+-- the value in the loom file open as fd: its header, length and checksum
+-- checked before any of it is decoded
+local function read_file(fd, path)
+  local size = tonumber(ffi.C.lseek(fd, 0, SEEK_END))
+  if size < 0 then error("load: cannot read " .. path .. ": " .. posix.errno_msg(), 0) end
+  local buf = ffi.new("uint8_t[?]", BUF)
+  local nh = math.min(size, HEAD)
+  local ok, why = posix.pread_all(fd, buf, nh, 0)
+  if not ok then error("load: cannot read " .. path .. ": " .. why, 0) end
+  local head = ffi.string(buf, nh)
+  if head:sub(1, 4) ~= "LOOM" then
+    if size < 4 and head == ("LOOM"):sub(1, size) then
+      error(string.format("load: %s is truncated (%d bytes)", path, size), 0)
+    end
+    error("load: " .. path .. " is not a loom file (no LOOM header)", 0)
+  end
+  if size >= #MAGIC and head:sub(1, #MAGIC) ~= MAGIC then
+    error(string.format("load: %s has an unsupported format version %d (this loom reads version %d)",
+                        path, head:byte(5), MAGIC:byte(5)), 0)
+  end
+  if size < MIN_SIZE then error(string.format("load: %s is truncated (%d bytes)", path, size), 0) end
+  local declared = tonumber(ffi.cast("uint64_t*", buf + #MAGIC)[0])
+  if declared < MIN_SIZE or declared > 2 ^ 53 then
+    error(string.format("load: %s is corrupt (its header gives a length of %.0f bytes)", path, declared), 0)
+  end
+  if size < declared then error(string.format("load: %s is truncated (%d of %d bytes)", path, size, declared), 0) end
+  local stored = ffi.new("uint64_t[1]")
+  ok, why = posix.pread_all(fd, stored, 8, size - 8)
+  if not ok then error("load: cannot read " .. path .. ": " .. why, 0) end
+  local sum
+  sum, why = checksum(fd, size - 8, buf)
+  if not sum then error("load: cannot read " .. path .. ": " .. why, 0) end
+  if size ~= declared or sum ~= stored[0] then error("load: " .. path .. " is corrupt (checksum mismatch)", 0) end
+  return decoder(fd, path, size - 8, buf)()
+end
+
 -- load(path) -> obj. path may be a dist.checkpoint directory: its
 -- state_dict comes back whole, with plain tensors.
 function M.load(path)
@@ -183,37 +263,14 @@ function M.load(path)
   if fs.is_dir(path) then return load_dir(path) end
   local mode = require("lfs").attributes(path, "mode")
   if mode and mode ~= "file" then error("load: " .. path .. " is a " .. mode .. ", not a regular file", 2) end
-  local f, err = io.open(path, "rb")
-  if not f then
-    local dir = path:gsub("(.)/+$", "%1")
+  local fd = ffi.C.open(path, O_RDONLY + O_NONBLOCK + O_CLOEXEC)
+  if fd < 0 then
+    local why, dir = posix.errno_msg(), path:gsub("(.)/+$", "%1")
     local hint = fs.exists(dir .. ".old") and require("loom.distributed.checkpoint.format").old_hint(dir, "load") or ""
-    error("load: cannot open " .. path .. ": " .. tostring(err):gsub("^.-: ", "") .. hint, 2)
+    error("load: cannot open " .. path .. ": " .. why .. hint, 2)
   end
-  local s = f:read("*a")
-  f:close()
-  if s:sub(1, 4) ~= "LOOM" then
-    if #s < 4 and s == ("LOOM"):sub(1, #s) then
-      error(string.format("load: %s is truncated (%d bytes)", path, #s), 2)
-    end
-    error("load: " .. path .. " is not a loom file (no LOOM header)", 2)
-  end
-  if #s >= #MAGIC and s:sub(1, #MAGIC) ~= MAGIC then
-    error(string.format("load: %s has an unsupported format version %d (this loom reads version %d)",
-                        path, s:byte(5), MAGIC:byte(5)), 2)
-  end
-  if #s < MIN_SIZE then error(string.format("load: %s is truncated (%d bytes)", path, #s), 2) end
-  local declared = tonumber(ffi.cast("uint64_t*", s:sub(#MAGIC + 1, HEAD))[0])
-  if declared < MIN_SIZE or declared > 2 ^ 53 then
-    error(string.format("load: %s is corrupt (its header gives a length of %.0f bytes)", path, declared), 2)
-  end
-  if #s < declared then
-    error(string.format("load: %s is truncated (%d of %d bytes)", path, #s, declared), 2)
-  end
-  local stored = ffi.cast("uint64_t*", s:sub(-8))[0]
-  if #s ~= declared or C.lm_fnv1a(s, #s - 8, 0) ~= stored then
-    error("load: " .. path .. " is corrupt (checksum mismatch)", 2)
-  end
-  local ok, v = pcall(decoder(s, path))
+  local ok, v = pcall(read_file, fd, path)
+  ffi.C.close(fd)
   if not ok then error(v, 2) end
   return v
 end
