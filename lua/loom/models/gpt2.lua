@@ -97,7 +97,8 @@ function M.new(cfg) return GPT2(cfg) end
 function M.tp_plan(opts, model)
   opts = opts or {}
   return blocks.tp_plan({ colwise = { "h.*.attn.q", "h.*.attn.k", "h.*.attn.v", "h.*.mlp.c_fc" },
-                          rowwise = { "h.*.attn.c_proj", "h.*.mlp.c_proj" }, embedding = "wte", output = "lm_head" },
+                          rowwise = { "h.*.attn.c_proj", "h.*.mlp.c_proj" }, embedding = "wte", output = "lm_head",
+                          gathered = { ["h.*.attn"] = 1 } },   -- q, k and v read one input: one all-reduce
                         { loss_parallel = opts.loss_parallel, tp = opts.tp },   -- no sequence parallelism
                         model and { { "n_head", model.config.n_head } })
 end
