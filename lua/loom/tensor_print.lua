@@ -32,8 +32,11 @@ function M.format(x)
   for i = 0, tonumber(x.numel_) - 1 do flat[#flat + 1] = p[i] end
   local _ = keep
   local f = fmt_for(x, flat)
+  -- the closures below never capture x: a compiled trace would keep it
+  -- (docs/architecture.md, "Rules of the house")
+  local is_bool = x.dtype_ == C.LM_BOOL
   local function s(v)
-    if x.dtype_ == C.LM_BOOL then return v ~= 0 and "true" or "false" end
+    if is_bool then return v ~= 0 and "true" or "false" end
     return string.format(f, v)
   end
   local strs, width = {}, 0

@@ -39,12 +39,8 @@ local function check_opts(o)
   num("eos_id", function(v) return v >= 1 and int(v) end, "a 1-based token id")
 end
 
--- pick(logits (vocab) f32/f64 tensor, o, step) -> a 1-based id
-local anchor   -- keeps the f64 logits alive while a raw pointer reads them
-local function pick(logits, o, step)
-  local v = logits:to("f64"):contiguous()
-  anchor = v
-  local p, n = ffi.cast("double *", C.lm_data(v)), v:numel()
+-- choose(p, n, o, step) -> a 1-based id from the n f64 logits at p
+local function choose(p, n, o, step)
   local best = 0
   for i = 1, n - 1 do if p[i] > p[best] then best = i end end
   if not o.sample then return best + 1 end
@@ -74,6 +70,16 @@ local function pick(logits, o, step)
     if u < acc then return idx[i] + 1 end
   end
   return idx[#idx] + 1
+end
+
+-- pick(logits (vocab) f32/f64 tensor, o, step) -> a 1-based id
+local anchor   -- keeps the f64 logits alive while choose reads them through a raw pointer
+local function pick(logits, o, step)
+  local v = logits:to("f64"):contiguous()
+  anchor = v
+  local id = choose(ffi.cast("double *", C.lm_data(v)), v:numel(), o, step)
+  anchor = nil   -- held no longer than that: not by this module, nor by a trace that calls pick
+  return id
 end
 
 local function ids_of(ids)

@@ -14,29 +14,32 @@ local Module = require("loom.nn.module")
 
 -- Replaces every parameter and buffer t of the module tree by make(t, fqn,
 -- is_param) (the same new tensor where one was shared, e.g. tied weights);
--- parameters keep requires_grad.
-local function convert(self, make, by)
+-- parameters keep requires_grad. (Not a closure over self: a compiled trace
+-- would keep it; docs/architecture.md, "Rules of the house".)
+local function convert_all(self, make, by)
   local memo = {}
-  loom.no_grad(function()
-    for _, mm in ipairs(self:named_modules()) do
-      for _, kind in ipairs { "_parameters", "_buffers" } do
-        local tab = rawget(mm[2], kind)
-        for _, name in ipairs(rawget(mm[2], "_order")[kind]) do  -- in registration order
-          local t = tab[name]
-          if t == nil then goto next end
-          local key = T.address(t)
-          if memo[key] == nil then
-            local new = make(t, mm[1] == "" and name or mm[1] .. "." .. name, kind == "_parameters")
-            if new ~= t and kind == "_parameters" and t.requires_grad then new = new:detach():requires_grad_(true) end
-            if new ~= t and kind == "_parameters" then T.replaced[t] = by end
-            memo[key] = new
-          end
-          tab[name] = memo[key]
-          ::next::
+  for _, mm in ipairs(self:named_modules()) do
+    for _, kind in ipairs { "_parameters", "_buffers" } do
+      local tab = rawget(mm[2], kind)
+      for _, name in ipairs(rawget(mm[2], "_order")[kind]) do  -- in registration order
+        local t = tab[name]
+        if t == nil then goto next end
+        local key = T.address(t)
+        if memo[key] == nil then
+          local new = make(t, mm[1] == "" and name or mm[1] .. "." .. name, kind == "_parameters")
+          if new ~= t and kind == "_parameters" and t.requires_grad then new = new:detach():requires_grad_(true) end
+          if new ~= t and kind == "_parameters" then T.replaced[t] = by end
+          memo[key] = new
         end
+        tab[name] = memo[key]
+        ::next::
       end
     end
-  end)
+  end
+end
+
+local function convert(self, make, by)
+  loom.no_grad(convert_all, self, make, by)
   return self
 end
 
@@ -105,12 +108,14 @@ end
 
 -- init_weights(): every module's reset_parameters(), in the order the
 -- modules were built, drawing what their constructors drew.
+local function reset_all(self)
+  for _, mm in ipairs(self:named_modules()) do
+    if mm[2].reset_parameters then mm[2]:reset_parameters() end
+  end
+end
+
 function Module:init_weights()
-  loom.no_grad(function()
-    for _, mm in ipairs(self:named_modules()) do
-      if mm[2].reset_parameters then mm[2]:reset_parameters() end
-    end
-  end)
+  loom.no_grad(reset_all, self)
   return self
 end
 

@@ -95,6 +95,23 @@ local function norm_sq_on_device(params)
   return total
 end
 
+-- the gradients times min(1, max_norm / (norm + 1e-6)), norm a tensor on
+-- their device. (scale_by* are functions of the module, not closures over
+-- params: docs/architecture.md, "Rules of the house".)
+local function scale_by_tensor(params, max_norm, norm)
+  local coef = (max_norm / (norm + 1e-6)):clamp(nil, 1)
+  local by = {}
+  for _, p in ipairs(params) do
+    local g = p.grad
+    if g ~= nil then
+      if g.dist ~= nil then g = g:to_local() end
+      local cd = g.dtype == "f64" and "f64" or "f32"  -- coef in the compute dtype, as a number would be
+      by[cd] = by[cd] or coef:to(cd)
+      g:copy_(g * by[cd])
+    end
+  end
+end
+
 -- clip_grad_norm_(params, max_norm [, {tensor = true}]): scales gradients
 -- in place so their global L2 norm is at most max_norm (PyTorch's rule:
 -- coef = max_norm / (norm + 1e-6), capped at 1); returns the norm before
@@ -114,19 +131,7 @@ function M.clip_grad_norm_(params, max_norm, opts)
   local sq = norm_sq_on_device(params)
   if sq then
     local norm = sq:sqrt()
-    loom.no_grad(function()
-      local coef = (max_norm / (norm + 1e-6)):clamp(nil, 1)
-      local by = {}
-      for _, p in ipairs(params) do
-        local g = p.grad
-        if g ~= nil then
-          if g.dist ~= nil then g = g:to_local() end
-          local cd = g.dtype == "f64" and "f64" or "f32"  -- coef in the compute dtype, as a number would be
-          by[cd] = by[cd] or coef:to(cd)
-          g:copy_(g * by[cd])
-        end
-      end
-    end)
+    loom.no_grad(scale_by_tensor, params, max_norm, norm)
     if opts.tensor then return norm end
     return norm:item()
   end
@@ -138,15 +143,17 @@ end
 -- clip_grads_with_norm_(params, max_norm, total_norm): scales gradients in
 -- place by max_norm / (total_norm + 1e-6) when that is below 1, with a norm
 -- computed elsewhere (PyTorch's name; pipeline stages sum theirs over pp)
+local function scale_by(params, coef)
+  for _, p in ipairs(params) do
+    local g = p.grad
+    if g ~= nil then g:copy_(g * coef) end
+  end
+end
+
 function M.clip_grads_with_norm_(params, max_norm, total_norm)
   local coef = max_norm / (total_norm + 1e-6)
   if coef >= 1 then return end
-  loom.no_grad(function()
-    for _, p in ipairs(params) do
-      local g = p.grad
-      if g ~= nil then g:copy_(g * coef) end
-    end
-  end)
+  loom.no_grad(scale_by, params, coef)
 end
 
 return M
