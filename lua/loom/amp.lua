@@ -63,20 +63,25 @@ end
 function Scaler:get_scale() return self.scale_ end
 function Scaler:scale(loss) return loss * self.scale_ end
 
+-- the gradients times inv; 1 if any is inf or NaN, else 0 (not a closure
+-- over the parameters, which a compiled trace would keep: docs/architecture.md)
+local function unscale(params, inv)
+  local bad = 0
+  for _, p in ipairs(params) do
+    local g = p.grad
+    if g ~= nil then
+      g:copy_(g * inv)
+      local loc = g.dist ~= nil and g:to_local() or g
+      if loc:numel() > 0 and not (loc:abs():max():to("f64"):item() < math.huge) then bad = 1 end
+    end
+  end
+  return bad
+end
+
 -- the gradients divided by the scale; whether any is inf or NaN (on any rank)
 function Scaler:unscale_(opt)
   if self.unscaled then return end
-  local inv, bad = 1 / self.scale_, 0
-  loom.no_grad(function()
-    for _, p in ipairs(opt.params) do
-      local g = p.grad
-      if g ~= nil then
-        g:copy_(g * inv)
-        local loc = g.dist ~= nil and g:to_local() or g
-        if loc:numel() > 0 and not (loc:abs():max():to("f64"):item() < math.huge) then bad = 1 end
-      end
-    end
-  end)
+  local bad = loom.no_grad(unscale, opt.params, 1 / self.scale_)
   local dist = package.loaded["loom.distributed"]
   if dist and dist.is_initialized() and dist.world_size() > 1 then
     bad = dist.all_reduce(loom.tensor({ bad }), "max", dist.world_group()):item()

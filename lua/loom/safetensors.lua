@@ -99,6 +99,52 @@ local function check_names(fname, names)
   end
 end
 
+-- names' tensors read from r as opts and like ask (see load)
+local function read_all(r, names, opts, like, fname, path)
+  local out = {}
+  for _, n in ipairs(names) do
+    local e, ref = r.tensors[n], like and like[n]
+    if ref ~= nil and sizes(ref:size()) ~= sizes(e.shape) then
+      fail(fname, path, "tensor %s has shape %s in the file, the model's has %s", n, sizes(e.shape),
+           sizes(ref:size()))
+    end
+    local lay = wanted_layout(opts, n, e.shape, ref)
+    local t
+    if lay then
+      local off, sz = M.block(lay.mesh, lay.placements, e.shape, fname, n)
+      t = r:read(n, off, sz, fname)
+    else
+      t = r:read(n, nil, nil, fname)
+    end
+    local dt = opts.dtype or (ref and ref.dtype)
+    if dt and FLOATING[t.dtype] and dt ~= t.dtype then t = t:to(dt) end
+    local dev = opts.device or (ref and ref.device) or (lay and lay.mesh.device_type)
+    if dev and dev ~= "cpu" then t = t:to(dev) end
+    if lay then
+      t = require("loom.distributed.dtensor").from_local(t, lay.mesh, lay.placements, { shape = e.shape })
+    end
+    out[n] = t
+  end
+  return out
+end
+
+-- names to read from r: opts.names, like's or all of the file's; errors
+-- name any the file lacks. (read_all and this take their state as arguments:
+-- a closure over it would be kept by a compiled trace, docs/architecture.md.)
+local function load_from(r, opts, like, fname, path)
+  local names = opts.names
+  if names then check_names(fname, names)
+  elseif like then
+    names = {}
+    for k in pairs(like) do names[#names + 1] = k end
+    table.sort(names)
+  else names = r.names end
+  local missing = {}
+  for _, n in ipairs(names) do if not r.tensors[n] then missing[#missing + 1] = n end end
+  if #missing > 0 then fail(fname, path, "has no tensor %s", table.concat(missing, ", ")) end
+  return loom.no_grad(read_all, r, names, opts, like, fname, path)
+end
+
 -- load(path, opts) -> {name = tensor}. opts:
 --   names      a list: only these tensors (each must be in the file)
 --   dtype      floating tensors converted to it (integer and bool kept)
@@ -121,45 +167,7 @@ function M.load(path, opts)
     if type(like.state_dict) == "function" then like = like:state_dict() end
   end
   local r = M.open(path, fname)
-  local ok, res = pcall(function()
-    local names = opts.names
-    if names then check_names(fname, names)
-    elseif like then
-      names = {}
-      for k in pairs(like) do names[#names + 1] = k end
-      table.sort(names)
-    else names = r.names end
-    local missing = {}
-    for _, n in ipairs(names) do if not r.tensors[n] then missing[#missing + 1] = n end end
-    if #missing > 0 then fail(fname, path, "has no tensor %s", table.concat(missing, ", ")) end
-    local out = {}
-    loom.no_grad(function()
-      for _, n in ipairs(names) do
-        local e, ref = r.tensors[n], like and like[n]
-        if ref ~= nil and sizes(ref:size()) ~= sizes(e.shape) then
-          fail(fname, path, "tensor %s has shape %s in the file, the model's has %s", n, sizes(e.shape),
-               sizes(ref:size()))
-        end
-        local lay = wanted_layout(opts, n, e.shape, ref)
-        local t
-        if lay then
-          local off, sz = M.block(lay.mesh, lay.placements, e.shape, fname, n)
-          t = r:read(n, off, sz, fname)
-        else
-          t = r:read(n, nil, nil, fname)
-        end
-        local dt = opts.dtype or (ref and ref.dtype)
-        if dt and FLOATING[t.dtype] and dt ~= t.dtype then t = t:to(dt) end
-        local dev = opts.device or (ref and ref.device) or (lay and lay.mesh.device_type)
-        if dev and dev ~= "cpu" then t = t:to(dev) end
-        if lay then
-          t = require("loom.distributed.dtensor").from_local(t, lay.mesh, lay.placements, { shape = e.shape })
-        end
-        out[n] = t
-      end
-    end)
-    return out
-  end)
+  local ok, res = pcall(load_from, r, opts, like, fname, path)
   r:close()
   if not ok then error(res, 2) end
   return res
@@ -239,6 +247,19 @@ local function write_file(path, header, items)
   end)
 end
 
+-- {name, t, dtype, shape} of each named tensor, whole, contiguous, on the
+-- CPU (not a closure over tensors, which a compiled trace would keep)
+local function items_of(tensors, names)
+  local items = {}
+  for _, k in ipairs(names) do
+    local t = tensors[k]:detach()
+    if t.dist ~= nil then t = t:full_tensor() end
+    if t.device ~= "cpu" then t = t:to("cpu") end
+    items[#items + 1] = { name = k, t = t:contiguous(), dtype = FROM_LOOM[t.dtype], shape = t:size() }
+  end
+  return items
+end
+
 -- save(tensors, path, {metadata = {k = "v"}}): tensors is a table name ->
 -- tensor. Plain tensors are written by the calling process. A DTensor is
 -- gathered (full_tensor, a collective): when any value is one, every rank
@@ -269,15 +290,7 @@ function M.save(tensors, path, opts)
     names[#names + 1] = k
   end
   table.sort(names)
-  local items = {}
-  loom.no_grad(function()
-    for _, k in ipairs(names) do
-      local t = tensors[k]:detach()
-      if t.dist ~= nil then t = t:full_tensor() end
-      if t.device ~= "cpu" then t = t:to("cpu") end
-      items[#items + 1] = { name = k, t = t:contiguous(), dtype = FROM_LOOM[t.dtype], shape = t:size() }
-    end
-  end)
+  local items = loom.no_grad(items_of, tensors, names)
   -- widest elements first (then by name): every tensor is aligned
   table.sort(items, function(a, b)
     local sa, sb = SIZES[a.dtype], SIZES[b.dtype]

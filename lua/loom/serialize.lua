@@ -63,7 +63,7 @@ local function encode(v, out, path)
     end
     if v.is_meta then error("save: " .. path .. " is a meta tensor, which has no data", 0) end
     -- files are device-neutral: a GPU tensor is saved from a CPU copy
-    local c = v.device == "cpu" and v:contiguous() or T.no_grad(function() return v:detach():to("cpu") end)
+    local c = v.device == "cpu" and v:contiguous() or v:detach():to("cpu")
     local dims = ffi.new("int64_t[?]", math.max(1, c:dim()))
     for d = 1, c:dim() do dims[d - 1] = c:size(d) end
     out[#out + 1] = "T" .. string.char(c.dtype_, c:dim()) .. ffi.string(dims, 8 * c:dim())

@@ -153,6 +153,26 @@ function M.from_local(t, mesh, placements, opts)
   return T.wrap(C.lm_dtensor_from_local(t, m, pl, gs, opts.run_check and 1 or 0))
 end
 
+-- t's shard as a DTensor (see distribute_tensor; a function of the module,
+-- not a closure over t, which a compiled trace would keep: docs/architecture.md)
+local function distribute(t, mesh, m, pl, src)
+  local full = t:detach()
+  if src ~= nil and not t.is_meta then   -- (a meta tensor has no data to send)
+    if type(src) ~= "number" then T.argerror("distribute_tensor", "src_data_rank", "a rank or nil", T.describe(src)) end
+    local dist = require("loom.distributed")
+    for k = 1, mesh.ndim do full = dist.broadcast(full, src, mesh, k) end
+  end
+  local gshape = full:size()
+  for i = 1, #gshape do shapebuf[i - 1] = gshape[i] end
+  local lshape, off = ffi.new("int64_t[8]"), ffi.new("int64_t[8]")
+  C.lm_shard_layout(m, #gshape, shapebuf, pl, nil, lshape, off)
+  local piece = full
+  for i = 1, #gshape do
+    if tonumber(lshape[i - 1]) ~= gshape[i] then piece = piece:narrow(i, tonumber(off[i - 1]) + 1, tonumber(lshape[i - 1])) end
+  end
+  return T.wrap(C.lm_dtensor_from_local(piece:contiguous():clone(), m, pl, shapebuf, 0))
+end
+
 -- distribute_tensor(t, mesh, placements, {src_data_rank=0}): t is the whole
 -- tensor; with src_data_rank (a rank of each mesh dim, 0 by default) every
 -- rank takes its shard of that rank's data (a broadcast per mesh dim); with
@@ -167,7 +187,6 @@ function M.distribute_tensor(t, mesh, placements, opts)
   -- Lua tables cannot hold nil: src_data_rank = false asks for no communication
   local src = opts.src_data_rank
   if src == nil then src = 0 elseif src == false then src = nil end
-  local dist = require("loom.distributed")
   local m = c_mesh(mesh)
   if src ~= nil then   -- a rank along every mesh dim: below the smallest dim's size
     local smallest = math.huge
@@ -182,22 +201,7 @@ function M.distribute_tensor(t, mesh, placements, opts)
     if pl[k].kind == C.LM_PARTIAL then error("distribute_tensor: Partial placements cannot be distributed (use from_local)", 2) end
   end
   local requires_grad = t.requires_grad
-  local d = loom.no_grad(function()
-    local full = t:detach()
-    if src ~= nil and not t.is_meta then   -- (a meta tensor has no data to send)
-      if type(src) ~= "number" then T.argerror("distribute_tensor", "src_data_rank", "a rank or nil", T.describe(src)) end
-      for k = 1, mesh.ndim do full = dist.broadcast(full, src, mesh, k) end
-    end
-    local gshape = full:size()
-    for i = 1, #gshape do shapebuf[i - 1] = gshape[i] end
-    local lshape, off = ffi.new("int64_t[8]"), ffi.new("int64_t[8]")
-    C.lm_shard_layout(m, #gshape, shapebuf, pl, nil, lshape, off)
-    local piece = full
-    for i = 1, #gshape do
-      if tonumber(lshape[i - 1]) ~= gshape[i] then piece = piece:narrow(i, tonumber(off[i - 1]) + 1, tonumber(lshape[i - 1])) end
-    end
-    return T.wrap(C.lm_dtensor_from_local(piece:contiguous():clone(), m, pl, shapebuf, 0))
-  end)
+  local d = loom.no_grad(distribute, t, mesh, m, pl, src)
   if requires_grad then d:requires_grad_(true) end
   return d
 end

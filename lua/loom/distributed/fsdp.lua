@@ -71,15 +71,20 @@ local function changed(unit, v)
 end
 local function stale(unit) return unit.live == nil or changed(unit, unit.live.versions) end
 
+-- the unit's local shards packed into one flat tensor. (This and assign_all
+-- are functions of the module, not closures over units, which a compiled
+-- trace would keep: docs/architecture.md.)
+local function pack_unit(unit)
+  local shards = {}
+  for i, e in ipairs(unit.entries) do shards[i] = e.sharded:to_local() end
+  return L.pack_shards(unit.infos, shards)
+end
+
 -- the dp all-gather of a unit's shards, started (the flat input is kept
 -- with the Work until it is waited for)
 local function start_gather(unit)
   touch(unit)
-  local flat = loom.no_grad(function()   -- (forward pre-hooks run with autograd on)
-    local shards = {}
-    for i, e in ipairs(unit.entries) do shards[i] = e.sharded:to_local() end
-    return L.pack_shards(unit.infos, shards)
-  end)
+  local flat = loom.no_grad(pack_unit, unit)   -- (forward pre-hooks run with autograd on)
   unit.inflight = { flat = flat, versions = versions(unit),
                     work = dist.all_gather(flat, 1, unit.mesh, 1, { async_op = true }) }
 end
@@ -180,6 +185,8 @@ local function assign(rec)
   end
 end
 
+local function assign_all(pending) for _, rec in ipairs(pending) do assign(rec) end end
+
 -- end of backward: the last reductions, then every unit back to sharded
 function finish()
   G.queued = false
@@ -191,7 +198,7 @@ function finish()
   end
   local pending = G.pending
   G.pending = {}
-  loom.no_grad(function() for _, rec in ipairs(pending) do assign(rec) end end)
+  loom.no_grad(assign_all, pending)
   for _, unit in ipairs(touched) do
     if unit.inflight then unit.inflight.work:wait() unit.inflight = nil end  -- a prefetch nobody took
     local live = unit.live

@@ -10,7 +10,6 @@
 -- dim TP shards (a Colwise bias) is cut inside its TP shard instead, on the
 -- {tp, dp} mesh (nested Shard: tp first, then dp). A plain parameter gets
 -- Shard(1) on the dp mesh.
-local loom = require("loom")
 local T = require("loom.tensor")
 local dist = require("loom.distributed")
 local L = require("loom.distributed.fsdp_layout")
@@ -143,10 +142,9 @@ local function shard(unit, e)
   e.requires_grad, e.tp, e.d = p.requires_grad, lo.tp, lo.d
   e.mesh, e.placements, e.shape = lo.mesh, lo.placements, p:size()
   e.info = L.info(whole:size(), lo.d, unit.ndp, unit.dp_rank)
-  loom.no_grad(function()
-    local piece = whole:detach():narrow(lo.d, e.info.off + 1, e.info.mine):clone()
-    e.sharded = dist.from_local(piece, lo.mesh, lo.placements, { shape = e.shape })
-  end)
+  -- detached: from_local of a tensor that needs no gradient records nothing
+  local piece = whole:detach():narrow(lo.d, e.info.off + 1, e.info.mine):clone()
+  e.sharded = dist.from_local(piece, lo.mesh, lo.placements, { shape = e.shape })
   if e.requires_grad then e.sharded:requires_grad_(true) end
   T.replaced[p] = "fully_shard"
   e.param = nil

@@ -82,14 +82,17 @@ function M.stack(Block, c, n)
   return loom.nn.ModuleList(list)
 end
 
--- run_layers(layers, h, cache, t, call) -> h: h through each layer as
--- call(layer, h, layer_cache), layer i's cache being cache[i] (made on first
--- use) when there is a cache; then the cache holds t more positions.
-function M.run_layers(layers, h, cache, t, call)
+-- run_layers(layers, h, cache, t[, cos, sin]) -> h: h through each layer
+-- as layer(h, cos, sin, layer_cache) given rotary tables (the Llamas), else
+-- layer(h, layer_cache); layer i's cache is cache[i] (made on first use)
+-- when there is a cache; then the cache holds t more positions. (The tables
+-- are arguments, not a closure's upvalues, which a compiled trace would
+-- keep: docs/architecture.md.)
+function M.run_layers(layers, h, cache, t, cos, sin)
   for i, layer in layers:ipairs() do
     local c
     if cache then cache[i] = cache[i] or {} c = cache[i] end
-    h = call(layer, h, c)
+    if cos then h = layer(h, cos, sin, c) else h = layer(h, c) end
   end
   if cache then cache.pos = (cache.pos or 0) + t end
   return h

@@ -105,6 +105,20 @@ local function last_logits(model, ctx, cache, device)
   return last:to("cpu")
 end
 
+-- appends up to n ids to out, with a KV cache unless window (the
+-- model's length: each step runs the last window ids) is given
+local function extend(model, out, n, window, device, o, eos_id)
+  local cache = not window and { pos = 0 } or nil
+  local ctx = out
+  for step = 1, n do
+    if window then ctx = { unpack(out, math.max(1, #out - window + 1)) } end
+    local id = pick(last_logits(model, ctx, cache, device), o, step)
+    out[#out + 1] = id
+    ctx = { id }
+    if eos_id and id == eos_id then break end
+  end
+end
+
 -- generate(model, ids, {max_new_tokens = 20, temperature, top_k, top_p,
 -- seed, do_sample, eos_id, cache = true}) -> a Lua table: the prompt's ids
 -- then the new ones (1-based). cache = false runs the whole sequence at
@@ -130,17 +144,7 @@ function M.generate(model, ids, opts)
   local device = p1.dist ~= nil and p1:to_local().device or p1.device
   local was_training = model.training
   model:eval()
-  loom.no_grad(function()
-    local cache = use_cache and { pos = 0 } or nil
-    local ctx = out
-    for step = 1, n do
-      if not use_cache then ctx = { unpack(out, math.max(1, #out - limit + 1)) } end
-      local id = pick(last_logits(model, ctx, cache, device), o, step)
-      out[#out + 1] = id
-      ctx = { id }
-      if opts.eos_id and id == opts.eos_id then break end
-    end
-  end)
+  loom.no_grad(extend, model, out, n, not use_cache and limit or nil, device, o, opts.eos_id)
   model:train(was_training)
   return out
 end

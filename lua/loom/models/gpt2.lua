@@ -79,8 +79,7 @@ end
 function GPT2:forward(ids, cache)
   local t, start = blocks.span("GPT2", ids, cache, self.config.n_positions, "n_positions")
   local pos = loom.arange(start + 1, start + t + 1, 1, { dtype = "i64", device = ids.device }):reshape(1, t)
-  local x = blocks.run_layers(self.h, self.wte(ids) + self.wpe(pos), cache, t,
-                              function(block, x, c) return block(x, c) end)
+  local x = blocks.run_layers(self.h, self.wte(ids) + self.wpe(pos), cache, t)
   return self.lm_head(self.ln_f(x))
 end
 

@@ -194,6 +194,32 @@ local function problems_of(r, model, map, ignore, strict)
   return out
 end
 
+-- each parameter's block of the tensor map names, read from r
+local function copy_blocks(r, model, map)
+  for _, kv in ipairs(model:named_parameters()) do
+    local fqn, p = kv[1], kv[2]
+    local off, size = block_of(p, "hf.load_weights", fqn)
+    local x = read_block(r, map[fqn], off, size, "hf.load_weights")
+    local dst = p.dist ~= nil and p:to_local() or p
+    if dst.device ~= "cpu" then x = x:to(dst.device) end
+    dst:copy_(x)
+  end
+end
+
+-- the checkpoint file (open as r) into the model, or an error naming the
+-- problems. (Functions of the module, not closures over the model, which a
+-- compiled trace would keep: docs/architecture.md.)
+local function load_from(r, model, file, strict)
+  local present = {}
+  for _, n in ipairs(r.names) do present[n] = true end
+  local map, ignore = M.name_map(model, present)
+  local problems = problems_of(r, model, map, ignore, strict)
+  if #problems > 0 then
+    error(string.format("hf.load_weights: %s: %s", file, table.concat(problems, "; ")), 0)
+  end
+  loom.no_grad(copy_blocks, r, model, map)
+end
+
 -- load_weights(model, path, {strict = true}): copies the checkpoint at path
 -- (a .safetensors file or a directory holding model.safetensors) into the
 -- model's parameters in place; a sharded parameter (after
@@ -208,25 +234,7 @@ function M.load_weights(model, path, opts)
   opts = opts or {}
   local file = M.weights_path(path)
   local r = st.open(file, fname)
-  local ok, err = pcall(function()
-    local present = {}
-    for _, n in ipairs(r.names) do present[n] = true end
-    local map, ignore = M.name_map(model, present)
-    local problems = problems_of(r, model, map, ignore, opts.strict ~= false)
-    if #problems > 0 then
-      error(string.format("%s: %s: %s", fname, file, table.concat(problems, "; ")), 0)
-    end
-    loom.no_grad(function()
-      for _, kv in ipairs(model:named_parameters()) do
-        local fqn, p = kv[1], kv[2]
-        local off, size = block_of(p, fname, fqn)
-        local x = read_block(r, map[fqn], off, size, fname)
-        local dst = p.dist ~= nil and p:to_local() or p
-        if dst.device ~= "cpu" then x = x:to(dst.device) end
-        dst:copy_(x)
-      end
-    end)
-  end)
+  local ok, err = pcall(load_from, r, model, file, opts.strict ~= false)
   r:close()
   if not ok then error(err, 2) end
   return model
@@ -321,25 +329,29 @@ end
 ---------------------------------------------------------------------------
 -- save
 
+-- HF name -> the parts of the model's tensors that make it, in HF's layout
+-- (not a closure over the model, which a compiled trace would keep)
+local function hf_parts(model, map)
+  local groups = {}
+  for _, kv in ipairs(model:named_parameters()) do
+    local e, p = map[kv[1]], kv[2]
+    if e == nil then error("hf.hf_state_dict: the name map has no entry for " .. kv[1], 0) end
+    if e.tied then goto continue end   -- HF's tied checkpoints hold the embedding only
+    local x = p:detach()
+    if x.dist ~= nil then x = x:full_tensor() end
+    if e.heads then x = permute(x, e.heads) end
+    if e.transpose then x = x:t() end
+    groups[e.hf] = groups[e.hf] or {}
+    table.insert(groups[e.hf], { x = x:contiguous(), slice = e.slice })
+    ::continue::
+  end
+  return groups
+end
+
 -- hf_state_dict(model) -> HF name -> full tensor (DTensors gathered: a
 -- collective when the model is sharded; every rank gets every tensor)
 function M.hf_state_dict(model)
-  local map = M.name_map(model)
-  local groups = {}
-  loom.no_grad(function()
-    for _, kv in ipairs(model:named_parameters()) do
-      local e, p = map[kv[1]], kv[2]
-      if e == nil then error("hf.hf_state_dict: the name map has no entry for " .. kv[1], 0) end
-      if e.tied then goto continue end   -- HF's tied checkpoints hold the embedding only
-      local x = p:detach()
-      if x.dist ~= nil then x = x:full_tensor() end
-      if e.heads then x = permute(x, e.heads) end
-      if e.transpose then x = x:t() end
-      groups[e.hf] = groups[e.hf] or {}
-      table.insert(groups[e.hf], { x = x:contiguous(), slice = e.slice })
-      ::continue::
-    end
-  end)
+  local groups = loom.no_grad(hf_parts, model, M.name_map(model))
   local out = {}
   for name, parts in pairs(groups) do
     if #parts == 1 and not parts[1].slice then out[name] = parts[1].x

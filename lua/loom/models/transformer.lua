@@ -105,8 +105,7 @@ end
 function Transformer:forward(ids, cache)
   local t, pos = blocks.span("Transformer", ids, cache, self.config.max_seq_len, "max_seq_len")
   local cos, sin = self.rope_cos:narrow(1, pos + 1, t), self.rope_sin:narrow(1, pos + 1, t)
-  local h = blocks.run_layers(self.layers, self.tok_embeddings(ids), cache, t,
-                              function(layer, h, c) return layer(h, cos, sin, c) end)
+  local h = blocks.run_layers(self.layers, self.tok_embeddings(ids), cache, t, cos, sin)
   return self.output(self.norm(h))
 end
 
@@ -135,6 +134,31 @@ function M.tp_plan(opts, model)
   }, opts, model and { { "n_heads", model.config.n_heads }, { "n_kv_heads", model.config.n_kv_heads } })
 end
 
+-- n ids sampled after out (appended to it), with no gradient
+local function sample(model, out, n, temp, opts)
+  for _ = 1, n do
+    local ctx = { unpack(out, math.max(1, #out - model.config.max_seq_len + 1)) }
+    local logits = model(loom.tensor({ ctx }, { dtype = "i64" }))
+    local last = logits:narrow(2, #ctx, 1):reshape(-1)
+    if last.dist ~= nil then last = last:full_tensor() end   -- vocabulary-sharded logits
+    local probs = (last * (1 / temp)):softmax(1):totable()
+    if opts.top_k then
+      local sorted = { unpack(probs) }
+      table.sort(sorted, function(a, b) return a > b end)
+      local cut = sorted[math.min(opts.top_k, #sorted)]
+      for i, p in ipairs(probs) do if p < cut then probs[i] = 0 end end
+    end
+    local total = 0
+    for _, p in ipairs(probs) do total = total + p end
+    local u, acc, pick = loom.rand(1):item() * total, 0, #probs
+    for i, p in ipairs(probs) do
+      acc = acc + p
+      if u < acc then pick = i break end
+    end
+    out[#out + 1] = pick
+  end
+end
+
 -- generate(model, ids (1, T), n, {temperature=1, top_k}): appends n sampled
 -- ids; the draws come from loom's RNG (loom.manual_seed reproduces them).
 function M.generate(model, ids, n, opts)
@@ -143,29 +167,7 @@ function M.generate(model, ids, n, opts)
   local was_training = model.training
   model:eval()
   local out = ids:totable()[1]
-  loom.no_grad(function()
-    for _ = 1, n do
-      local ctx = { unpack(out, math.max(1, #out - model.config.max_seq_len + 1)) }
-      local logits = model(loom.tensor({ ctx }, { dtype = "i64" }))
-      local last = logits:narrow(2, #ctx, 1):reshape(-1)
-      if last.dist ~= nil then last = last:full_tensor() end   -- vocabulary-sharded logits
-      local probs = (last * (1 / temp)):softmax(1):totable()
-      if opts.top_k then
-        local sorted = { unpack(probs) }
-        table.sort(sorted, function(a, b) return a > b end)
-        local cut = sorted[math.min(opts.top_k, #sorted)]
-        for i, p in ipairs(probs) do if p < cut then probs[i] = 0 end end
-      end
-      local total = 0
-      for _, p in ipairs(probs) do total = total + p end
-      local u, acc, pick = loom.rand(1):item() * total, 0, #probs
-      for i, p in ipairs(probs) do
-        acc = acc + p
-        if u < acc then pick = i break end
-      end
-      out[#out + 1] = pick
-    end
-  end)
+  loom.no_grad(sample, model, out, n, temp, opts)
   model:train(was_training)
   return out
 end

@@ -191,6 +191,12 @@ function Module:named_persistent_buffers()
   return out
 end
 
+-- own[k]:copy_(sd[k]) for the keys of both (not a closure over them, which a
+-- compiled trace would keep: docs/architecture.md)
+local function copy_into(own, sd)
+  for k, t in pairs(own) do if sd[k] ~= nil then t:copy_(sd[k]) end end
+end
+
 -- load_state_dict(sd, {strict=true}): copies values in place; strict mode
 -- names every missing and unexpected key, and shape mismatches are errors.
 function Module:load_state_dict(sd, opts)
@@ -215,9 +221,7 @@ function Module:load_state_dict(sd, opts)
   if strict and #missing > 0 then problems[#problems + 1] = "missing keys: " .. table.concat(missing, ", ") end
   if strict and #unexpected > 0 then problems[#problems + 1] = "unexpected keys: " .. table.concat(unexpected, ", ") end
   if #problems > 0 then error("load_state_dict: " .. table.concat(problems, "; "), 2) end
-  loom.no_grad(function()
-    for k, t in pairs(own) do if sd[k] ~= nil then t:copy_(sd[k]) end end
-  end)
+  loom.no_grad(copy_into, own, sd)
   return { missing_keys = missing, unexpected_keys = unexpected }
 end
 

@@ -31,15 +31,23 @@ local function check(fname, t)
   if not T.is_float_dtype(t.dtype) then T.argerror(fname, "tensor", "a floating point tensor", t.dtype .. " tensor", 3) end
 end
 
+-- (fill_random and fill take the tensor as an argument: a closure over it
+-- would be kept by a compiled trace, docs/architecture.md)
+local function fill_random(t, kind, a, b)
+  local loc, g, off = layout(t)
+  if C.lm_random_(loc, kind, a, b, g, off) < 0 then T.c_error(4) end
+end
+
+local function fill(t, v)
+  if C.lm_fill_((layout(t)), v) < 0 then T.c_error(3) end
+end
+
 local function random_(fname, t, kind, a, b)
   check(fname, t)
   for name, v in pairs { a = a, b = b } do
     if type(v) ~= "number" or v ~= v then T.argerror(fname, name, "a number", T.describe(v), 3) end
   end
-  loom.no_grad(function()
-    local loc, g, off = layout(t)
-    if C.lm_random_(loc, kind, a, b, g, off) < 0 then T.c_error(4) end
-  end)
+  loom.no_grad(fill_random, t, kind, a, b)
   return t
 end
 
@@ -54,9 +62,7 @@ end
 function M.constant_(t, v)
   check("constant_", t)
   if type(v) ~= "number" then T.argerror("constant_", "val", "a number", T.describe(v)) end
-  loom.no_grad(function()
-    if C.lm_fill_((layout(t)), v) < 0 then T.c_error(3) end
-  end)
+  loom.no_grad(fill, t, v)
   return t
 end
 function M.zeros_(t) return M.constant_(t, 0) end

@@ -52,42 +52,44 @@ local PER_CALL = 64
 -- 64 parameters and per step count, which differs only for parameters
 -- that went without a gradient at some step). DTensors update shard by
 -- shard; parameters that are not f32/f64 (bf16) update their f32 master
--- copy, which is then rounded into the parameter.
+-- copy, which is then rounded into the parameter. (update is not a closure
+-- over self, which a compiled trace would keep: docs/architecture.md.)
+local function update(self, d)
+  local by_step, steps, masters = {}, {}, {}
+  for i, p in ipairs(self.params) do
+    local g = p.grad
+    if p.dist ~= nil then
+      p = p:to_local()
+      g = g and g:to_local()
+    end
+    if g ~= nil then
+      local s = self:_state(i, p)
+      s.step = s.step + 1
+      local master = s.master or p
+      local list = by_step[s.step]
+      if list == nil then
+        list = {}
+        by_step[s.step] = list
+        steps[#steps + 1] = s.step
+      end
+      local n = #list
+      list[n + 1], list[n + 2], list[n + 3], list[n + 4] = master, g:to(master.dtype):contiguous(), s.exp_avg, s.exp_avg_sq
+      if s.master then masters[#masters + 1] = { p, s.master } end
+    end
+  end
+  table.sort(steps)
+  for _, step in ipairs(steps) do
+    local list, hyper = by_step[step], { d.lr, d.beta1, d.beta2, d.eps, d.weight_decay, 1 - d.beta1 ^ step, 1 - d.beta2 ^ step }
+    for first = 1, #list, 4 * PER_CALL do
+      T.op(C.LM_OP_ADAMW_MULTI, { unpack(list, first, math.min(#list, first + 4 * PER_CALL - 1)) }, nil, hyper)
+    end
+  end
+  for _, pm in ipairs(masters) do pm[1]:copy_(pm[2]) end
+end
+
 function AdamW:step()
   self:check_live()
-  local d = self.defaults
-  loom.no_grad(function()
-    local by_step, steps, masters = {}, {}, {}
-    for i, p in ipairs(self.params) do
-      local g = p.grad
-      if p.dist ~= nil then
-        p = p:to_local()
-        g = g and g:to_local()
-      end
-      if g ~= nil then
-        local s = self:_state(i, p)
-        s.step = s.step + 1
-        local master = s.master or p
-        local list = by_step[s.step]
-        if list == nil then
-          list = {}
-          by_step[s.step] = list
-          steps[#steps + 1] = s.step
-        end
-        local n = #list
-        list[n + 1], list[n + 2], list[n + 3], list[n + 4] = master, g:to(master.dtype):contiguous(), s.exp_avg, s.exp_avg_sq
-        if s.master then masters[#masters + 1] = { p, s.master } end
-      end
-    end
-    table.sort(steps)
-    for _, step in ipairs(steps) do
-      local list, hyper = by_step[step], { d.lr, d.beta1, d.beta2, d.eps, d.weight_decay, 1 - d.beta1 ^ step, 1 - d.beta2 ^ step }
-      for first = 1, #list, 4 * PER_CALL do
-        T.op(C.LM_OP_ADAMW_MULTI, { unpack(list, first, math.min(#list, first + 4 * PER_CALL - 1)) }, nil, hyper)
-      end
-    end
-    for _, pm in ipairs(masters) do pm[1]:copy_(pm[2]) end
-  end)
+  loom.no_grad(update, self, self.defaults)
 end
 
 return setmetatable(AdamW, { __index = Optimizer, __call = function(_, ...) return AdamW.new(...) end })

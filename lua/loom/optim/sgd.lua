@@ -17,25 +17,27 @@ function SGD.new(params, opts)
   return self
 end
 
+-- (not a closure over self, which a compiled trace would keep: docs/architecture.md)
+local function update(self, d)
+  for i, p in ipairs(self.params) do
+    local g = p.grad
+    if g ~= nil then
+      if d.weight_decay ~= 0 then g = g + p * d.weight_decay end
+      if d.momentum ~= 0 then
+        local s = self.state[i] or {}
+        self.state[i] = s
+        if s.momentum_buffer == nil then s.momentum_buffer = g:clone()
+        else s.momentum_buffer = s.momentum_buffer * d.momentum + g * (1 - d.dampening) end
+        g = d.nesterov and g + s.momentum_buffer * d.momentum or s.momentum_buffer
+      end
+      p:copy_(p - g * d.lr)
+    end
+  end
+end
+
 function SGD:step()
   self:check_live()
-  local d = self.defaults
-  loom.no_grad(function()
-    for i, p in ipairs(self.params) do
-      local g = p.grad
-      if g ~= nil then
-        if d.weight_decay ~= 0 then g = g + p * d.weight_decay end
-        if d.momentum ~= 0 then
-          local s = self.state[i] or {}
-          self.state[i] = s
-          if s.momentum_buffer == nil then s.momentum_buffer = g:clone()
-          else s.momentum_buffer = s.momentum_buffer * d.momentum + g * (1 - d.dampening) end
-          g = d.nesterov and g + s.momentum_buffer * d.momentum or s.momentum_buffer
-        end
-        p:copy_(p - g * d.lr)
-      end
-    end
-  end)
+  loom.no_grad(update, self, self.defaults)
 end
 
 return setmetatable(SGD, { __index = Optimizer, __call = function(_, ...) return SGD.new(...) end })

@@ -11,6 +11,30 @@ local M = {}
 
 local function shard(t) return t.dist ~= nil and t:to_local() or t end
 
+-- (copy_back and broadcast_all are functions of the module, not closures
+-- over the model's tensors, which a compiled trace would keep:
+-- docs/architecture.md.)
+-- each in-flight bucket's averaged gradients back into the parameters
+local function copy_back(inflight)
+  for _, b in ipairs(inflight) do
+    local flat, at = b.work:wait(), 1
+    for _, p in ipairs(b.params) do
+      local g = shard(p.grad)
+      local n = g:numel()
+      g:copy_(flat:narrow(1, at, n):view(g:size()))
+      at = at + n
+    end
+  end
+end
+
+-- every parameter (its local shard) as dp rank 0 holds it
+local function broadcast_all(params, mesh)
+  for _, p in ipairs(params) do
+    local s = shard(p)
+    s:copy_(dist.broadcast(s, 0, mesh, 1))
+  end
+end
+
 -- replicate(model, dp_mesh, {bucket_cap_mb=25}): call it before or after
 -- parallelize_module on the tp mesh; dp_mesh is 1-D (mesh["dp"]).
 function M.replicate(model, mesh, opts)
@@ -35,17 +59,7 @@ function M.replicate(model, mesh, opts)
 
   local function finish()
     launch()
-    loom.no_grad(function()
-      for _, b in ipairs(state.inflight) do
-        local flat, at = b.work:wait(), 1
-        for _, p in ipairs(b.params) do
-          local g = shard(p.grad)
-          local n = g:numel()
-          g:copy_(flat:narrow(1, at, n):view(g:size()))
-          at = at + n
-        end
-      end
-    end)
+    loom.no_grad(copy_back, state.inflight)
     state.inflight, state.queued = {}, false
   end
 
@@ -69,12 +83,7 @@ function M.replicate(model, mesh, opts)
     end
     if #fresh == 0 then return end
     -- the same starting point on every data-parallel rank
-    loom.no_grad(function()
-      for _, p in ipairs(fresh) do
-        local s = shard(p)
-        s:copy_(dist.broadcast(s, 0, mesh, 1))
-      end
-    end)
+    loom.no_grad(broadcast_all, fresh, mesh)
     for _, p in ipairs(fresh) do
       if p.requires_grad then handles[#handles + 1] = p:register_grad_ready_hook(ready) end
     end

@@ -24,6 +24,16 @@ local function check_ids(fname, ids, ignore, ncls)
   if C.lm_check_ids_in(fname, "target", ids, ncls, 1, ignore) < 0 then T.c_error(3) end
 end
 
+-- t[n, col[n]] where the target is here (heref 1), else 0; t (N, C_local)
+-- or (1, C_local). (A function of the module, not a closure over the
+-- logits, which a compiled trace would keep: docs/architecture.md.)
+local function pick(t, col, heref, nloc)
+  if nloc == 0 then return heref * 0 end
+  local n = col:numel()
+  local at = t:size(1) == 1 and col + 1 or loom.arange(0, n, 1, { dtype = "i64", device = col.device }) * nloc + col + 1
+  return F.embedding(at, t:reshape(-1, 1)):reshape(-1) * heref
+end
+
 local function vocab_parallel_cross_entropy(logits, target, opts)
   local fname = "cross_entropy (loss_parallel)"
   local mesh = logits.device_mesh
@@ -69,36 +79,26 @@ local function vocab_parallel_cross_entropy(logits, target, opts)
   -- rows whose target class is on this shard, and its column here (0 elsewhere)
   local here = ids:gt(offset):logical_and(ids:le(offset + nloc))
   local col = (ids - (offset + 1)):masked_fill(here:logical_not(), 0)
-  local heref
-  -- t[n, col[n]] where the target is here, else 0 (t (N, C_local) or (1, C_local))
-  local function pick(t)
-    heref = heref or here:to(l.dtype)
-    if nloc == 0 then return heref * 0 end
-    local at = t:size(1) == 1 and col + 1 or loom.arange(0, l:size(1), 1, { dtype = "i64", device = col.device }) * nloc + col + 1
-    return F.embedding(at, t:reshape(-1, 1)):reshape(-1) * heref
-  end
+  local heref = here:to(l.dtype)
   local z
-  do -- shift by the global row max (no gradient: the loss does not depend on it)
-    local m = loom.no_grad(function()
-      local lm = nloc > 0 and l:detach():max(2, true) or loom.full({ l:size(1), 1 }, -math.huge, { dtype = l.dtype })
-      return all_reduce(lm, MAX)
-    end)
-    z = l - m
+  do -- shift by the global row max (detached: the loss does not depend on it)
+    local lm = nloc > 0 and l:detach():max(2, true) or loom.full({ l:size(1), 1 }, -math.huge, { dtype = l.dtype })
+    z = l - all_reduce(lm, MAX)
   end
   local lse = all_reduce(z:exp():sum(2, true), SUM):log():reshape(-1)          -- (N)
-  local picked = all_reduce(pick(z), SUM)                                      -- (N)
+  local picked = all_reduce(pick(z, col, heref, nloc), SUM)                    -- (N)
   local w_local, w_target = nil, nil
   if opts.weight ~= nil then
     local w = dt.is_dtensor(opts.weight) and opts.weight:full_tensor() or opts.weight
     w_local = w:narrow(1, offset + 1, nloc):to(z.dtype):view(1, nloc)
-    w_target = loom.no_grad(function() return all_reduce(pick(w_local), SUM) end)
+    w_target = all_reduce(pick(w_local:detach(), col, heref, nloc), SUM)
   end
   local vf = valid:to(z.dtype)
   local nll = (lse - picked) * (w_target or 1) * vf
   local loss = nll
   if eps > 0 then -- sum_c w_c (lse - z_c) = lse * sum(w) - sum_c w_c z_c
     local wz = all_reduce((w_local and z * w_local or z):sum(2), SUM)
-    local wsum = w_local and loom.no_grad(function() return all_reduce(w_local:sum(), SUM) end) or ncls
+    local wsum = w_local and all_reduce(w_local:detach():sum(), SUM) or ncls
     local smooth = (lse * wsum - wz) * vf
     loss = nll * (1 - eps) + smooth * (eps / ncls)
   end

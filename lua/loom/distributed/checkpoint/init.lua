@@ -87,6 +87,16 @@ local function manifest_of(entries, writers, done, dstride, world)
   return files, tensors
 end
 
+-- (flatten_checked and load_into are functions of the module, not closures
+-- over the state_dict, which a compiled trace would keep: docs/architecture.md)
+local function flatten_checked(state_dict)
+  local ts, vs = state.flatten(state_dict, "checkpoint.save")
+  for _, e in ipairs(ts) do
+    if e.t:dim() > plan.MAXD then error("checkpoint.save: " .. e.name .. " has more than 8 dims", 0) end
+  end
+  return { ts, vs }
+end
+
 -- save(state_dict, dir): collective; see the top of the file.
 function M.save(state_dict, dir)
   if type(state_dict) ~= "table" then T.argerror("checkpoint.save", "state_dict", "a table", T.describe(state_dict)) end
@@ -96,13 +106,7 @@ function M.save(state_dict, dir)
   local rank, world = D.rank(), D.world_size()
   local tmp = format.tmp_of(dir)
 
-  local flat = together(function()
-    local ts, vs = state.flatten(state_dict, "checkpoint.save")
-    for _, e in ipairs(ts) do
-      if e.t:dim() > plan.MAXD then error("checkpoint.save: " .. e.name .. " has more than 8 dims", 0) end
-    end
-    return { ts, vs }
-  end)
+  local flat = together(flatten_checked, state_dict)
   local entries, values = flat[1], flat[2]
 
   -- every rank's paths (pipeline stages hold different layers)
@@ -179,6 +183,25 @@ local function fill(entries, saved, read, where, strict, fname)
   end
 end
 
+-- the checkpoint dir (or loom.save file) into state_dict, in place
+local function load_into(state_dict, dir, strict, fname)
+  local saved, values, read, close, where = {}, nil, nil, function() end, dir
+  if fs.is_file(dir) then
+    saved, values, read = interop.read_file(dir, fname)
+  else
+    local m
+    m, where = format.read_manifest(dir, fname)
+    for _, te in ipairs(m.tensors) do saved[state.path_key(te.path)] = te end
+    values = m.values
+    read, close = format.reader(dir, m, fname)
+  end
+  local entries = state.flatten(state_dict, fname)
+  local ok, err = pcall(loom.no_grad, fill, entries, saved, read, where, strict, fname)
+  close()
+  if not ok then error(err, 0) end
+  state.merge_values(values or {}, state_dict)
+end
+
 -- load(state_dict, dir, {strict = true}): collective; fills the tensors of
 -- state_dict in place (each rank reads the parts of the saved shards that
 -- overlap its own block), and assigns the saved non-tensor values into
@@ -192,24 +215,7 @@ function M.load(state_dict, dir, opts)
   dir = dir_arg("checkpoint.load", dir)
   local strict = not (opts and opts.strict == false)
   dist().init()
-  local fname = "checkpoint.load"
-  together(function()
-    local saved, values, read, close, where = {}, nil, nil, function() end, dir
-    if fs.is_file(dir) then
-      saved, values, read = interop.read_file(dir, fname)
-    else
-      local m
-      m, where = format.read_manifest(dir, fname)
-      for _, te in ipairs(m.tensors) do saved[state.path_key(te.path)] = te end
-      values = m.values
-      read, close = format.reader(dir, m, fname)
-    end
-    local entries = state.flatten(state_dict, fname)
-    local ok, err = pcall(loom.no_grad, fill, entries, saved, read, where, strict, fname)
-    close()
-    if not ok then error(err, 0) end
-    state.merge_values(values or {}, state_dict)
-  end)
+  together(load_into, state_dict, dir, strict, "checkpoint.load")
   return state_dict
 end
 

@@ -19,22 +19,26 @@ local function zeros(n)
   return z
 end
 
+-- each saved tensor whole, from its shards, into out at its path (not a
+-- closure over out, which a compiled trace would keep: docs/architecture.md)
+local function read_whole(tensors, read, out)
+  for _, te in ipairs(tensors) do
+    local whole, at0 = TC.empty(te.shape, { dtype = te.dtype }), zeros(#te.shape)
+    for _, sh in ipairs(te.shards) do
+      local lo, len = plan.overlap(sh.offset, sh.size, at0, te.shape)
+      if lo then plan.copy(read(sh, te), sh.offset, whole, at0, lo, len) end
+    end
+    state.set_path(out, te.path, whole)
+  end
+end
+
 -- read_dir(dir, fname) -> the state_dict saved in the checkpoint dir, its
 -- tensors whole and plain (every shard read, checksums checked)
 function M.read_dir(dir, fname)
   local m = format.read_manifest(dir, fname)
   local out = m.values or {}
   local read, close = format.reader(dir, m, fname)
-  local ok, err = pcall(function()
-    for _, te in ipairs(m.tensors) do
-      local whole, at0 = TC.empty(te.shape, { dtype = te.dtype }), zeros(#te.shape)
-      for _, sh in ipairs(te.shards) do
-        local lo, len = plan.overlap(sh.offset, sh.size, at0, te.shape)
-        if lo then plan.copy(read(sh, te), sh.offset, whole, at0, lo, len) end
-      end
-      state.set_path(out, te.path, whole)
-    end
-  end)
+  local ok, err = pcall(read_whole, m.tensors, read, out)
   close()
   if not ok then error(err, 0) end
   return out

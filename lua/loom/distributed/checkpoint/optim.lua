@@ -51,6 +51,21 @@ function M.param_index(whole, stage)
   return index
 end
 
+-- AdamW's state at step 0 for each parameter that has none yet (not a
+-- closure over opt, which a compiled trace would keep: docs/architecture.md)
+local function fresh_adamw_state(opt)
+  for i, p in ipairs(opt.params) do
+    if opt.state[i] == nil then
+      local lp = is_dtensor(p) and p:to_local() or p
+      local sd = lp.dtype == "f64" and "f64" or "f32"
+      local s = { step = 0, exp_avg = loom.zeros(lp:size(), { dtype = sd, device = lp.device }),
+                  exp_avg_sq = loom.zeros(lp:size(), { dtype = sd, device = lp.device }) }
+      if lp.dtype ~= sd then s.master = lp:to(sd):contiguous() end
+      opt.state[i] = s
+    end
+  end
+end
+
 -- optim_state_dict(opt): the optimizer's state_dict for save/load, with the
 -- state tensors of DTensor parameters (plain local shards in the
 -- optimizer) wrapped as DTensors with their parameter's mesh, placements
@@ -67,18 +82,7 @@ function M.optim_state_dict(opt, opts)
   end
   local D = dist()
   if opt.name == "AdamW" then
-    loom.no_grad(function()
-      for i, p in ipairs(opt.params) do
-        if opt.state[i] == nil then
-          local lp = is_dtensor(p) and p:to_local() or p
-          local sd = lp.dtype == "f64" and "f64" or "f32"
-          local s = { step = 0, exp_avg = loom.zeros(lp:size(), { dtype = sd, device = lp.device }),
-                      exp_avg_sq = loom.zeros(lp:size(), { dtype = sd, device = lp.device }) }
-          if lp.dtype ~= sd then s.master = lp:to(sd):contiguous() end
-          opt.state[i] = s
-        end
-      end
-    end)
+    loom.no_grad(fresh_adamw_state, opt)
   end
   local index = index_arg("optim_state_dict", opt, opts)
   local base = opt:state_dict()

@@ -62,6 +62,24 @@ local function describe(e)
   e.dtype_ = x.dtype_
 end
 
+-- each entry's key hash, dtype, shape and block into rp, W values an entry
+-- (not a closure over the entries, which a compiled trace would keep)
+local function encode(entries, rp)
+  for i, e in ipairs(entries) do
+    local b = (i - 1) * W
+    rp[b] = ffi.cast("int64_t", C.lm_fnv1a(e.key, #e.key, 0))
+    if e.absent then
+      rp[b + 1] = ABSENT   -- another rank's path (union.lua)
+    else
+      describe(e)
+      rp[b + 1], rp[b + 2] = e.dtype_, #e.shape
+      for d = 1, #e.shape do
+        rp[b + 2 + d], rp[b + 2 + MAXD + d], rp[b + 2 + 2 * MAXD + d] = e.shape[d], e.boff[d], e.bsize[d]
+      end
+    end
+  end
+end
+
 -- writers(entries, rank, world) -> writers, mine: for each entry i,
 -- writers[i] = {{rank, offset, size}, ...} (the blocks that cover it, each
 -- written once), and mine[i] = true where this rank writes one. Entries
@@ -71,21 +89,7 @@ end
 function M.writers(entries, rank, world)
   local n = #entries
   local rec, rp = ranks.i64s(math.max(1, n * W))
-  require("loom").no_grad(function()
-    for i, e in ipairs(entries) do
-      local b = (i - 1) * W
-      rp[b] = ffi.cast("int64_t", C.lm_fnv1a(e.key, #e.key, 0))
-      if e.absent then
-        rp[b + 1] = ABSENT   -- another rank's path (union.lua)
-      else
-        describe(e)
-        rp[b + 1], rp[b + 2] = e.dtype_, #e.shape
-        for d = 1, #e.shape do
-          rp[b + 2 + d], rp[b + 2 + MAXD + d], rp[b + 2 + 2 * MAXD + d] = e.shape[d], e.boff[d], e.bsize[d]
-        end
-      end
-    end
-  end)
+  require("loom").no_grad(encode, entries, rp)
   local all = ranks.gather_i64(rec)
   local stride = math.max(1, n * W)
   local function at(r, i, w) return all[r * stride + (i - 1) * W + w] end

@@ -35,38 +35,43 @@ local function is_value(v)
       or (t == "cdata" and (ffi.istype("int64_t", v) or ffi.istype("uint64_t", v)))
 end
 
+-- the values of table t (at keys) without its tensors, which go to
+-- acc.tensors. (acc carries the state: a closure over it would be kept by
+-- a compiled trace, docs/architecture.md.)
+local function walk(acc, t, keys)
+  local fname = acc.fname
+  if acc.seen[t] then error(fname .. ": " .. (#keys > 0 and M.path_name(keys) or "state_dict") .. " is a cycle", 0) end
+  acc.seen[t] = true
+  local ks = {}
+  for k in pairs(t) do
+    if type(k) ~= "string" and type(k) ~= "number" then
+      error(string.format("%s: %s: keys must be strings or numbers, got a %s", fname,
+                          #keys > 0 and M.path_name(keys) or "state_dict", type(k)), 0)
+    end
+    ks[#ks + 1] = k
+  end
+  table.sort(ks, key_less)
+  local vals = {}
+  for _, k in ipairs(ks) do
+    local v, p = t[k], {}
+    for i, kk in ipairs(keys) do p[i] = kk end
+    p[#p + 1] = k
+    if T.is_tensor(v) then
+      acc.tensors[#acc.tensors + 1] = { keys = p, name = M.path_name(p), key = M.path_key(p), t = v }
+    elseif type(v) == "table" then vals[k] = walk(acc, v, p)
+    elseif is_value(v) then vals[k] = v
+    else error(string.format("%s: %s: cannot checkpoint a %s", fname, M.path_name(p), type(v)), 0) end
+  end
+  acc.seen[t] = nil
+  return vals
+end
+
 -- flatten(sd, fname) -> tensors, values: the tensors as {keys, name, key, t}
 -- in sorted key order, and a copy of sd without them. Errors name fname.
 function M.flatten(sd, fname)
-  local tensors, seen = {}, {}
-  local function walk(t, keys)
-    if seen[t] then error(fname .. ": " .. (#keys > 0 and M.path_name(keys) or "state_dict") .. " is a cycle", 0) end
-    seen[t] = true
-    local ks = {}
-    for k in pairs(t) do
-      if type(k) ~= "string" and type(k) ~= "number" then
-        error(string.format("%s: %s: keys must be strings or numbers, got a %s", fname,
-                            #keys > 0 and M.path_name(keys) or "state_dict", type(k)), 0)
-      end
-      ks[#ks + 1] = k
-    end
-    table.sort(ks, key_less)
-    local vals = {}
-    for _, k in ipairs(ks) do
-      local v, p = t[k], {}
-      for i, kk in ipairs(keys) do p[i] = kk end
-      p[#p + 1] = k
-      if T.is_tensor(v) then
-        tensors[#tensors + 1] = { keys = p, name = M.path_name(p), key = M.path_key(p), t = v }
-      elseif type(v) == "table" then vals[k] = walk(v, p)
-      elseif is_value(v) then vals[k] = v
-      else error(string.format("%s: %s: cannot checkpoint a %s", fname, M.path_name(p), type(v)), 0) end
-    end
-    seen[t] = nil
-    return vals
-  end
-  local values = walk(sd, {})
-  return tensors, values
+  local acc = { tensors = {}, seen = {}, fname = fname }
+  local values = walk(acc, sd, {})
+  return acc.tensors, values
 end
 
 -- merge_values(vals, sd): copies saved values (non-tensor leaves) into sd,

@@ -193,24 +193,29 @@ end
 
 -- eval(x, {target}): forward only, without gradients (evaluation): the
 -- mean of the microbatches' losses on the last stage's rank, else nil
-function Schedule:eval(x, opts)
-  opts = opts or {}
+-- (forward_all is a function of the module, not a closure over the
+-- batch, which a compiled trace would keep: docs/architecture.md)
+local function forward_all(self, x, target)
   local total, n, last = 0, 0, false
-  loom.no_grad(function()
-    local xs = x ~= nil and split(self.kind, "x", x, self.n)
-    local ys = opts.target ~= nil and split(self.kind, "target", opts.target, self.n)
-    for _, st in ipairs(self.stages) do
-      for mb = 0, self.n - 1 do
-        local out = st:forward_one(mb, st.is_first and xs[mb] or nil)
-        st.inputs[mb], st.outputs[mb] = nil, nil
-        if st.is_last then
-          last = true
-          total, n = total + self.loss_fn(out, ys[mb]):item(), n + 1
-        end
+  local xs = x ~= nil and split(self.kind, "x", x, self.n)
+  local ys = target ~= nil and split(self.kind, "target", target, self.n)
+  for _, st in ipairs(self.stages) do
+    for mb = 0, self.n - 1 do
+      local out = st:forward_one(mb, st.is_first and xs[mb] or nil)
+      st.inputs[mb], st.outputs[mb] = nil, nil
+      if st.is_last then
+        last = true
+        total, n = total + self.loss_fn(out, ys[mb]):item(), n + 1
       end
     end
-    for _, st in ipairs(self.stages) do st:finish_sends() end
-  end)
+  end
+  for _, st in ipairs(self.stages) do st:finish_sends() end
+  return total, n, last
+end
+
+function Schedule:eval(x, opts)
+  opts = opts or {}
+  local total, n, last = loom.no_grad(forward_all, self, x, opts.target)
   if last then return total / n end
 end
 
