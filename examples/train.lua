@@ -372,14 +372,14 @@ local function main(argv)
     if w.device ~= "cpu" then x, y = x:to(w.device), y:to(w.device) end
     local function forward() return loom.F.cross_entropy(model(x), y) end
     if pp_sched then forward = function() return L.pipeline_loss(pp_sched, x, y, backward, w, dist) end end
-    local function run()
+    local function loss_of()
       local loss = o.dtype == "bf16" and loom.autocast("bf16", forward) or forward()
       if backward and not pp_sched then loss:backward() end
       return loss
     end
     local loss = L.with_cp(w, model, x, y, function(cx, cy)
       x, y = cx, cy
-      return o.lp and tpmod.loss_parallel(run) or run()
+      return o.lp and tpmod.loss_parallel(loss_of) or loss_of()
     end)
     local v = L.cp_avg(w, dist, loss:detach():to("f64"):reshape(1))
     if w.dp > 1 then v = dist.all_reduce(v, "avg", w.mesh, "dp") end

@@ -73,7 +73,7 @@ end
 -- The TP x DP model of o on this job's mesh: dist, tp, fsdp, the mesh, the
 -- model with its AdamW, this dp rank's batch and run() (forward with the
 -- loss and backward; under loss_parallel when tp > 1, as tp_plan asks).
-local function build(o)
+local function build(o)   -- luacheck: ignore 431 (a config, this run's or another)
   local dist, tp = require("loom.distributed"), require("loom.parallel")
   local fsdp = require("loom.distributed.fsdp")
   local tr = loom.models.transformer
@@ -116,7 +116,7 @@ end
 -- the two kinds alternating; the communication measured alone; the
 -- fraction of it hidden = (t_no_overlap - t_overlap) / t_comm. Each
 -- figure is the slowest rank's median.
-local function overlap(o, b)
+local function overlap(o, b)   -- luacheck: ignore 431
   local dist, fsdp, model, opt, run = b.dist, b.fsdp, b.model, b.opt, b.run
   local ntp, ndp, me = b.ntp, b.ndp, dist.rank()
   local state = { calls = {} }
@@ -254,7 +254,7 @@ end
 -- o.steps, a barrier before each; the slowest rank's median) next to
 -- PyTorch's on the same config, plan and threads per rank, one after the
 -- other. Tokens/s count the global batch (batch x seq) per step.
-local function tp_vs_torch(o, b)
+local function tp_vs_torch(o, b)   -- luacheck: ignore 431
   local dist, opt, run = b.dist, b.opt, b.run
   local function step()
     dist.barrier()
@@ -300,7 +300,6 @@ end
 -- each Linear weight (out, in) does y = x W^T forward, dX = dY W and
 -- dW = dY^T X backward on tokens = batch x seq rows: 6 x tokens x numel(W)
 -- FLOPs a step. Returns the FLOPs and the seconds of one replay.
-local ffi = require("ffi")
 pcall(ffi.cdef, [[
 void cblas_sgemm(int order, int transa, int transb, int m, int n, int k, float alpha,
                  const float *a, int lda, const float *b, int ldb, float beta, float *c, int ldc);

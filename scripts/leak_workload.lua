@@ -21,7 +21,7 @@ local function round(r)
   local b = loom.zeros(5, { requires_grad = true })
   local big = loom.rand(64, 64)          -- past the inline-buffer size
   local v = big:t():narrow(1, 3, 10):contiguous():view(-1)
-  local _ = v:sum():item(), loom.arange(0, 10, 0.5):totable(), tostring(loom.ones(2, 3))
+  local _, _, _ = v:sum():item(), loom.arange(0, 10, 0.5):totable(), tostring(loom.ones(2, 3))
   local ids = loom.tensor({ { 1, 3 }, { 4, 2 } }, { dtype = "i64" })
   for _, dt in ipairs { "f64", "bf16", "f16", "i32", "i64", "bool" } do big:to(dt):to("f32"):free() end
 
@@ -76,10 +76,11 @@ for r = 1, rounds do round(r) end
 jit.flush()
 -- full collections until the count stops moving: a finalizer that runs in
 -- one can let go of tensors only the next one frees (a true leak stays)
-local now, last = tonumber(C.lm_storage_count()), nil
+local now = tonumber(C.lm_storage_count())
 for _ = 1, 10 do
   collectgarbage()
-  last, now = now, tonumber(C.lm_storage_count())
+  local last = now
+  now = tonumber(C.lm_storage_count())
   if now == last then break end
 end
 io.write(string.format("leak_workload: %d rounds, live storages %d -> %d\n", rounds, start, now))

@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 
 pkgs=(build-essential cmake pkg-config luajit libluajit-5.1-dev lua-busted luarocks
       lua-dkjson lua-argparse lua-filesystem
+      lua-check   # luacheck, the suite's lint (scripts/lint.sh)
       libpcre2-dev lua-cjson   # tokenizers: PCRE2 for the pre-tokenizers' regexes (FFI), cjson for tokenizer.json
       libreadline8   # the REPL's line editing, history and completion (lua/loom/repl/readline.lua)
       libopenblas-dev libopenmpi-dev openmpi-bin gnuplot-nox valgrind

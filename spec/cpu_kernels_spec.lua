@@ -7,7 +7,6 @@
 package.path = "spec/support/?.lua;" .. package.path
 local loom = require("loom")
 local ffi = require("ffi")
-local T = require("loom.tensor")
 local R = require("ref")
 
 local INF, NAN = math.huge, 0 / 0

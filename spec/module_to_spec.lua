@@ -100,9 +100,9 @@ describe("the runtime's settings", function()
   it("show what this build is", function()
     local s
     local real = io.write
-    io.write = function() end
+    io.write = function() end   -- luacheck: ignore 122 (silenced while it prints)
     s = loom.show_config()
-    io.write = real
+    io.write = real             -- luacheck: ignore 122
     assert.truthy(s:find("OpenBLAS", 1, true))
     assert.truthy(s:find("threads: %d+"))
     assert.truthy(s:find("OPENBLAS_THREAD_TIMEOUT", 1, true))

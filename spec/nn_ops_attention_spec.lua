@@ -3,10 +3,10 @@
 -- conventions) and loom.F's rope helpers, against plain-Lua references in
 -- f64 and their gradients against central differences; strided and f32
 -- inputs, and no leaks from any nn op.
-local loom, S = require("loom"), require("support.nn_ops")
-local T, flat, rand_flat, close, same_shape = S.T, S.flat, S.rand_flat, S.close, S.same_shape
-local gradcheck, errors_with = S.gradcheck, S.errors_with
-local ref_softmax, ref_norm = S.softmax, S.norm
+local loom, NO = require("loom"), require("support.nn_ops")
+local T, flat, rand_flat, close, same_shape = NO.T, NO.flat, NO.rand_flat, NO.close, NO.same_shape
+local gradcheck, errors_with = NO.gradcheck, NO.errors_with
+local ref_softmax, ref_norm = NO.softmax, NO.norm
 
 describe("triu and tril", function()
   local shape = { 2, 3, 4 }

@@ -226,6 +226,7 @@ describe("loomrun --repl", function()
     assert.equal(0, rc, out)
     assert.truthy(out:find("loom> ...> ...> [ranks 0-1] 1\nloom> ", 1, true), out)
     rc, out = repl_run(2, "print(1)\n")   -- stdin is no terminal: no prompts
+    assert.equal(0, rc, out)
     assert.equal("[ranks 0-1] 1\n", out)
   end)
 

@@ -131,6 +131,7 @@ describe("loom.save / loom.load", function()
     -- the file appears under its name only by the rename: saving into a
     -- missing directory fails and creates nothing
     e = errmsg(loom.save, 1, dir .. "/missing/x.loom")
+    assert.matches("/missing/x.loom: cannot open for writing", e, 1, true)
     assert.is_false(exists(dir .. "/missing/x.loom"))
   end)
 

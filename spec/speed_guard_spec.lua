@@ -49,6 +49,7 @@ describe("speed against a same-run reference (fails only past 2x)", function()
     loom.set_num_threads(threads)
     ffi.C.free(src) ffi.C.free(dst)
     assert(ok, mine)
+    assert.equal(n, c:numel())
     guard("a + b on 4M f32", mine, ref)
   end)
 
@@ -70,6 +71,7 @@ describe("speed against a same-run reference (fails only past 2x)", function()
     local calls = 20000
     local mine, ref = race(function() for _ = 1, calls do r = x + 1 end end,
                            function() for _ = 1, calls do r = x + y end end, 5)
+    assert.equal(16, r:numel())
     guard("x + 1 on 16 f32", mine, ref)
   end)
 end)

@@ -83,11 +83,12 @@ Sampler.__index = Sampler
 -- resumed run draws the same batches. With world > 1 each rank takes its
 -- slice of a global batch of batch * world rows (data parallelism).
 function M.Sampler(ids, opts)
-  if not is_token_file(ids) then T.check_tensor(ids, "Sampler", "ids") end
-  if is_token_file(ids) then -- read row by row from the map
-  elseif ids.dtype ~= "i64" or ids:dim() ~= 1 or not ids:is_contiguous() or ids.device ~= "cpu" then
-    T.argerror("Sampler", "ids", "a contiguous 1-D i64 CPU tensor",
-               string.format("a %d-D %s tensor on %s", ids:dim(), ids.dtype, ids.device))
+  if not is_token_file(ids) then   -- (a token file is read row by row from the map)
+    T.check_tensor(ids, "Sampler", "ids")
+    if ids.dtype ~= "i64" or ids:dim() ~= 1 or not ids:is_contiguous() or ids.device ~= "cpu" then
+      T.argerror("Sampler", "ids", "a contiguous 1-D i64 CPU tensor",
+                 string.format("a %d-D %s tensor on %s", ids:dim(), ids.dtype, ids.device))
+    end
   end
   opts = opts or {}
   local self = setmetatable({ ids = ids, batch = opts.batch or 12, seq = opts.seq or 64,

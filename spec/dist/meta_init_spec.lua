@@ -3,7 +3,6 @@
 -- model built the ordinary way, at any TP degree, and only its shards'
 -- memory. Runs on 1, 2 and 4 ranks.
 local loom = require("loom")
-local dist = require("loom.distributed")
 local tp = require("loom.parallel")
 local H = require("support.tp")
 local tr = loom.models.transformer

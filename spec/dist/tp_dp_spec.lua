@@ -11,7 +11,6 @@ local loom, dist, tp = require("loom"), require("loom.distributed"), require("lo
 local H = require("support.tp")
 local nn, tr, clip = loom.nn, loom.models.transformer, loom.nn.utils.clip_grad_norm_
 
-local ws = H.ws
 local meshes = H.dp_tp_meshes()
 local cfg = H.TINY_LLAMA
 local close_num = H.close_num

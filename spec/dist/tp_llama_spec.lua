@@ -153,7 +153,7 @@ describe("TP Llama (PyTorch's test_transformer_training)", function()
 
   for _, sp in ipairs { false, true } do
     it("frozen parameters (sequence_parallel=" .. tostring(sp) .. "): no gradient, untouched by AdamW, the rest equal", function()
-      local bad, _, m, ref = run { sp = sp, lp = false, frozen = true }
+      local bad, _, m = run { sp = sp, lp = false, frozen = true }
       for _, fqn in ipairs(FROZEN) do
         local p = H.param(m, fqn)
         if p.requires_grad then bad[#bad + 1] = fqn .. " requires grad after parallelize" end

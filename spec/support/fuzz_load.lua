@@ -201,7 +201,7 @@ for i = 1, iters do
   local target = rnd(4)
   if target == 1 then   -- loom.save's file
     local forged = rnd(2) == 1
-    local s, what = good.file, nil
+    local s, what = good.file
     if forged then s, what = forge_file(s), "forged bytes" else s, what = raw_damage(s) end
     sys.write(file, s)
     try(id .. " file " .. what, forged, function() return loom.load(file) end)
@@ -212,7 +212,7 @@ for i = 1, iters do
     end
   else                  -- the checkpoint directory: its manifest or a shard file
     reset_ckpt()
-    local forged, what = false, nil
+    local forged, what = false
     local name = shard_names[rnd(#shard_names)]
     if target == 2 and rnd(2) == 1 then
       forged, what = true, "manifest " .. forge_manifest(ckpt .. "/manifest.loom")

@@ -76,10 +76,11 @@ if not ok then io.stderr:write("workload failed: ", tostring(err), "\n") os.exit
 for _, path in ipairs(held()) do print("held: " .. path) end
 -- full collections until the count stops moving (a finalizer that runs in
 -- one can let go of tensors only the next one frees)
-local now, last = tonumber(loom.C.lm_storage_count()), nil
+local now = tonumber(loom.C.lm_storage_count())
 for _ = 1, 10 do
   collectgarbage()
-  last, now = now, tonumber(loom.C.lm_storage_count())
+  local last = now
+  now = tonumber(loom.C.lm_storage_count())
   if now == last then break end
 end
 print(string.format("storages: %d -> %d", start, now))

@@ -178,9 +178,9 @@ function H.capture_stderr(fn)
     if type(v) == "function" then return function(_, ...) return v(real, ...) end end
     return v
   end })
-  io.stderr = fake
+  io.stderr = fake   -- luacheck: ignore 122 (captured while fn runs)
   local res = { pcall(fn) }
-  io.stderr = real
+  io.stderr = real   -- luacheck: ignore 122
   if not res[1] then error(res[2], 0) end
   return table.concat(buf), unpack(res, 2)
 end

@@ -73,7 +73,7 @@ local function choose(p, n, o, step)
 end
 
 -- pick(logits (vocab) f32/f64 tensor, o, step) -> a 1-based id
-local anchor   -- keeps the f64 logits alive while choose reads them through a raw pointer
+local anchor   -- luacheck: ignore 231 (keeps the f64 logits alive while choose reads them through a raw pointer)
 local function pick(logits, o, step)
   local v = logits:to("f64"):contiguous()
   anchor = v

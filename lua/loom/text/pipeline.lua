@@ -168,7 +168,7 @@ function M.decoder(j)
   local function add(x)
     if x == nil or x == NULL then return end
     if x.type == "Sequence" then for _, y in ipairs(x.decoders or {}) do add(y) end
-    elseif x.type == "ByteLevel" or x.type == "Fuse" then -- nothing to do
+    elseif x.type == "ByteLevel" or x.type == "Fuse" then -- luacheck: ignore 542 (nothing to do)
     elseif x.type == "ByteFallback" then d.byte_fallback = true
     elseif x.type == "Replace" then d.replace = { string_pattern(x.pattern, "Replace"), x.content }
     elseif x.type == "Strip" then

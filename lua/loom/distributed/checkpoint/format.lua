@@ -169,8 +169,8 @@ function M.read_manifest(dir, fname)
     error(string.format("%s: %s has format version %s (this loom reads version %d)", fname, path,
                         tostring(m.version), M.VERSION), 0)
   end
-  local ok, err = pcall(M.check_manifest, m)
-  if not ok then M.fail(dir, fname, "%s is corrupt (%s)", path, tostring(err)) end
+  local valid, err = pcall(M.check_manifest, m)
+  if not valid then M.fail(dir, fname, "%s is corrupt (%s)", path, tostring(err)) end
   return m, path
 end
 

@@ -185,7 +185,8 @@ end
 
 -- the checkpoint dir (or loom.save file) into state_dict, in place
 local function load_into(state_dict, dir, strict, fname)
-  local saved, values, read, close, where = {}, nil, nil, function() end, dir
+  local saved, close, where = {}, function() end, dir
+  local values, read
   if fs.is_file(dir) then
     saved, values, read = interop.read_file(dir, fname)
   else
