@@ -29,6 +29,8 @@ local creation = {
   { "zeros with a malformed cuda device", function() loom.zeros({ 2 }, { device = "cuda:x" }) end, "device", "cuda:x" },
   { "zeros with a size table with a named key", function() loom.zeros({ 2, x = 3 }) end, "zeros", "size", "list" },
   { "ones past the element limit", function() loom.ones(2 ^ 30, 2 ^ 30) end, "elements" },
+  -- (sizes whose strides would overflow int64, emptied by a zero size)
+  { "empty with huge sizes besides a zero", function() loom.empty(2 ^ 62, 2 ^ 61, 0) end, "empty", "but for its zero sizes" },
   { "empty with a negative size in a table", function() loom.empty({ -3 }) end, "empty", "size" },
   { "empty with a numeric device", function() loom.empty(2, { device = 0 }) end, "empty", "device" },
   { "full with a string value", function() loom.full({ 2 }, "x") end, "full", "value", "number" },

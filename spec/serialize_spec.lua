@@ -165,6 +165,31 @@ describe("loom.save / loom.load", function()
     assert.truthy(errmsg(loom.load, path):find("corrupt", 1, true))
   end)
 
+  it("a forged string length (checksum rewritten) is corrupt, not an allocation of that size", function()
+    -- past the 64 KiB window, a string's bytes were read into a buffer of
+    -- its declared length before the length was checked against the file:
+    -- 4 GiB for a 60-byte file, and under a memory limit, once the decoder
+    -- was compiled, a crash (the fuzzer's case 2:908). In a child under
+    -- ulimit -v 3 GB, as the fuzzer runs.
+    local path = dir .. "/forged.loom"
+    loom.save({ name = "abc" }, path)
+    local s = read(path)
+    local at = assert(s:find("s\3\0\0\0abc", 1, true))
+    for _, n in ipairs { 70000, 0x7ffffff0, 0xfffffff0 } do
+      local body = s:sub(1, at) .. ffi.string(ffi.new("uint32_t[1]", n), 4) .. s:sub(at + 5, -9)
+      write(path, body .. ffi.string(ffi.new("uint64_t[1]", loom.C.lm_fnv1a(body, #body, 0)), 8))
+      local rc, out = sys.luajit(string.format([[
+        local loom = require("loom")
+        for _ = 1, 100 do   -- enough calls to compile the decoder
+          local ok, e = pcall(loom.load, %q)
+          assert(not ok and e:find("is corrupt (a record runs past the end)", 1, true), e)
+        end
+        print("ok")]], path), "ulimit -v 3000000;")
+      assert.are.equal(0, rc, n .. ": " .. out)
+      assert.truthy(out:find("ok", 1, true), out)
+    end
+  end)
+
   it("a file that is not loom's, another version, or a missing file: clear errors", function()
     local path = dir .. "/other.txt"
     write(path, "hello, this is a plain text file with enough bytes to look like something")

@@ -28,15 +28,20 @@ int lm_is_contiguous(const lm_tensor *t) {
 int lm_check_shape(const char *op, const char *arg, int ndim, const int64_t *shape) {
   if (ndim < 0 || ndim > LM_MAX_DIMS)
     return lm_error("%s: %s expected 0 to %d dims, got %d", op, arg, LM_MAX_DIMS, ndim);
+  /* the nonzero sizes' product: bounded even where a zero size empties
+   * the tensor, so no stride computed from the shape overflows */
   double n = 1;
+  bool empty = false;
   for (int d = 0; d < ndim; d++) {
     if (shape[d] < 0)
       return lm_error("%s: %s expected sizes >= 0, got %lld in dim %d", op, arg,
                       (long long)shape[d], d + 1);
-    n *= (double)shape[d];
+    if (shape[d] > 0) n *= (double)shape[d];
+    else empty = true;
   }
   if (n > (double)(1LL << 40))
-    return lm_error("%s: %s has %.0f elements, more than loom allows (2^40)", op, arg, n);
+    return lm_error("%s: %s has %.0f elements%s, more than loom allows (2^40)", op, arg, n,
+                    empty ? " but for its zero sizes" : "");
   return 0;
 }
 

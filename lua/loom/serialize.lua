@@ -152,6 +152,7 @@ local function decoder(fd, path, stop, buf)
   end
   local function take(n)
     if n <= BUF then return ffi.string(window(n), n) end
+    need(n)   -- before the buffer: a forged length must not size an allocation
     local b = ffi.new("uint8_t[?]", n)
     into(b, n)
     return ffi.string(b, n)
