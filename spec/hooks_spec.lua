@@ -35,6 +35,27 @@ describe("register_grad_ready_hook", function()
     assert.equal(2, calls)
   end)
 
+  it("lives as long as its tensor: a dropped parameter with a hook is freed, and the hook with it", function()
+    -- (the registry held the tensor: replicate()'s hooks kept a dropped model alive)
+    local alive = setmetatable({}, { __mode = "v" })
+    do
+      local w = f64({ 1, 2, 3 }, true)
+      alive[1] = w
+      w:register_grad_ready_hook(function() end)   -- never removed
+      assert.equal(1, hooks.count())
+    end
+    collectgarbage() collectgarbage()
+    assert.is_nil(alive[1])
+    -- the entry goes at the next backward; a new tensor (perhaps at the same
+    -- address) gets no stale hook
+    local calls = 0
+    local v = f64({ 1, 2, 3 }, true)
+    v:register_grad_ready_hook(function() calls = calls + 1 end):remove()
+    ;(v * 2):sum():backward()
+    assert.equal(0, calls)
+    assert.equal(0, hooks.count())
+  end)
+
   it("follows the backward pass: later layers' leaves are ready first", function()
     local x = f64(R.rand({ 2, 3 }))
     local w1, b1 = f64(R.rand({ 3, 4 }), true), f64(R.rand({ 4 }), true)

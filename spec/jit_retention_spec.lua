@@ -6,7 +6,9 @@
 -- a local recursive walker) would keep the first model for good.
 -- support/jit_workload.lua runs what a user does under -Ohotloop=1 (every
 -- loop compiles at once), drops it, and lists the tensors traces hold
--- (support/jit_holders.lua) and the storages left after full collections.
+-- (support/jit_holders.lua) and the storages left after full collections;
+-- support/jit_workload_dist.lua does the same for the distributed paths on
+-- 2 ranks.
 local sys = require("support.sys")
 
 -- (sh_clean: the workload starts an MPI singleton of its own, which must not
@@ -44,5 +46,21 @@ describe("compiled traces", function()
     local a, b = out:match("storages: (%d+) %-> (%d+)")
     assert.truthy(a, out)
     assert.are.equal(a, b, out)
+  end)
+
+  it("keep nothing of a dropped 2-rank workload: TP + SP + loss parallel, DP, pipeline, CP, checkpoints", function()
+    local dir = sys.tmpdir()
+    local rc, out = sys.sh_clean(sys.shq(sys.root .. "scripts/loomrun") .. " -n 2 "
+                                 .. sys.shq(sys.root .. "spec/support/jit_workload_dist.lua") .. " " .. sys.shq(dir)
+                                 .. " </dev/null")
+    sys.rmtree(dir)
+    assert.are.equal(0, rc, out)
+    assert.falsy(out:find("held: ", 1, true), out)
+    local n = 0
+    for a, b in out:gmatch("storages: (%d+) %-> (%d+)") do
+      assert.are.equal(a, b, out)
+      n = n + 1
+    end
+    assert.are.equal(2, n, out)   -- both ranks reported
   end)
 end)

@@ -5,10 +5,14 @@
 -- One C callback (lm_set_grad_ready_callback) serves every hook: it looks
 -- the leaf's address up in a Lua table. The callback is installed only while
 -- some hook is registered, so backward without hooks never calls into Lua.
--- A hook table entry holds the tensor itself, so its address cannot be
--- reused by another tensor while a hook is registered. An error raised by a
--- hook is kept and re-raised by backward() once the C pass is over (errors
--- must not unwind through C frames).
+-- A hook lives as long as its tensor, as in PyTorch: the table holds the
+-- tensor weakly (a model dropped with its data-parallel hooks is freed).
+-- The collector clears that weak reference before the tensor's finalizer
+-- frees it, so an entry whose tensor is gone is never taken for another
+-- tensor at the same address: such entries are dropped when met and after
+-- each backward. An error raised by a hook is kept and re-raised by
+-- backward() once the C pass is over (errors must not unwind through C
+-- frames).
 local ffi = require("ffi")
 local jit = require("jit")
 local T = require("loom.tensor")
@@ -22,7 +26,7 @@ local Tensor = T.Tensor
 local REG = debug.getregistry()
 local S = REG["loom.autograd_hooks"]
 if not S then
-  S = { hooks = {},         -- address -> { tensor = p, fns = { {fn = f}, ... } }
+  S = { hooks = {},         -- address -> { ref = weak {p}, fns = { {fn = f}, ... } }
         count = 0,          -- registered hooks, all tensors together
         callback = nil,     -- the one ffi callback, created on first use
         pending_error = nil,
@@ -33,26 +37,40 @@ local hooks = S.hooks
 
 local address = T.address
 
-local function dispatch(leaf)
-  local entry = hooks[address(leaf)]
-  if not entry then return end
-  local fns = { unpack(entry.fns) }   -- a hook may remove hooks
-  for _, h in ipairs(fns) do
-    if not h.removed then
-      local ok, err = pcall(h.fn, entry.tensor)
-      if not ok and S.pending_error == nil then S.pending_error = err end
-    end
-  end
-end
-
 local function install(on)
   if on then
-    S.callback = S.callback or ffi.cast("lm_grad_ready_fn", dispatch)
+    S.callback = S.callback or ffi.cast("lm_grad_ready_fn", S.dispatch)
     C.lm_set_grad_ready_callback(S.callback)
   else
     C.lm_set_grad_ready_callback(nil)
   end
 end
+
+local WEAK = { __mode = "v" }
+
+-- forgets key's entry (its tensor is gone, or its last hook was removed)
+local function drop(key, entry)
+  if hooks[key] ~= entry then return end
+  hooks[key] = nil
+  S.count = S.count - #entry.fns
+  if S.count == 0 then install(false) end
+end
+
+local function dispatch(leaf)
+  local key = address(leaf)
+  local entry = hooks[key]
+  if not entry then return end
+  local p = entry.ref[1]
+  if p == nil then drop(key, entry) return end
+  local fns = { unpack(entry.fns) }   -- a hook may remove hooks
+  for _, h in ipairs(fns) do
+    if not h.removed then
+      local ok, err = pcall(h.fn, p)
+      if not ok and S.pending_error == nil then S.pending_error = err end
+    end
+  end
+end
+S.dispatch = S.dispatch or dispatch   -- (the ffi callback of a first load calls the first load's)
 
 -- p:register_grad_ready_hook(fn) -> handle with :remove(); fn(p) runs
 -- after p.grad holds this backward's complete gradient.
@@ -67,8 +85,9 @@ function Tensor.register_grad_ready_hook(p, fn)
   end
   local key = address(p)
   local entry = hooks[key]
+  if entry and entry.ref[1] == nil then drop(key, entry) entry = nil end   -- a dead tensor's, at this address
   if not entry then
-    entry = { tensor = p, fns = {} }
+    entry = { ref = setmetatable({ p }, WEAK), fns = {} }
     hooks[key] = entry
   end
   local h = { fn = fn }
@@ -78,11 +97,19 @@ function Tensor.register_grad_ready_hook(p, fn)
   return { remove = function()
     if h.removed then return end
     h.removed = true
+    if hooks[key] ~= entry then return end   -- dropped with its tensor
     for i, x in ipairs(entry.fns) do if x == h then table.remove(entry.fns, i) break end end
-    if #entry.fns == 0 and hooks[key] == entry then hooks[key] = nil end
     S.count = S.count - 1
+    if #entry.fns == 0 then hooks[key] = nil end
     if S.count == 0 then install(false) end
   end }
+end
+
+-- the entries whose tensors are gone
+local function sweep()
+  for key, entry in pairs(hooks) do
+    if entry.ref[1] == nil then drop(key, entry) end
+  end
 end
 
 -- Pre-backward hooks: t:register_pre_backward_hook(fn) on an op's output;
@@ -133,10 +160,11 @@ function Tensor.backward(x, grad)
     end
     if S.npre == 0 then C.lm_set_pre_backward_callback(nil) end
   end
-  for _, fn in ipairs(queued) do   -- e.g. data parallelism waits for its reductions
-    local ok, err = pcall(fn)
+  for _, q in ipairs(queued) do   -- e.g. data parallelism waits for its reductions
+    local ok, err = pcall(q[1], q[2])
     if not ok and S.pending_error == nil then S.pending_error = err end
   end
+  if S.count > 0 then sweep() end
   if S.pending_error ~= nil then
     local err = S.pending_error
     S.pending_error = nil
@@ -145,11 +173,11 @@ function Tensor.backward(x, grad)
 end
 jit.off(Tensor.backward)
 
--- queue_callback(fn): fn() runs once when the backward in progress ends
--- (PyTorch's engine queue_callback); hooks use it to finish their work.
-local function queue_callback(fn)
+-- queue_callback(fn, arg): fn(arg) runs once when the backward in progress
+-- ends (PyTorch's engine queue_callback); hooks use it to finish their work.
+local function queue_callback(fn, arg)
   S.queued = S.queued or {}
-  S.queued[#S.queued + 1] = fn
+  S.queued[#S.queued + 1] = { fn, arg }
 end
 
 return { count = function() return S.count end, queue_callback = queue_callback }

@@ -28,6 +28,9 @@ return function()
         walk(uv, path .. " > " .. where .. " upvalue " .. name, depth + 1)
       end
     elseif v ~= package.loaded and v ~= _G then
+      local mt = debug.getmetatable(v)
+      local mode = mt and rawget(mt, "__mode")
+      if type(mode) == "string" and mode:find("v") then return end   -- weak values keep nothing alive
       for k, x in pairs(v) do walk(x, path .. "[" .. tostring(k) .. "]", depth + 1) end
     end
   end

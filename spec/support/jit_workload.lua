@@ -73,9 +73,8 @@ assert(os.execute("mkdir " .. dir) == 0)
 local ok, err = pcall(work, dir)
 os.execute("rm -rf " .. dir)
 if not ok then io.stderr:write("workload failed: ", tostring(err), "\n") os.exit(2) end
-for _, path in ipairs(held()) do print("held: " .. path) end
 -- full collections until the count stops moving (a finalizer that runs in
--- one can let go of tensors only the next one frees)
+-- one can let go of tensors only the next one frees), then what is left
 local now = tonumber(loom.C.lm_storage_count())
 for _ = 1, 10 do
   collectgarbage()
@@ -83,4 +82,5 @@ for _ = 1, 10 do
   now = tonumber(loom.C.lm_storage_count())
   if now == last then break end
 end
+for _, path in ipairs(held()) do print("held: " .. path) end
 print(string.format("storages: %d -> %d", start, now))

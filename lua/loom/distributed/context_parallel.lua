@@ -71,8 +71,10 @@ function M.unshard_seq(g, dim, cp)
 end
 
 -- the causal mask of this rank's queries against all keys (gathered in
--- rank order): (Tl, T) bool, true where the key's position <= the query's
-local mask_cache = {}
+-- rank order): (Tl, T) bool, true where the key's position <= the query's.
+-- Cached weakly: the layers of a step share one mask while the step's graph
+-- holds it, and a dropped job keeps none.
+local mask_cache = setmetatable({}, { __mode = "v" })
 local function causal_mask(n, cp, rank)
   local key = n .. ":" .. cp .. ":" .. rank
   if mask_cache[key] then return mask_cache[key] end

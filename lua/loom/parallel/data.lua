@@ -35,6 +35,59 @@ local function broadcast_all(params, mesh)
   end
 end
 
+-- The hooks below are functions of the module: the replicate state (the
+-- model's _dp) is found from the model or, for a parameter, in dp_of, which
+-- holds parameters weakly. Closures over the model would be kept by a
+-- compiled trace (docs/architecture.md).
+local dp_of = setmetatable({}, { __mode = "k" })   -- parameter -> its model's replicate state
+
+-- the bucket's gradients, flattened, averaged over dp (async)
+local function launch(st)
+  if #st.bucket == 0 then return end
+  local grads = {}
+  for i, p in ipairs(st.bucket) do grads[i] = shard(p.grad):reshape(-1) end
+  local flat = #grads == 1 and grads[1] or loom.cat(grads, 1)
+  table.insert(st.inflight, { params = st.bucket, work = dist.all_reduce(flat, "avg", st.mesh, 1, { async_op = true }) })
+  st.bucket, st.bytes = {}, 0
+end
+
+-- when backward ends: the last bucket, then every average into its .grad
+local function finish(st)
+  launch(st)
+  loom.no_grad(copy_back, st.inflight)
+  st.inflight, st.queued = {}, false
+end
+
+-- a parameter's gradient is complete: into the bucket, launched when full
+local function ready(leaf)
+  local st = dp_of[leaf]
+  if not st.queued then hooks.queue_callback(finish, st) st.queued = true end
+  table.insert(st.bucket, leaf)
+  st.bytes = st.bytes + shard(leaf.grad):numel() * 4
+  if st.bytes >= st.cap then launch(st) end
+end
+
+-- Parameters seen so far. parallelize_module replaces parameters with
+-- DTensors, before or after replicate: a forward pre-hook takes on the new
+-- ones (broadcast from dp rank 0, then hooked), so the two calls compose in
+-- either order.
+local function adopt(model)
+  local st = rawget(model, "_dp")
+  local fresh = {}
+  for _, p in ipairs(model:parameters()) do
+    if not st.seen[p] then fresh[#fresh + 1] = p st.seen[p] = true end
+  end
+  if #fresh == 0 then return end
+  -- the same starting point on every data-parallel rank
+  loom.no_grad(broadcast_all, fresh, st.mesh)
+  for _, p in ipairs(fresh) do
+    if p.requires_grad then
+      dp_of[p] = st
+      st.handles[#st.handles + 1] = p:register_grad_ready_hook(ready)
+    end
+  end
+end
+
 -- replicate(model, dp_mesh, {bucket_cap_mb=25}): call it before or after
 -- parallelize_module on the tp mesh; dp_mesh is 1-D (mesh["dp"]).
 function M.replicate(model, mesh, opts)
@@ -44,53 +97,11 @@ function M.replicate(model, mesh, opts)
     T.argerror("replicate", "device_mesh", "a 1-D DeviceMesh (e.g. mesh[\"dp\"])", T.describe(mesh))
   end
   opts = opts or {}
-  local cap = (opts.bucket_cap_mb or 25) * 2^20
-  local state = { bucket = {}, bytes = 0, inflight = {}, queued = false }
-
-  local function launch()
-    if #state.bucket == 0 then return end
-    local grads = {}
-    for i, p in ipairs(state.bucket) do grads[i] = shard(p.grad):reshape(-1) end
-    local flat = #grads == 1 and grads[1] or loom.cat(grads, 1)
-    table.insert(state.inflight, { params = state.bucket,
-                                   work = dist.all_reduce(flat, "avg", mesh, 1, { async_op = true }) })
-    state.bucket, state.bytes = {}, 0
-  end
-
-  local function finish()
-    launch()
-    loom.no_grad(copy_back, state.inflight)
-    state.inflight, state.queued = {}, false
-  end
-
-  local function ready(leaf)
-    if not state.queued then hooks.queue_callback(finish) state.queued = true end
-    table.insert(state.bucket, leaf)
-    local g = shard(leaf.grad)
-    state.bytes = state.bytes + g:numel() * 4
-    if state.bytes >= cap then launch() end
-  end
-
-  -- Parameters seen so far. parallelize_module replaces parameters with
-  -- DTensors, before or after this call: a forward pre-hook takes on the
-  -- new ones (broadcast from dp rank 0, then hooked), so the two calls
-  -- compose in either order.
-  local handles, seen = {}, setmetatable({}, { __mode = "k" })
-  local function adopt()
-    local fresh = {}
-    for _, p in ipairs(model:parameters()) do
-      if not seen[p] then fresh[#fresh + 1] = p seen[p] = true end
-    end
-    if #fresh == 0 then return end
-    -- the same starting point on every data-parallel rank
-    loom.no_grad(broadcast_all, fresh, mesh)
-    for _, p in ipairs(fresh) do
-      if p.requires_grad then handles[#handles + 1] = p:register_grad_ready_hook(ready) end
-    end
-  end
-  adopt()
-  handles[#handles + 1] = model:register_forward_pre_hook(function() adopt() end)
-  rawset(model, "_dp", { mesh = mesh, handles = handles })
+  local st = { mesh = mesh, cap = (opts.bucket_cap_mb or 25) * 2^20, bucket = {}, bytes = 0, inflight = {},
+               queued = false, handles = {}, seen = setmetatable({}, { __mode = "k" }) }
+  rawset(model, "_dp", st)
+  adopt(model)
+  st.handles[#st.handles + 1] = model:register_forward_pre_hook(adopt)
   return model
 end
 

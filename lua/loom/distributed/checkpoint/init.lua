@@ -87,14 +87,50 @@ local function manifest_of(entries, writers, done, dstride, world)
   return files, tensors
 end
 
--- (flatten_checked and load_into are functions of the module, not closures
--- over the state_dict, which a compiled trace would keep: docs/architecture.md)
+-- The steps of save, each run by together() on every rank. They are
+-- functions of the module taking the save's state (ctx) as an argument, not
+-- closures over it, which a compiled trace would keep (and with it the
+-- state_dict): docs/architecture.md.
 local function flatten_checked(state_dict)
   local ts, vs = state.flatten(state_dict, "checkpoint.save")
   for _, e in ipairs(ts) do
     if e.t:dim() > plan.MAXD then error("checkpoint.save: " .. e.name .. " has more than 8 dims", 0) end
   end
   return { ts, vs }
+end
+local function union_of(ctx) return { union.union(ctx.entries, ctx.values, ctx.world) } end
+local function describe_absent(ctx) union.describe_absent(ctx.entries, ctx.world) end
+local function hook(what) if M._hook then M._hook(what) end end
+local function make_tmp(ctx)
+  if ctx.rank ~= 0 then return end
+  ctx.lock = format.lock(ctx.dir)
+  format.make_tmp(ctx.dir)
+end
+local function write_own(ctx)
+  return { format.write_shards(ctx.tmp .. "/" .. format.shard_file(ctx.rank), ctx.entries, ctx.mine) }
+end
+local function write_manifest(ctx, done, dstride)
+  if ctx.rank ~= 0 then return end
+  local files, tensors = manifest_of(ctx.entries, ctx.writers, done, dstride, ctx.world)
+  format.write_manifest(ctx.tmp, { world_size = ctx.world, files = files, tensors = tensors, values = ctx.values })
+end
+local function install(ctx) if ctx.rank == 0 then format.install(ctx.dir) end end
+
+-- the temporary directory, every rank's shard file, the manifest, then the
+-- rename into place
+local function write_all(ctx)
+  together(make_tmp, ctx)
+  together(hook, "write")
+  -- this rank's file, then what every rank wrote
+  local n = #ctx.entries
+  local res = together(write_own, ctx)
+  local out, op = ranks.i64s(2 + math.max(1, n))
+  op[0], op[1] = res[1], ffi.cast("int64_t", res[2])
+  for i = 1, n do op[1 + i] = res[3][i] and ffi.cast("int64_t", res[3][i]) or 0 end
+  local done = ranks.gather_i64(out)
+  together(write_manifest, ctx, done, 2 + math.max(1, n))
+  together(hook, "rename")
+  together(install, ctx)
 end
 
 -- save(state_dict, dir): collective; see the top of the file.
@@ -103,45 +139,16 @@ function M.save(state_dict, dir)
   dir = dir_arg("checkpoint.save", dir)
   local D = dist()
   D.init()
-  local rank, world = D.rank(), D.world_size()
-  local tmp = format.tmp_of(dir)
-
+  local ctx = { rank = D.rank(), world = D.world_size(), dir = dir, tmp = format.tmp_of(dir) }
   local flat = together(flatten_checked, state_dict)
-  local entries, values = flat[1], flat[2]
-
+  ctx.entries, ctx.values = flat[1], flat[2]
   -- every rank's paths (pipeline stages hold different layers)
-  local u = together(function() return { union.union(entries, values, world) } end)
-  entries, values = u[1], u[2]
-  local writers, mine = plan.writers(entries, rank, world)
-  together(function() union.describe_absent(entries, world) end)
-
-  local lock = nil   -- rank 0's hold on DIR.lock, from make_tmp to install
-  local ok, err = pcall(function()
-    together(function()
-      if rank == 0 then
-        lock = format.lock(dir)
-        format.make_tmp(dir)
-      end
-    end)
-    together(function() if M._hook then M._hook("write") end end)
-
-    -- this rank's file, then what every rank wrote
-    local n = #entries
-    local res = together(function() return { format.write_shards(tmp .. "/" .. format.shard_file(rank), entries, mine) } end)
-    local out, op = ranks.i64s(2 + math.max(1, n))
-    op[0], op[1] = res[1], ffi.cast("int64_t", res[2])
-    for i = 1, n do op[1 + i] = res[3][i] and ffi.cast("int64_t", res[3][i]) or 0 end
-    local done = ranks.gather_i64(out)
-
-    together(function()
-      if rank ~= 0 then return end
-      local files, tensors = manifest_of(entries, writers, done, 2 + math.max(1, n), world)
-      format.write_manifest(tmp, { world_size = world, files = files, tensors = tensors, values = values })
-    end)
-    together(function() if M._hook then M._hook("rename") end end)
-    together(function() if rank == 0 then format.install(dir) end end)
-  end)
-  fs.unlock(lock)
+  local u = together(union_of, ctx)
+  ctx.entries, ctx.values = u[1], u[2]
+  ctx.writers, ctx.mine = plan.writers(ctx.entries, ctx.rank, ctx.world)
+  together(describe_absent, ctx)
+  local ok, err = pcall(write_all, ctx)
+  fs.unlock(ctx.lock)   -- rank 0's hold on DIR.lock, from make_tmp to install
   if not ok then error(err, 0) end
 end
 
