@@ -5,8 +5,9 @@
 -- early free() and GC. Checks that the live storage count returns to where
 -- it started; valgrind checks the rest. Usage: luajit scripts/leak_workload.lua [rounds]
 local root = debug.getinfo(1, "S").source:match("^@(.*)scripts/leak_workload%.lua$") or "./"
-package.path = root .. "lua/?.lua;" .. root .. "lua/?/init.lua;" .. package.path
+package.path = root .. "lua/?.lua;" .. root .. "lua/?/init.lua;" .. root .. "spec/?.lua;" .. package.path
 local loom = require("loom")
+local settled_storages = require("support.jit_holders").settled_storages
 local F = loom.F
 local C = loom.C
 
@@ -74,15 +75,7 @@ for r = 1, rounds do round(r) end
 -- stay alive by chance of what got compiled. Traces go first; that the
 -- library's closures keep no tensor is spec/jit_retention_spec.lua's job.
 jit.flush()
--- full collections until the count stops moving: a finalizer that runs in
--- one can let go of tensors only the next one frees (a true leak stays)
-local now = tonumber(C.lm_storage_count())
-for _ = 1, 10 do
-  collectgarbage()
-  local last = now
-  now = tonumber(C.lm_storage_count())
-  if now == last then break end
-end
+local now = settled_storages()   -- (a true leak stays)
 io.write(string.format("leak_workload: %d rounds, live storages %d -> %d\n", rounds, start, now))
 if now ~= start then
   io.stderr:write("leak_workload: storages left alive after a full GC\n")

@@ -23,7 +23,7 @@ describe("compiled traces", function()
     -- a closure made here, called in a compiled loop, is what the library avoids
     local code = [[
       local loom = require("loom")
-      local held = require("support.jit_holders")
+      local held = require("support.jit_holders").held
       local x = loom.ones(40)
       local function s(v) return x.numel_ + v end
       local acc = 0

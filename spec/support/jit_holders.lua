@@ -3,16 +3,20 @@
 -- call guard checks, the current function of a loop whose upvalues it read),
 -- and so whatever those closures capture: a per-call closure of library code
 -- that captures a tensor or a model keeps it alive for as long as the trace
--- lives. held() -> a list of paths ("trace 12 > utils.lua:144 upvalue params[3]"),
--- one for each tensor reachable from a trace's constants.
+-- lives. H.held() -> a list of paths ("trace 12 > utils.lua:144 upvalue
+-- params[3]"), one for each tensor reachable from a trace's constants;
+-- H.settled_storages() -> the live storage count once full collections
+-- stop freeing any.
 local ju = require("jit.util")
 local ffi = require("ffi")
+
+local H = {}
 
 local function is_tensor(v)
   return type(v) == "cdata" and tostring(ffi.typeof(v)):match("lm_tensor [%*&]>") ~= nil
 end
 
-return function()
+function H.held()
   local found, seen = {}, {}
   local function walk(v, path, depth)
     if is_tensor(v) then found[#found + 1] = path return end
@@ -47,3 +51,19 @@ return function()
   end
   return found
 end
+
+-- (a finalizer that runs in one collection can let go of tensors only the
+-- next one frees)
+function H.settled_storages()
+  local C = require("loom").C
+  local now = tonumber(C.lm_storage_count())
+  for _ = 1, 10 do
+    collectgarbage()
+    local last = now
+    now = tonumber(C.lm_storage_count())
+    if now == last then break end
+  end
+  return now
+end
+
+return H

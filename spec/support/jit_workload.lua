@@ -7,7 +7,7 @@
 -- spec/jit_retention_spec.lua under luajit -Ohotloop=1, so that every loop
 -- compiles at once and a trace sees the first closures of each function.
 local loom = require("loom")
-local held = require("support.jit_holders")
+local H = require("support.jit_holders")
 local nn, F = loom.nn, loom.F
 local start = tonumber(loom.C.lm_storage_count())
 
@@ -73,14 +73,6 @@ assert(os.execute("mkdir " .. dir) == 0)
 local ok, err = pcall(work, dir)
 os.execute("rm -rf " .. dir)
 if not ok then io.stderr:write("workload failed: ", tostring(err), "\n") os.exit(2) end
--- full collections until the count stops moving (a finalizer that runs in
--- one can let go of tensors only the next one frees), then what is left
-local now = tonumber(loom.C.lm_storage_count())
-for _ = 1, 10 do
-  collectgarbage()
-  local last = now
-  now = tonumber(loom.C.lm_storage_count())
-  if now == last then break end
-end
-for _, path in ipairs(held()) do print("held: " .. path) end
+local now = H.settled_storages()
+for _, path in ipairs(H.held()) do print("held: " .. path) end
 print(string.format("storages: %d -> %d", start, now))

@@ -9,7 +9,7 @@ jit.opt.start("hotloop=1", "maxtrace=60000", "maxmcode=262144")
 local root = debug.getinfo(1, "S").source:match("^@(.*)spec/support/jit_workload_dist%.lua$") or "./"
 package.path = root .. "lua/?.lua;" .. root .. "lua/?/init.lua;" .. root .. "spec/?.lua;" .. package.path
 local loom = require("loom")
-local held = require("support.jit_holders")
+local H = require("support.jit_holders")
 local dist = require("loom.distributed")
 local tp = require("loom.parallel")
 local pp = require("loom.distributed.pipelining")
@@ -64,13 +64,6 @@ end
 
 local ok, err = pcall(work, assert(arg[1], "usage: jit_workload_dist.lua DIR"))
 if not ok then io.stderr:write("workload failed on rank ", rank, ": ", tostring(err), "\n") os.exit(2) end
--- full collections until the count stops moving, then what is left
-local now = tonumber(loom.C.lm_storage_count())
-for _ = 1, 10 do
-  collectgarbage()
-  local last = now
-  now = tonumber(loom.C.lm_storage_count())
-  if now == last then break end
-end
-for _, path in ipairs(held()) do print("held: " .. path) end
+local now = H.settled_storages()
+for _, path in ipairs(H.held()) do print("held: " .. path) end
 print(string.format("storages: %d -> %d", start, now))
