@@ -7,7 +7,7 @@
 local root = debug.getinfo(1, "S").source:match("^@(.*)scripts/leak_workload%.lua$") or "./"
 package.path = root .. "lua/?.lua;" .. root .. "lua/?/init.lua;" .. root .. "spec/?.lua;" .. package.path
 local loom = require("loom")
-local settled_storages = require("support.jit_holders").settled_storages
+local settled_storages = require("support.retention").settled_storages
 local F = loom.F
 local C = loom.C
 

@@ -6,7 +6,7 @@
 -- a local recursive walker) would keep the first model for good.
 -- support/jit_workload.lua runs what a user does under -Ohotloop=1 (every
 -- loop compiles at once), drops it, and lists the tensors traces hold
--- (support/jit_holders.lua) and the storages left after full collections;
+-- (support/retention.lua) and the storages left after full collections;
 -- support/jit_workload_dist.lua does the same for the distributed paths on
 -- 2 ranks.
 local sys = require("support.sys")
@@ -23,7 +23,7 @@ describe("compiled traces", function()
     -- a closure made here, called in a compiled loop, is what the library avoids
     local code = [[
       local loom = require("loom")
-      local held = require("support.jit_holders").held
+      local held = require("support.retention").held
       local x = loom.ones(40)
       local function s(v) return x.numel_ + v end
       local acc = 0

@@ -376,13 +376,7 @@ describe("lifetime", function()
   -- traces, which it does when it likes (mid-test, the count would drop).
   local function settle()
     jit.flush()
-    local n, last = tonumber(loom.C.lm_storage_count()), nil
-    for _ = 1, 20 do
-      if n == last then break end
-      collectgarbage() collectgarbage()
-      last, n = n, tonumber(loom.C.lm_storage_count())
-    end
-    return n
+    return require("support.retention").settled_storages()
   end
 
   it("storages are released after the GC runs", function()

@@ -2,12 +2,12 @@
 -- with AdamW, SGD, clipping and bf16 autocast; print; generate; tokenize;
 -- save and load in every format; convert and build on meta; TP + FSDP on a
 -- one-rank mesh), then drops it all and prints every tensor still alive:
--- "held: PATH" for each one a compiled trace keeps (support/jit_holders.lua)
+-- "held: PATH" for each one a compiled trace keeps (support/retention.lua)
 -- and "storages: START -> END" after full collections. Run by
 -- spec/jit_retention_spec.lua under luajit -Ohotloop=1, so that every loop
 -- compiles at once and a trace sees the first closures of each function.
 local loom = require("loom")
-local H = require("support.jit_holders")
+local H = require("support.retention")
 local nn, F = loom.nn, loom.F
 local start = tonumber(loom.C.lm_storage_count())
 

@@ -9,7 +9,7 @@ jit.opt.start("hotloop=1", "maxtrace=60000", "maxmcode=262144")
 local root = debug.getinfo(1, "S").source:match("^@(.*)spec/support/jit_workload_dist%.lua$") or "./"
 package.path = root .. "lua/?.lua;" .. root .. "lua/?/init.lua;" .. root .. "spec/?.lua;" .. package.path
 local loom = require("loom")
-local H = require("support.jit_holders")
+local H = require("support.retention")
 local dist = require("loom.distributed")
 local tp = require("loom.parallel")
 local pp = require("loom.distributed.pipelining")

@@ -54,7 +54,8 @@ local PER_CALL = 64
 -- shard; parameters that are not f32/f64 (bf16) update their f32 master
 -- copy, which is then rounded into the parameter. (update is not a closure
 -- over self, which a compiled trace would keep: docs/architecture.md.)
-local function update(self, d)
+local function update(self)
+  local d = self.defaults
   local by_step, steps, masters = {}, {}, {}
   for i, p in ipairs(self.params) do
     local g = p.grad
@@ -89,7 +90,7 @@ end
 
 function AdamW:step()
   self:check_live()
-  loom.no_grad(update, self, self.defaults)
+  loom.no_grad(update, self)
 end
 
 return setmetatable(AdamW, { __index = Optimizer, __call = function(_, ...) return AdamW.new(...) end })

@@ -18,7 +18,8 @@ function SGD.new(params, opts)
 end
 
 -- (not a closure over self, which a compiled trace would keep: docs/architecture.md)
-local function update(self, d)
+local function update(self)
+  local d = self.defaults
   for i, p in ipairs(self.params) do
     local g = p.grad
     if g ~= nil then
@@ -37,7 +38,7 @@ end
 
 function SGD:step()
   self:check_live()
-  loom.no_grad(update, self, self.defaults)
+  loom.no_grad(update, self)
 end
 
 return setmetatable(SGD, { __index = Optimizer, __call = function(_, ...) return SGD.new(...) end })

@@ -11,9 +11,12 @@ local M = {}
 
 local function shard(t) return t.dist ~= nil and t:to_local() or t end
 
--- (copy_back and broadcast_all are functions of the module, not closures
--- over the model's tensors, which a compiled trace would keep:
--- docs/architecture.md.)
+-- Everything below is a function of the module, not a closure over the
+-- model: a compiled trace would keep that closure, and the model with it
+-- (docs/architecture.md). The replicate state (the model's _dp) is found
+-- from the model or, for a parameter, in dp_of, which holds parameters
+-- weakly.
+
 -- each in-flight bucket's averaged gradients back into the parameters
 local function copy_back(inflight)
   for _, b in ipairs(inflight) do
@@ -35,10 +38,6 @@ local function broadcast_all(params, mesh)
   end
 end
 
--- The hooks below are functions of the module: the replicate state (the
--- model's _dp) is found from the model or, for a parameter, in dp_of, which
--- holds parameters weakly. Closures over the model would be kept by a
--- compiled trace (docs/architecture.md).
 local dp_of = setmetatable({}, { __mode = "k" })   -- parameter -> its model's replicate state
 
 -- the bucket's gradients, flattened, averaged over dp (async)

@@ -1,5 +1,5 @@
--- jit_holders.lua: the tensors that LuaJIT's compiled traces keep alive.
--- A trace holds as constants the closures it specialised on (the function a
+-- retention.lua: what keeps tensors alive, for the leak checks
+-- (`local H = require("support.retention")`). A LuaJIT trace holds as constants the closures it specialised on (the function a
 -- call guard checks, the current function of a loop whose upvalues it read),
 -- and so whatever those closures capture: a per-call closure of library code
 -- that captures a tensor or a model keeps it alive for as long as the trace
