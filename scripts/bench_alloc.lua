@@ -9,7 +9,7 @@ local root = debug.getinfo(1, "S").source:match("^@(.*)scripts/bench_alloc%.lua$
 package.path = root .. "lua/?.lua;" .. root .. "lua/?/init.lua;" .. package.path
 local ffi = require("ffi")
 local loom = require("loom")
-local bench = require("loom.bench")
+local bench = require("loom.train.bench")
 
 local o = bench.args(arg, { numel = 16 * 2^20, temps = 200000, iters = 20, rounds = 5 },
                      "bench_alloc.lua")

@@ -7,7 +7,7 @@
 --   scripts/loomrun -n 2 scripts/bench_async_tp.lua [--seq 2048 --dim 1024 --iters 10]
 local loom = require("loom")
 local dist = require("loom.distributed")
-local bench = require("loom.bench")
+local bench = require("loom.train.bench")
 local A = require("loom.parallel.async_tp")
 
 local o = bench.args(arg, { seq = 2048, dim = 1024, batch = 1, iters = 10 }, "bench_async_tp.lua")

@@ -6,7 +6,7 @@
 local ffi = require("ffi")
 local loom = require("loom")
 local dist = require("loom.distributed")
-local bench = require("loom.bench")
+local bench = require("loom.train.bench")
 local now = bench.now
 
 local o = bench.args(arg, { json = "", ["max-mib"] = 64 }, "bench_comm.lua")

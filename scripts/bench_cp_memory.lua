@@ -10,7 +10,7 @@
 local loom = require("loom")
 local dist = require("loom.distributed")
 local cp = require("loom.distributed.context_parallel")
-local bench = require("loom.bench")
+local bench = require("loom.train.bench")
 
 local o = bench.args(arg, { seq = 8192, heads = 4, iters = 1, rotate = "allgather" }, "bench_cp_memory.lua")
 cp.set_rotate_method(o.rotate)

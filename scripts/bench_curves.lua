@@ -11,7 +11,7 @@
 local root = debug.getinfo(1, "S").source:match("^@(.*)scripts/bench_curves%.lua$") or "./"
 package.path = root .. "lua/?.lua;" .. root .. "lua/?/init.lua;" .. package.path
 local loom = require("loom")
-local bench = require("loom.bench")
+local bench = require("loom.train.bench")
 
 local o = bench.args(arg, { size = "0.8M", tp = 1, fsdp = false, steps = 3, warmup = 1, out = "" }, "bench_curves.lua")
 -- the sizes of the curves: dim, layers, heads, vocab, seq, batch

@@ -6,7 +6,7 @@ local root = debug.getinfo(1, "S").source:match("^@(.*)scripts/bench_dtensor%.lu
 package.path = root .. "lua/?.lua;" .. root .. "lua/?/init.lua;" .. package.path
 local loom = require("loom")
 local dist = require("loom.distributed")
-local bench = require("loom.bench")
+local bench = require("loom.train.bench")
 local C = loom.C
 
 local Shard, Replicate = dist.Shard, dist.Replicate

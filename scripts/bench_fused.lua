@@ -14,7 +14,7 @@ local root = debug.getinfo(1, "S").source:match("^@(.*)scripts/bench_fused%.lua$
 package.path = root .. "lua/?.lua;" .. root .. "lua/?/init.lua;" .. package.path
 local ffi = require("ffi")
 local loom = require("loom")
-local bench = require("loom.bench")
+local bench = require("loom.train.bench")
 local F = loom.F
 
 local o = bench.args(arg, { batch = 8, seq = 256, dim = 512, heads = 8, vocab = 8192, reps = 7,

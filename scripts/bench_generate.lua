@@ -7,7 +7,7 @@
 local root = debug.getinfo(1, "S").source:match("^@(.*)scripts/bench_generate%.lua$") or "./"
 package.path = root .. "lua/?.lua;" .. root .. "lua/?/init.lua;" .. package.path
 local loom = require("loom")
-local bench = require("loom.bench")
+local bench = require("loom.train.bench")
 
 local o = bench.args(arg, { dim = 256, layers = 4, heads = 4, vocab = 4096, prompt = 32, new = 128, threads = 0,
                             json = "" }, "bench_generate.lua")

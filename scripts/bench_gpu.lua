@@ -14,7 +14,7 @@
 local root = debug.getinfo(1, "S").source:match("^@(.*)scripts/bench_gpu%.lua$") or "./"
 package.path = root .. "lua/?.lua;" .. root .. "lua/?/init.lua;" .. package.path
 local loom = require("loom")
-local bench = require("loom.bench")
+local bench = require("loom.train.bench")
 local argparse = require("argparse")
 local json = require("dkjson")
 local C, F = loom.C, loom.F

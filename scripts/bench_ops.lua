@@ -13,7 +13,7 @@ local root = debug.getinfo(1, "S").source:match("^@(.*)scripts/bench_ops%.lua$")
 package.path = root .. "lua/?.lua;" .. root .. "lua/?/init.lua;" .. package.path
 local ffi = require("ffi")
 local loom = require("loom")
-local bench = require("loom.bench")
+local bench = require("loom.train.bench")
 
 local o = bench.args(arg, { json = "", sizes = "256,512,1024,2048", numel = 16 * 2^20, calls = 200000,
                             knumel = "4194304,16777216", kernels = "all",

@@ -8,7 +8,7 @@
 local loom = require("loom")
 local dist = require("loom.distributed")
 local pp = require("loom.distributed.pipelining")
-local bench = require("loom.bench")
+local bench = require("loom.train.bench")
 local Tr = require("loom.models.transformer")
 local F = loom.F
 

@@ -8,7 +8,7 @@ local root = debug.getinfo(1, "S").source:match("^@(.*)scripts/bench_scalar%.lua
 package.path = root .. "lua/?.lua;" .. root .. "lua/?/init.lua;" .. package.path
 local loom = require("loom")
 local T = require("loom.tensor")
-local bench = require("loom.bench")
+local bench = require("loom.train.bench")
 local C = require("loom.lib").C
 
 local o = bench.args(arg, { numel = 16, calls = 200000, rounds = 7 }, "bench_scalar.lua")

@@ -7,7 +7,7 @@
 --   luajit scripts/bench_tokenize.lua [--bytes 1000000 --reps 3 --json FILE]
 local root = debug.getinfo(1, "S").source:match("^@(.*)scripts/bench_tokenize%.lua$") or "./"
 package.path = root .. "lua/?.lua;" .. root .. "lua/?/init.lua;" .. package.path
-local bench = require("loom.bench")
+local bench = require("loom.train.bench")
 local Tokenizer = require("loom.text.tokenizer")
 
 local o = bench.args(arg, { bytes = 1000000, reps = 3, json = "" }, "bench_tokenize.lua")

@@ -15,7 +15,7 @@
 local root = debug.getinfo(1, "S").source:match("^@(.*)scripts/bench_train%.lua$") or "./"
 package.path = root .. "lua/?.lua;" .. root .. "lua/?/init.lua;" .. package.path
 local loom = require("loom")
-local bench = require("loom.bench")
+local bench = require("loom.train.bench")
 local C = loom.C
 
 local o = bench.args(arg, { layers = 4, dim = 128, heads = 4, seq = 64, batch = 12, steps = 20, vocab = 65,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # test.sh: sets up (scripts/setup.sh), then runs every test: the C tests
-# (ctest), the layering check, luacheck (scripts/lint.sh), the single-process busted specs, the leak check under valgrind
+# (ctest), the layering checks (C and Lua), luacheck (scripts/lint.sh), the single-process busted specs, the leak check under valgrind
 # (scripts/leakcheck.sh), ASan/UBSan (scripts/sanitize.sh), the multi-rank specs on 2 and 4 ranks, the CUDA
 # backend on the emulated device (scripts/test_emu.sh), and the
 # multi-node rehearsal in network namespaces (scripts/test_netns.sh). Ends
@@ -47,6 +47,10 @@ fi
 # layering: no #include in core/ or kernels/ points up a layer
 suite "layers (scripts/check_layers.sh)" bash scripts/check_layers.sh
 count_line layers
+
+# the Lua package's layers: no require points up a layer (docs/architecture.md)
+suite "lua layers (scripts/check_lua_layers.lua)" luajit scripts/check_lua_layers.lua
+count_line "lua layers"
 
 # luacheck over every Lua file (.luacheckrc)
 suite "lint (scripts/lint.sh)" bash scripts/lint.sh

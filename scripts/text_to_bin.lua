@@ -18,7 +18,7 @@ local FLAGS = {
 }
 
 local function main(argv)
-  local o = require("loom.cli").parse("text_to_bin.lua", FLAGS, argv, "Tokenizes a text file into train.bin/val.bin.")
+  local o = require("loom.train.cli").parse("text_to_bin.lua", FLAGS, argv, "Tokenizes a text file into train.bin/val.bin.")
   for _, k in ipairs { "tokenizer", "input", "out" } do
     if o[k] == "" then error("text_to_bin.lua: --" .. k .. " is required (see --help)", 0) end
   end

@@ -2,9 +2,9 @@
 -- (loom.cli over lua-argparse, as train.lua and the benchmarks use them),
 -- file work (loom.fs over lua-filesystem), JSON (dkjson through
 -- loom.bench.write_json) and FQN patterns (libc's fnmatch).
-local cli = require("loom.cli")
+local cli = require("loom.train.cli")
 local fs = require("loom.fs")
-local bench = require("loom.bench")
+local bench = require("loom.train.bench")
 local tp = require("loom.parallel")
 local json = require("dkjson")
 

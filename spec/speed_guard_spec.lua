@@ -7,7 +7,7 @@
 -- buffers for a matmul, x + y for a Lua number as an operand.
 local loom = require("loom")
 local ffi = require("ffi")
-local bench = require("loom.bench")
+local bench = require("loom.train.bench")
 
 pcall(ffi.cdef, [[
 void *malloc(size_t n); void free(void *p);

@@ -87,8 +87,8 @@ end)()
 local function create_tmp(path)
   for _ = 1, 100 do
     serial = serial + 1
-    local tmp = string.format("%s.tmp-%d%s-%d", path, libc.getpid(), salt, serial)
-    local fd = libc.open(tmp, O_WRONLY + O_CREAT + O_EXCL + O_NOFOLLOW + O_CLOEXEC, ffi.cast("unsigned int", 438))
+    local tmp = string.format("%s.tmp-%d%s-%d", path, libc.loom_getpid(), salt, serial)
+    local fd = libc.loom_open(tmp, O_WRONLY + O_CREAT + O_EXCL + O_NOFOLLOW + O_CLOEXEC, ffi.cast("unsigned int", 438))
     if fd >= 0 then return fd, tmp end
     if ffi.errno() ~= EEXIST then return nil, "cannot open for writing (creating " .. tmp .. "): " .. errno_msg() end
   end
@@ -100,7 +100,7 @@ local function write_all(fd, p, n)
   p = ffi.cast("const uint8_t *", p)
   local done = 0
   while done < n do
-    local w = tonumber(libc.write(fd, p + done, n - done))
+    local w = tonumber(libc.loom_write(fd, p + done, n - done))
     if w < 0 and ffi.errno() ~= EINTR then return false end
     if w > 0 then done = done + w end
   end
@@ -123,8 +123,8 @@ function M.write_atomic(path, fill)
     end
   end)
   if not pok then ok, err = false, tostring(perr) end
-  if ok and libc.fsync(fd) ~= 0 then ok, err = false, "syncing " .. tmp .. " failed: " .. errno_msg() end
-  libc.close(fd)
+  if ok and libc.loom_fsync(fd) ~= 0 then ok, err = false, "syncing " .. tmp .. " failed: " .. errno_msg() end
+  libc.loom_close(fd)
   if ok then
     local rok, rerr = os.rename(tmp, path)
     if not rok then ok, err = false, "cannot rename " .. tmp .. " to " .. path .. ": " .. tostring(rerr):gsub("^.-: ", "") end
@@ -138,20 +138,20 @@ end
 -- nil and the reason when another process holds it. The system releases
 -- the lock when the process ends, so a crash never leaves it held.
 function M.lock(path)
-  local fd = libc.open(path, O_RDWR + O_CREAT + O_NOFOLLOW + O_CLOEXEC, ffi.cast("unsigned int", 420))
+  local fd = libc.loom_open(path, O_RDWR + O_CREAT + O_NOFOLLOW + O_CLOEXEC, ffi.cast("unsigned int", 420))
   if fd < 0 then return nil, "cannot open the lock file " .. path .. ": " .. errno_msg() end
-  if libc.flock(fd, LOCK_EX + LOCK_NB) ~= 0 then
+  if libc.loom_flock(fd, LOCK_EX + LOCK_NB) ~= 0 then
     local busy = ffi.errno() == EWOULDBLOCK
     local why = errno_msg()
-    libc.close(fd)
+    libc.loom_close(fd)
     return nil, busy and "another job holds the lock " .. path .. " (it is saving into the same place)"
       or "cannot lock " .. path .. ": " .. why
   end
-  return ffi.gc(ffi.new("int[1]", fd), function(p) if p[0] >= 0 then libc.close(p[0]) end end)
+  return ffi.gc(ffi.new("int[1]", fd), function(p) if p[0] >= 0 then libc.loom_close(p[0]) end end)
 end
 
 function M.unlock(h)
-  if h and h[0] >= 0 then libc.close(h[0]) h[0] = -1 end
+  if h and h[0] >= 0 then libc.loom_close(h[0]) h[0] = -1 end
 end
 
 -- open_log(path, append): a log file written line by line where it is
@@ -161,19 +161,19 @@ end
 -- append. Returns a handle with write(...), flush() and close(), or nil
 -- and the reason.
 function M.open_log(path, append)
-  local fd = libc.open(path, O_WRONLY + O_CREAT + O_NOFOLLOW + O_NONBLOCK + O_CLOEXEC + (append and O_APPEND or 0),
+  local fd = libc.loom_open(path, O_WRONLY + O_CREAT + O_NOFOLLOW + O_NONBLOCK + O_CLOEXEC + (append and O_APPEND or 0),
                        ffi.cast("unsigned int", 420))
   local e = fd < 0 and ffi.errno()
   if e == ELOOP then return nil, "cannot open " .. path .. ": it is a link (not followed)" end
   if e == ENXIO then return nil, "cannot open " .. path .. ": not a regular file (a FIFO with no reader)" end
   if fd < 0 then return nil, "cannot open " .. path .. ": " .. errno_msg() end
   if lfs.symlinkattributes(path, "mode") ~= "file" then
-    libc.close(fd)
+    libc.loom_close(fd)
     return nil, "cannot open " .. path .. ": not a regular file"
   end
-  if not append and libc.ftruncate(fd, 0) ~= 0 then
+  if not append and libc.loom_ftruncate(fd, 0) ~= 0 then
     local why = errno_msg()
-    libc.close(fd)
+    libc.loom_close(fd)
     return nil, "cannot truncate " .. path .. ": " .. why
   end
   local h = { fd = fd }
@@ -185,7 +185,7 @@ function M.open_log(path, append)
     return self
   end
   function h:flush() return self end   -- each write is a system call: nothing is buffered
-  function h:close() if self.fd >= 0 then libc.close(self.fd) self.fd = -1 end end
+  function h:close() if self.fd >= 0 then libc.loom_close(self.fd) self.fd = -1 end end
   return h
 end
 

@@ -36,7 +36,7 @@ local cap_mb = tonumber(os.getenv("LOOM_GC_CAP_MB") or "")
 local gc_threshold, gc_cap = gc_floor, cap_mb and cap_mb * 2^20 or math.max(gc_floor, ram_bytes() / 8)
 local gc_ts = ffi.new("loom_timespec")
 local function cpu_now()   -- this thread's CPU time: neighbours on a shared machine do not inflate it
-  ffi.C.clock_gettime(3, gc_ts)   -- CLOCK_THREAD_CPUTIME_ID
+  ffi.C.loom_clock_gettime(3, gc_ts)   -- CLOCK_THREAD_CPUTIME_ID
   return tonumber(gc_ts.tv_sec) + tonumber(gc_ts.tv_nsec) * 1e-9
 end
 local mem = ffi.new("int64_t[?]", C.LM_NMEM_STATS)

@@ -66,17 +66,17 @@ local function library_path()
         .. "or install the rock (luarocks make), or set LOOM_LIBRARY")
 end
 
-ffi.cdef [[ int setenv(const char *name, const char *value, int overwrite); ]]
+require("loom.posix")   -- loom_setenv
 -- OpenMP workers that spin starve the other thread on small machines;
 -- this must be set before libgomp loads (it loads with libloom).
-ffi.C.setenv("OMP_WAIT_POLICY", "PASSIVE", 0)
+ffi.C.loom_setenv("OMP_WAIT_POLICY", "PASSIVE", 0)
 -- OpenBLAS's own workers (the pthread build) spin on sched_yield for 2^28
 -- cycles (~0.1 s) after each GEMM, which in training is always: on a 2-vCPU
 -- EPYC a quarter of a step's CPU samples were that spin, competing with
 -- loom's kernels for the cores. 2^4 cycles makes them sleep at once, as
 -- PASSIVE does for OpenMP (bench_train: 20% less CPU time per run, measured
 -- with perf stat). Read when OpenBLAS loads; a user's value wins.
-ffi.C.setenv("OPENBLAS_THREAD_TIMEOUT", "4", 0)
+ffi.C.loom_setenv("OPENBLAS_THREAD_TIMEOUT", "4", 0)
 
 -- OpenBLAS (DYNAMIC_ARCH) picks its kernels when it loads, from a table of
 -- CPU models: one it does not know can get generic kernels (0.3.21 runs
@@ -104,7 +104,7 @@ if not os.getenv("OPENBLAS_CORETYPE") then
   local f = io.open("/proc/cpuinfo", "rb")
   local core = f and blas_coretype(f:read(65536) or "")
   if f then f:close() end
-  if core then ffi.C.setenv("OPENBLAS_CORETYPE", core, 0) end
+  if core then ffi.C.loom_setenv("OPENBLAS_CORETYPE", core, 0) end
 end
 
 ffi.cdef(cdef_of(header_dir()))

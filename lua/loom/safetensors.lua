@@ -29,7 +29,7 @@ M.dtypes = TO_LOOM
 local FLOATING = { f32 = true, f64 = true, f16 = true, bf16 = true }
 
 local fail = R.fail
-local function sizes(s) return #s == 0 and "a scalar" or table.concat(s, "x") end
+local sizes = require("loom.size").Size.show
 local numel = require("loom.size").Size.numel
 
 -- reading: loom.safetensors_reader (pread, the header parsed in C)
@@ -44,23 +44,7 @@ function M.block(mesh, placements, shape, fname, name)
   local dt = require("loom.distributed.dtensor")
   local m = dt._c_mesh(mesh)
   local nd = #shape
-  local pl = ffi.new("lm_placement[4]")
-  if type(placements) ~= "table" or #placements ~= mesh.ndim then
-    T.argerror(fname, "placements of " .. name, mesh.ndim .. " placements (one per mesh dim)",
-               T.describe(placements), 4)
-  end
-  for k, p in ipairs(placements) do
-    if not dt.is_placement(p) or p:is_partial() then
-      T.argerror(fname, "placements of " .. name, "Shard(d) or Replicate()", tostring(p), 4)
-    end
-    if p:is_shard() then
-      local d = p.dim < 0 and nd + p.dim + 1 or p.dim
-      if d < 1 or d > nd then
-        T.argerror(fname, "placements of " .. name, "Shard dims within the tensor's " .. nd .. " dims", tostring(p), 4)
-      end
-      pl[k - 1].kind, pl[k - 1].dim = 1, d - 1
-    end
-  end
+  local pl = dt._c_placements(fname, mesh, placements, nd, "placements of " .. name, true)
   local gs, ls, off = ffi.new("int64_t[8]"), ffi.new("int64_t[8]"), ffi.new("int64_t[8]")
   for d = 1, nd do gs[d - 1] = shape[d] end
   if C.lm_shard_layout(m, nd, gs, pl, nil, ls, off) ~= 0 then T.c_error(3) end

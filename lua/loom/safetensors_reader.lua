@@ -61,7 +61,7 @@ local function entries_of(h)
       local mid = math.floor((lo + hi) / 2)
       local e = h.entries[mid]
       local el = tonumber(e.name_len)
-      local c = libc.memcmp(S + e.name, name, math.min(el, len))
+      local c = libc.loom_memcmp(S + e.name, name, math.min(el, len))
       if c == 0 then c = el - len end
       if c == 0 then
         local v = entry_of(h, e, name)
@@ -94,7 +94,7 @@ end
 local Reader = {}
 Reader.__index = Reader
 
-local function close_fd(p) if p[0] >= 0 then libc.close(p[0]) p[0] = -1 end end
+local function close_fd(p) if p[0] >= 0 then libc.loom_close(p[0]) p[0] = -1 end end
 
 -- open_file(path, fname) -> reader: reader.names (sorted),
 -- reader.tensors[name] = {dtype, shape, begin, stop} (looked up by name;
@@ -102,11 +102,11 @@ local function close_fd(p) if p[0] >= 0 then libc.close(p[0]) p[0] = -1 end end
 -- reader:read(name, [offset, size]); reader:close().
 function M.open_file(path, fname)
   -- (O_NONBLOCK: a FIFO planted at path cannot stall the open; it then fails to seek)
-  local fd = libc.open(path, O_RDONLY + O_NONBLOCK + O_CLOEXEC)
+  local fd = libc.loom_open(path, O_RDONLY + O_NONBLOCK + O_CLOEXEC)
   if fd < 0 then fail(fname, path, "cannot open: %s", errno_msg()) end
   local self = setmetatable({ path = path, fdp = ffi.gc(ffi.new("int[1]", fd), close_fd) }, Reader)
   local ok, err = pcall(function()
-    local len = tonumber(libc.lseek(fd, 0, SEEK_END))
+    local len = tonumber(libc.loom_lseek(fd, 0, SEEK_END))
     if len < 0 then fail(fname, path, "cannot seek: %s", errno_msg()) end
     if len < 8 then
       fail(fname, path, "is truncated (%d bytes; a safetensors file starts with an 8-byte header length)", len)

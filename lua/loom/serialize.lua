@@ -32,16 +32,6 @@ local MAGIC = "LOOM\2\n"
 local HEAD = #MAGIC + 8           -- magic and length
 local MIN_SIZE = HEAD + 1 + 8     -- one record tag and the checksum
 
--- stdio for durable writes (loom.distributed.checkpoint uses them too)
-for _, decl in ipairs {
-  "typedef struct FILE FILE;",
-  "FILE *fopen(const char *path, const char *mode);",
-  "size_t fwrite(const void *p, size_t size, size_t n, FILE *f);",
-  "int fflush(FILE *f);",
-  "int fileno(FILE *f);",
-  "int fsync(int fd);",
-  "int fclose(FILE *f);",
-} do pcall(ffi.cdef, decl) end
 
 local i64_ct, u64_ct = ffi.typeof("int64_t"), ffi.typeof("uint64_t")
 local O_RDONLY, O_NONBLOCK, O_CLOEXEC, SEEK_END = 0, 0x800, 0x80000, 2
@@ -224,7 +214,7 @@ end
 -- the value in the loom file open as fd: its header, length and checksum
 -- checked before any of it is decoded
 local function read_file(fd, path)
-  local size = tonumber(ffi.C.lseek(fd, 0, SEEK_END))
+  local size = tonumber(ffi.C.loom_lseek(fd, 0, SEEK_END))
   if size < 0 then error("load: cannot read " .. path .. ": " .. posix.errno_msg(), 0) end
   local buf = ffi.new("uint8_t[?]", BUF)
   local nh = math.min(size, HEAD)
@@ -264,14 +254,14 @@ function M.load(path)
   if fs.is_dir(path) then return load_dir(path) end
   local mode = require("lfs").attributes(path, "mode")
   if mode and mode ~= "file" then error("load: " .. path .. " is a " .. mode .. ", not a regular file", 2) end
-  local fd = ffi.C.open(path, O_RDONLY + O_NONBLOCK + O_CLOEXEC)
+  local fd = ffi.C.loom_open(path, O_RDONLY + O_NONBLOCK + O_CLOEXEC)
   if fd < 0 then
     local why, dir = posix.errno_msg(), path:gsub("(.)/+$", "%1")
     local hint = fs.exists(dir .. ".old") and require("loom.distributed.checkpoint.format").old_hint(dir, "load") or ""
     error("load: cannot open " .. path .. ": " .. why .. hint, 2)
   end
   local ok, v = pcall(read_file, fd, path)
-  ffi.C.close(fd)
+  ffi.C.loom_close(fd)
   if not ok then error(v, 2) end
   return v
 end

@@ -38,6 +38,9 @@ function Size.numel(s)
   return n
 end
 
+-- show(s): sizes as messages say them: "2x3", or "a scalar" for {}
+function Size.show(s) return #s == 0 and "a scalar" or table.concat(s, "x") end
+
 -- s:totable(): a plain copy
 function Size.totable(s) return { unpack(s) } end
 

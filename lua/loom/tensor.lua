@@ -209,12 +209,23 @@ end
 M.op1f = op1f
 
 
+-- The dtype of the 0-dim tensor a Lua number v becomes beside a tensor of
+-- dtype dt, the one policy of mixed arithmetic: integers stay integers
+-- (bool as i64) and a fraction beside them is f64; beside floats, f64 when
+-- `wide` (scalar_for keeps the number exact), else the dtype the op
+-- computes in (f64 for f64, f32 for f32, bf16 and f16).
+local function number_dtype(dt, v, wide)
+  if dt >= C.LM_I32 then
+    if v ~= math.floor(v) then return C.LM_F64 end
+    return dt == C.LM_BOOL and C.LM_I64 or dt
+  end
+  if wide or dt == C.LM_F64 then return C.LM_F64 end
+  return C.LM_F32
+end
+
 -- A 0-dim tensor for a Lua number mixed with tensor `like`.
 local function scalar_for(v, like)
-  local dt = like.dtype_
-  if dt >= 4 and v ~= math.floor(v) then dt = 1 end   -- int tensor, fractional number
-  if dt == 6 then dt = 5 end
-  local t = wrap(C.lm_empty(0, nil, dt <= 3 and 1 or dt, like.device_))
+  local t = wrap(C.lm_empty(0, nil, number_dtype(like.dtype_, v, true), like.device_))
   C.lm_fill_(t, v)
   return t
 end
@@ -226,10 +237,7 @@ M.scalar_for = scalar_for
 -- finalizer, no cast.
 local function op2n(id, x, v, swap)
   if v == true or v == false then v = v and 1 or 0 end
-  local dt = x.dtype_
-  if dt >= 4 and v ~= math.floor(v) then dt = 1 end
-  if dt == 6 then dt = 5 end
-  local s = C.lm_empty(0, nil, (dt == 2 or dt == 3) and 0 or dt, x.device_)
+  local s = C.lm_empty(0, nil, number_dtype(x.dtype_, v, false), x.device_)
   if s == nil then c_error(3) end
   C.lm_fill_(s, v)
   if swap then inbuf[0], inbuf[1] = s, x else inbuf[0], inbuf[1] = x, s end
@@ -282,17 +290,45 @@ end
 ---------------------------------------------------------------------------
 -- size and layout
 
+-- A DTensor's sizes are global, as in PyTorch (its spec's; the storage
+-- holds the local shard): the shape read from the spec, else the tensor's
+local gshape = ffi.new("int64_t[?]", C.LM_MAX_DIMS)
+local function shape_of(x)
+  if x.dist == nil then return x.shape_ end
+  C.lm_dtensor_spec(x, nil, gshape, nil)
+  return gshape
+end
+
+-- shard_block(x) -> global shape, offset and size (0-based, int64_t[] of
+-- x:dim() entries, valid until the next call) of the block of DTensor x
+-- this rank holds: the one reading of a spec's layout (RNG fills and
+-- checkpoints use it)
+local bpl, bmesh = ffi.new("lm_placement[?]", C.LM_MAX_MESH), ffi.new("lm_mesh*[1]")
+local bshape, boff, bsize = ffi.new("int64_t[?]", C.LM_MAX_DIMS), ffi.new("int64_t[?]", C.LM_MAX_DIMS),
+                            ffi.new("int64_t[?]", C.LM_MAX_DIMS)
+function M.shard_block(x)
+  C.lm_dtensor_spec(x, bpl, bshape, bmesh)
+  C.lm_shard_layout(bmesh[0], x.ndim, bshape, bpl, nil, bsize, boff)
+  return bshape, boff, bsize
+end
+
 function Tensor.dim(x) return x.ndim end
-function Tensor.numel(x) return tonumber(x.numel_) end
+function Tensor.numel(x)
+  if x.dist == nil then return tonumber(x.numel_) end
+  local sh, n = shape_of(x), 1
+  for k = 0, x.ndim - 1 do n = n * tonumber(sh[k]) end
+  return n
+end
 Tensor.nelement = Tensor.numel
 
 function Tensor.size(x, d)
+  local sh = shape_of(x)
   if d == nil then
     local s = {}
-    for k = 0, x.ndim - 1 do s[k + 1] = tonumber(x.shape_[k]) end
+    for k = 0, x.ndim - 1 do s[k + 1] = tonumber(sh[k]) end
     return Size.new(s)
   end
-  return tonumber(x.shape_[dim_index("size", d, x.ndim)])
+  return tonumber(sh[dim_index("size", d, x.ndim)])
 end
 
 function Tensor.stride(x, d)

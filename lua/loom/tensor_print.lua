@@ -21,7 +21,15 @@ local function fmt_for(x, flat)
   return "%.4f", 0
 end
 
+-- a DTensor: its spec (loom.distributed.dtensor, loaded whenever a DTensor
+-- exists) and its local shard
+local function format_dtensor(x)
+  return string.format("DTensor(%s, local=\n%s)", require("loom.distributed.dtensor").describe(x),
+                       M.format(T.wrap(C.lm_dtensor_to_local(x))))
+end
+
 function M.format(x)
+  if x.dist ~= nil then return format_dtensor(x) end
   local size = x:size()
   local footer = string.format("[loom.Tensor %s %s of size %s]", props.dtype(x), props.device(x),
                                #size == 0 and "scalar" or table.concat(size, "x"))

@@ -69,13 +69,12 @@ describe("async TP", function()
   end)
 
   -- a Llama block (attention + SwiGLU feed-forward) on sequence shards: the
-  -- plain sequence-parallel plan against --async-tp's (train.lua's layout),
-  -- whose column-wise side gathers the normed input once per module
-  local L = require("loom.parallel.layout")
+  -- plain sequence-parallel plan against the async_tp one (train.lua's
+  -- --async-tp), whose column-wise side gathers the normed input once per
+  -- module
   local Tr = require("loom.models.transformer")
   local function block_plan(async)
-    local full = Tr.tp_plan { sequence_parallel = true, tp = ws }
-    if async then full = L.async_tp(full, { ["async-tp"] = true, ["sequence-parallel"] = true }, { tp = ws }) end
+    local full = Tr.tp_plan { sequence_parallel = true, async_tp = async, tp = ws }
     local p = {}
     for k, v in pairs(full) do
       local sub = k:match("^layers%.%*%.(.+)$")

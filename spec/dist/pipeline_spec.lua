@@ -168,7 +168,7 @@ describe("pipeline parallelism", function()
       -- what predict.lua says tp rank 0 holds (torch.chunk's larger share of the 17-row vocabulary), to the element
       local held = 0
       for _, p in ipairs(st.submod:parameters()) do held = held + (dist.is_dtensor(p) and p:to_local() or p):numel() end
-      local P = require("loom.parallel.predict")
+      local P = require("loom.train.predict")
       local cfg = { vocab_size = V, dim = 16, n_layers = 3, n_heads = 2, max_seq_len = S }
       local predicted = P.params(cfg, { pp = 2, tp = 2, dp = 1, cp = 1 }, st.stage_index, false)
       local bad = check({}, "pp2xtp2", ref, { st.submod }, pp.Schedule1F1B(st, 2, loss_fn), st.is_last)
@@ -195,7 +195,7 @@ describe("pipeline parallelism", function()
         -- one reduce-scatter per unit (2 blocks and the stage's root), not one per microbatch
         assert.equal(3, cm.counts.reduce_scatter)
         -- p2p bytes per step as predict.lua says them (B 8, S 8, dim 16, f32; both dp ranks the whole batch)
-        local P = require("loom.parallel.predict")
+        local P = require("loom.train.predict")
         local cfg = { vocab_size = V, dim = 16, n_layers = 4, n_heads = 2, max_seq_len = S }
         assert.equal(P.p2p_bytes(cfg, { pp = 2, tp = 1, dp = 1, cp = 1 }, st.stage_index, B, S), cm.bytes.send)
       end)

@@ -24,8 +24,8 @@ end
 -- rank 0's), made fresh and empty by rank 0 (collective; the spec removes
 -- it in its teardown, with on0)
 function H.scratch_dir(name)
-  require("loom.posix")   -- getpid
-  local t = loom.tensor({ tonumber(require("ffi").C.getpid()) }, { dtype = "i64" })
+  require("loom.posix")   -- loom_getpid
+  local t = loom.tensor({ tonumber(require("ffi").C.loom_getpid()) }, { dtype = "i64" })
   local dir = string.format("/tmp/loom-%s-%d-%d", name, H.ws, dist.broadcast(t, 0, dist.world_group()):item())
   H.on0(function() os.execute("rm -rf '" .. dir .. "'; mkdir -p '" .. dir .. "'") end)
   return dir

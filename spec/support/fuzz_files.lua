@@ -179,7 +179,7 @@ end
 
 local order = { "safetensors", "index", "load", "manifest", "config" }
 local counts, errors, returned = {}, 0, 0
-local now = require("loom.bench").now   -- the one clock_gettime declaration (loom_timespec)
+local now = require("loom.train.bench").now   -- the one clock_gettime declaration (loom_timespec)
 local t0, i = now(), 0
 while now() - t0 < budget do
   i = i + 1

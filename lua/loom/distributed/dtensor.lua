@@ -6,7 +6,6 @@ local ffi = require("ffi")
 local loom = require("loom")
 local T = require("loom.tensor")
 local TC = require("loom.tensor_create")
-local Size = require("loom.size")
 local C = loom.C
 
 local M = {}
@@ -53,23 +52,27 @@ end
 local function is_placement(p) return getmetatable(p) == Placement end
 M.is_placement = is_placement
 
--- Lua placements -> lm_placement[ndim] for a tensor of nd dims (Shard dims normalised)
-local function c_placements(fname, mesh, placements, nd)
+-- Lua placements -> lm_placement[ndim] for a tensor of nd dims (Shard dims
+-- normalised): the one place Lua placements become C's. argname names
+-- them in errors ("placements" by default); shards_only refuses Partial.
+local function c_placements(fname, mesh, placements, nd, argname, shards_only)
+  argname = argname or "placements"
   if is_placement(placements) then placements = { placements } end
   if type(placements) ~= "table" or #placements ~= mesh.ndim then
-    T.argerror(fname, "placements", string.format("a table of %d placements (one per mesh dim)", mesh.ndim),
+    T.argerror(fname, argname, string.format("a table of %d placements (one per mesh dim)", mesh.ndim),
                type(placements) == "table" and #placements .. " placements" or T.describe(placements), 4)
   end
-  local pl = ffi.new("lm_placement[4]")
+  local pl = ffi.new("lm_placement[?]", C.LM_MAX_MESH)
   for k, p in ipairs(placements) do
-    if not is_placement(p) then
-      T.argerror(fname, "placements[" .. k .. "]", "Shard(d), Replicate() or Partial(op)", T.describe(p), 4)
+    if not is_placement(p) or (shards_only and p.kind == "Partial") then
+      T.argerror(fname, argname .. "[" .. k .. "]", shards_only and "Shard(d) or Replicate()"
+                 or "Shard(d), Replicate() or Partial(op)", is_placement(p) and tostring(p) or T.describe(p), 4)
     end
     pl[k - 1].kind = KIND[p.kind]
     if p.kind == "Shard" then
       local d = p.dim < 0 and nd + p.dim + 1 or p.dim
       if d < 1 or d > nd then
-        T.argerror(fname, "placements[" .. k .. "]", string.format("a Shard dim within the tensor's %d dims", nd),
+        T.argerror(fname, argname .. "[" .. k .. "]", string.format("a Shard dim within the tensor's %d dims", nd),
                    tostring(p), 4)
       end
       pl[k - 1].dim = d - 1
@@ -109,6 +112,7 @@ local function c_mesh(mesh)
   return h
 end
 M._c_mesh = c_mesh
+M._c_placements = c_placements
 
 local function is_dtensor(x) return T.is_tensor(x) and x.dist ~= nil end
 M.is_dtensor = is_dtensor
@@ -317,32 +321,13 @@ T.props.device_mesh = function(x)
   return mesh
 end
 
--- sizes of a DTensor are global, as in PyTorch
-local plain_size, plain_dim, plain_numel = Tensor.size, Tensor.dim, Tensor.numel
-function Tensor.size(x, d)
-  if x.dist == nil then return plain_size(x, d) end
-  local _, size = spec(x)
-  if d == nil then return Size.new(size) end
-  return size[T.dim_index("size", d, #size) + 1]
-end
-function Tensor.numel(x)
-  if x.dist == nil then return plain_numel(x) end
-  local n = 1
-  for _, s in ipairs(x:size()) do n = n * s end
-  return n
-end
-Tensor.nelement = Tensor.numel
-local _ = plain_dim
-
-local plain_format = T.format
-function T.format(x)
-  if x.dist == nil then return plain_format(x) end
+-- describe(x): a DTensor's mesh, placements and global size, as its
+-- printed form names them (tensor_print.lua)
+function M.describe(x)
   local placements, size, mesh = spec(x)
   local ps = {}
   for i, p in ipairs(placements) do ps[i] = tostring(p) end
-  return string.format("DTensor(mesh=%s, placements=(%s), size=%s, local=\n%s)", tostring(mesh),
-                       table.concat(ps, ", "), table.concat(size, "x"),
-                       plain_format(T.wrap(C.lm_dtensor_to_local(x))))
+  return string.format("mesh=%s, placements=(%s), size=%s", tostring(mesh), table.concat(ps, ", "), table.concat(size, "x"))
 end
 
 -- visualize_sharding(d): rank 0 prints which ranks hold which rows/columns
@@ -360,8 +345,8 @@ function M.visualize_sharding(x, opts)
   local coord, lshape, off = ffi.new("int64_t[4]"), ffi.new("int64_t[8]"), ffi.new("int64_t[8]")
   local ranks = mesh:ranks()
   for i, rank in ipairs(ranks) do
-    local rest = i - 1
-    for k = mesh.ndim, 1, -1 do coord[k - 1] = rest % mesh.shape[k] rest = math.floor(rest / mesh.shape[k]) end
+    local c = require("loom.distributed.mesh").unravel(i - 1, mesh.shape)
+    for k = 1, mesh.ndim do coord[k - 1] = c[k] end
     C.lm_shard_layout(m, #size, shapebuf, pl, coord, lshape, off)
     local parts = {}
     for d = 1, #size do

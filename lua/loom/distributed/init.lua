@@ -352,18 +352,29 @@ function M.comm_mode(fn, ...)
 end
 
 ---------------------------------------------------------------------------
--- DTensor and friends (another module) join this table when present.
+-- DTensor and its placements under dist, as torch.distributed.tensor
+-- names them (loom.distributed.dtensor, which needs this table first)
+package.loaded["loom.distributed"] = M
 do
-  local path = package.searchpath("loom.distributed.dtensor", package.path)
-  if path then
-    package.loaded["loom.distributed"] = M -- dtensor may require us back
-    for k, v in pairs(require("loom.distributed.dtensor")) do
-      if M[k] == nil then M[k] = v end
-    end
+  local dt = require("loom.distributed.dtensor")
+  for _, name in ipairs { "Shard", "Replicate", "Partial", "is_placement", "is_dtensor", "DTensor", "from_local",
+                          "distribute_tensor", "empty", "zeros", "ones", "rand", "randn", "full",
+                          "implicit_replication", "visualize_sharding", "_c_mesh", "_sync_rng" } do
+    M[name] = dt[name]
   end
 end
 
--- dist.checkpoint (distributed checkpoints), loaded on first use
-setmetatable(M, { __index = function(t, k) if k == "checkpoint" then rawset(t, k, require("loom.distributed.checkpoint")) return rawget(t, k) end end })
+-- loaded on first use: dist.checkpoint (distributed checkpoints), and the
+-- data-parallel wrappers dist.fully_shard (FSDP, loom.distributed.fsdp)
+-- and dist.replicate (DDP, loom.distributed.replicate)
+local lazy = { checkpoint = function() return require("loom.distributed.checkpoint") end,
+               fully_shard = function() return require("loom.distributed.fsdp").fully_shard end,
+               replicate = function() return require("loom.distributed.replicate").replicate end }
+setmetatable(M, { __index = function(t, k)
+  local f = lazy[k]
+  if not f then return nil end
+  rawset(t, k, f())
+  return rawget(t, k)
+end })
 
 return M

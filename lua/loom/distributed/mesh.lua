@@ -56,6 +56,7 @@ local function unravel(i, shape)
   end
   return c
 end
+M.unravel = unravel
 local function ravel(c, shape)
   local i = 0
   for d = 1, #shape do i = i * shape[d] + c[d] end

@@ -28,7 +28,7 @@ end
 local ts = ffi.new("loom_timespec")
 local function sleep(s)
   ts.tv_sec, ts.tv_nsec = math.floor(s), (s % 1) * 1e9
-  C.nanosleep(ts, nil)
+  C.loom_nanosleep(ts, nil)
 end
 
 -- waits for a non-blocking collective, sleeping between polls (1 to 20 ms)
@@ -74,25 +74,25 @@ end
 -- C's printf) going to a temporary file; returns what was written
 local function capture(fn)
   io.stdout:flush()
-  C.fflush(nil)
-  local f = C.tmpfile()
+  C.loom_fflush(nil)
+  local f = C.loom_tmpfile()
   if f == nil then fn() return "" end
-  local fd, saved = C.fileno(f), C.dup(1)
-  C.dup2(fd, 1)
+  local fd, saved = C.loom_fileno(f), C.loom_dup(1)
+  C.loom_dup2(fd, 1)
   local ok, err = pcall(fn)
   io.stdout:flush()
-  C.fflush(nil)
-  C.dup2(saved, 1)
-  C.close(saved)
-  local size = tonumber(C.lseek(fd, 0, 2))
-  C.lseek(fd, 0, 0)
+  C.loom_fflush(nil)
+  C.loom_dup2(saved, 1)
+  C.loom_close(saved)
+  local size = tonumber(C.loom_lseek(fd, 0, 2))
+  C.loom_lseek(fd, 0, 0)
   local buf, got = ffi.new("char[?]", math.max(1, size)), 0
   while got < size do
-    local r = tonumber(C.read(fd, buf + got, size - got))
+    local r = tonumber(C.loom_read(fd, buf + got, size - got))
     if r <= 0 then break end
     got = got + r
   end
-  C.fclose(f)
+  C.loom_fclose(f)
   local out = ffi.string(buf, got)
   if not ok then out = out .. "error: " .. tostring(err) .. "\n" end
   return out
@@ -144,10 +144,10 @@ end
 local function open_tty()
   local path = os.getenv("LOOM_REPL_TTY")
   if not path or path == "" then return nil end
-  local fd = C.open(path, 2 + 256)   -- O_RDWR | O_NOCTTY: loomrun keeps the Ctrl-C
+  local fd = C.loom_open(path, 2 + 256)   -- O_RDWR | O_NOCTTY: loomrun keeps the Ctrl-C
   if fd < 0 then return nil end
-  local f = C.fdopen(fd, "r+")
-  if f == nil then C.close(fd) return nil end
+  local f = C.loom_fdopen(fd, "r+")
+  if f == nil then C.loom_close(fd) return nil end
   return f, fd
 end
 
@@ -158,7 +158,7 @@ local function reader_for(env)
   if f then
     local r = top.reader(env, true)
     if r.rl then
-      r.rl.rl_instream, r.rl.rl_outstream = f, f
+      r.rl.loom_rl_instream, r.rl.loom_rl_outstream = f, f
       r.tty_fd = fd
       return r
     end
@@ -177,7 +177,7 @@ function M.run()
   local reader = me == 0 and reader_for(s.env)
   local out = io.stdout
   if reader and reader.tty_fd then   -- write where the prompts go, in order with them
-    out = { write = function(_, text) C.write(reader.tty_fd, text, #text) end, flush = function() end }
+    out = { write = function(_, text) C.loom_write(reader.tty_fd, text, #text) end, flush = function() end }
   end
   if reader and reader.tty_fd then out:write(require("loom.repl").BANNER .. "\n") end
   local failed = 0

@@ -4,11 +4,6 @@
 -- aborts the whole job (MPI_Abort) so no other rank waits forever.
 local ffi = require("ffi")
 
-for _, decl in ipairs {
-  "int setenv(const char *name, const char *value, int overwrite);",
-  "long sysconf(int name);",
-  "int sched_getaffinity(int pid, size_t size, void *mask);",
-} do pcall(ffi.cdef, decl) end
 local SC_NPROCESSORS_ONLN = 84 -- glibc's value
 
 -- The checkout's (or the install's) lua/ dir, from where this file lives.
@@ -16,6 +11,7 @@ local here = debug.getinfo(1, "S").source:match("^@(.*)loom/distributed/runner%.
 if here then
   package.path = here .. "?.lua;" .. here .. "?/init.lua;" .. package.path
 end
+require("loom.posix")   -- loom_setenv, loom_sysconf, loom_sched_getaffinity
 
 local rank = os.getenv("OMPI_COMM_WORLD_RANK") or os.getenv("PMI_RANK") or "0"
 
@@ -23,7 +19,7 @@ local rank = os.getenv("OMPI_COMM_WORLD_RANK") or os.getenv("PMI_RANK") or "0"
 -- machine's, a taskset's or a cgroup's, or its own under loomrun --bind)
 local function cpus()
   local mask = ffi.new("uint8_t[128]")   -- 1024 CPUs
-  if ffi.C.sched_getaffinity(0, 128, mask) ~= 0 then return tonumber(ffi.C.sysconf(SC_NPROCESSORS_ONLN)) or 1 end
+  if ffi.C.loom_sched_getaffinity(0, 128, mask) ~= 0 then return tonumber(ffi.C.loom_sysconf(SC_NPROCESSORS_ONLN)) or 1 end
   local n = 0
   for i = 0, 127 do
     local b = mask[i]
@@ -48,9 +44,9 @@ local function set_threads()
                                   threads, sharing, n))
   end
   threads = tostring(threads)
-  ffi.C.setenv("LOOM_NUM_THREADS", threads, 1)
-  ffi.C.setenv("OPENBLAS_NUM_THREADS", threads, 0)
-  ffi.C.setenv("OMP_NUM_THREADS", threads, 0)
+  ffi.C.loom_setenv("LOOM_NUM_THREADS", threads, 1)
+  ffi.C.loom_setenv("OPENBLAS_NUM_THREADS", threads, 0)
+  ffi.C.loom_setenv("OMP_NUM_THREADS", threads, 0)
 end
 
 local function die(msg)

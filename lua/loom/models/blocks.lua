@@ -117,6 +117,12 @@ end
 -- positional inputs) takes its first input as one Replicate DTensor
 -- (gathered from the sequence shards with SP).
 -- opts.loss_parallel: the logits stay a DTensor sharded on the vocabulary.
+-- opts.async_tp (with sequence_parallel): the row-wise Linears
+-- reduce-scatter in chunks overlapped with their matmul, and each gathered
+-- module's input is gathered once in chunks, each chunk multiplied by its
+-- column-wise children as it arrives (AsyncTPInput). names.seq_sharded:
+-- modules besides the embedding whose output joins the residual stream,
+-- cut to sequence shards with SP (GPT-2's position embedding).
 -- counts (the model's head counts, when it is given) are checked against
 -- opts.tp. The models' tp_plan tail-call this, so errors name their caller.
 function M.tp_plan(names, opts, counts)
@@ -126,25 +132,48 @@ function M.tp_plan(names, opts, counts)
   local dt = require("loom.distributed.dtensor")
   local Shard, Replicate = dt.Shard, dt.Replicate
   local sp, lp = opts.sequence_parallel, opts.loss_parallel
+  if opts.async_tp and not sp then error("tp_plan: async_tp needs sequence_parallel", 3) end
   local plan = {}
   for _, fqn in ipairs(names.colwise) do plan[fqn] = tp.ColwiseParallel{} end
   for _, fqn in ipairs(names.rowwise) do
-    plan[fqn] = tp.RowwiseParallel{ output_layouts = sp and Shard(2) or nil }
+    plan[fqn] = tp.RowwiseParallel{ output_layouts = sp and Shard(2) or nil, async_tp = opts.async_tp }
   end
   plan[names.embedding] = tp.RowwiseParallel{ input_layouts = Replicate(), output_layouts = sp and Shard(2) or Replicate() }
   plan[names.output] = tp.ColwiseParallel{ input_layouts = sp and Shard(2) or Replicate(),
                                            output_layouts = lp and Shard(-1) or Replicate(), use_local_output = not lp }
   if sp then
     for _, fqn in ipairs(names.norms) do plan[fqn] = tp.SequenceParallel{} end
+    for _, fqn in ipairs(names.seq_sharded or {}) do
+      plan[fqn] = tp.PrepareModuleOutput{ output_layouts = { Replicate() }, desired_output_layouts = { Shard(2) } }
+    end
   end
   -- the module's input one Replicate DTensor (gathered from the sequence
   -- shards with SP) that all its column-wise Linears read: their input
   -- gradients are summed before one all-reduce (dtensor/dispatch.c)
   for fqn, n in pairs(names.gathered or {}) do
-    plan[fqn] = tp.PrepareModuleInput{ input_layouts = { sp and Shard(2) or Replicate(), n = n },
-                                       desired_input_layouts = { Replicate(), n = n } }
+    if opts.async_tp then
+      local consumers = M.children_of(fqn, names.colwise)
+      plan[fqn] = tp.AsyncTPInput{ consumers = consumers }
+      for _, c in ipairs(consumers) do
+        plan[fqn .. "." .. c] = tp.ColwiseParallel{ input_layouts = Shard(2), async_tp = true }
+      end
+    else
+      plan[fqn] = tp.PrepareModuleInput{ input_layouts = { sp and Shard(2) or Replicate(), n = n },
+                                         desired_input_layouts = { Replicate(), n = n } }
+    end
   end
   return plan
+end
+
+-- children_of(fqn, list) -> the names of list's entries that are direct
+-- children of fqn, in list's order ("a.*.b" of "a.*.b.wq" -> "wq")
+function M.children_of(fqn, list)
+  local out, prefix = {}, fqn .. "."
+  for _, c in ipairs(list) do
+    local child = c:sub(1, #prefix) == prefix and c:sub(#prefix + 1)
+    if child and not child:find(".", 1, true) then out[#out + 1] = child end
+  end
+  return out
 end
 
 -- generate(model, ids, opts): the models' generate method, see

@@ -17,7 +17,7 @@ local st = require("loom.safetensors")
 
 local M = {}
 
-local function sizes(s) return #s == 0 and "a scalar" or table.concat(s, "x") end
+local sizes = require("loom.size").Size.show
 local function copy(t) local o = {} for i, v in ipairs(t) do o[i] = v end return o end
 
 ---------------------------------------------------------------------------
@@ -308,22 +308,6 @@ function M.from_pretrained(path, opts)
                                                 { src_data_rank = false })
   end
   return M.load_weights(model, path), arch
-end
-
--- train_config(path, cfg, vocab) -> the config of the Llama checkpoint at
--- path for examples/train.lua: its shapes, with cfg's max_seq_len and
--- dropout; the corpus' vocab ids must fit in the checkpoint's vocabulary.
-function M.train_config(path, cfg, vocab)
-  local arch, c = M.read_config(path)
-  if arch ~= "llama" then
-    error("--init-from: " .. path .. " is a " .. arch .. " checkpoint; train.lua trains Llama-style models", 0)
-  end
-  if vocab > c.vocab_size then
-    error(string.format("--init-from: the corpus has %d distinct characters, the checkpoint's vocabulary only %d",
-                        vocab, c.vocab_size), 0)
-  end
-  c.max_seq_len, c.dropout = cfg.max_seq_len, cfg.dropout
-  return c
 end
 
 ---------------------------------------------------------------------------

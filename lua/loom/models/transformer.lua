@@ -99,14 +99,21 @@ function Transformer:reset_parameters()
   self.rope_cos, self.rope_sin = cos, sin
 end
 
+-- The three steps of a forward, which a pipeline stage holding some of
+-- the parts runs too (they read only the parts and buffers they name):
+-- the embedding of ids, the rotary tables of positions pos+1..pos+t (the
+-- blocks' extra inputs), the head over the last hidden states.
+function Transformer:embed(ids) return self.tok_embeddings(ids) end
+function Transformer:layer_args(pos, t) return self.rope_cos:narrow(1, pos + 1, t), self.rope_sin:narrow(1, pos + 1, t) end
+function Transformer:head(h) return self.output(self.norm(h)) end
+
 -- forward(ids (B, T) i64, 1-based[, cache]) -> logits (B, T, vocab). With
 -- a cache ({pos = 0}, then as this leaves it) ids continue the cached
 -- sequence: the rotary angles start at cache.pos (see loom.models.generate).
 function Transformer:forward(ids, cache)
   local t, pos = blocks.span("Transformer", ids, cache, self.config.max_seq_len, "max_seq_len")
-  local cos, sin = self.rope_cos:narrow(1, pos + 1, t), self.rope_sin:narrow(1, pos + 1, t)
-  local h = blocks.run_layers(self.layers, self.tok_embeddings(ids), cache, t, cos, sin)
-  return self.output(self.norm(h))
+  local cos, sin = self:layer_args(pos, t)
+  return self:head(blocks.run_layers(self.layers, self:embed(ids), cache, t, cos, sin))
 end
 
 -- generate(ids, {max_new_tokens, temperature, top_k, top_p, seed, ...}):
@@ -117,11 +124,13 @@ Transformer.generate = blocks.generate
 -- its shapes without memory, then parallelise, to_empty and init_weights.
 function M.new(cfg) return Transformer(cfg) end
 
--- tp_plan({sequence_parallel, loss_parallel, tp}): the tensor-parallel plan of
--- the model, as in PyTorch's Llama example: the embedding Rowwise (vocab
--- parallel), wq/wk/wv and w1/w3 Colwise, wo and w2 Rowwise, the norms
--- SequenceParallel when asked, the output Colwise (kept as a DTensor sharded
--- on the vocabulary for loss_parallel). With tp given, the head counts are
+-- tp_plan({sequence_parallel, loss_parallel, async_tp, tp}): the
+-- tensor-parallel plan of the model, as in PyTorch's Llama example: the
+-- embedding Rowwise (vocab parallel), wq/wk/wv and w1/w3 Colwise, wo and w2
+-- Rowwise, the norms SequenceParallel when asked, the output Colwise (kept
+-- as a DTensor sharded on the vocabulary for loss_parallel); async_tp (with
+-- sequence_parallel) overlaps the gathers and reduce-scatters with the
+-- matmuls (loom.models.blocks.tp_plan). With tp given, the head counts are
 -- checked against it.
 function M.tp_plan(opts, model)
   return blocks.tp_plan({
@@ -133,6 +142,15 @@ function M.tp_plan(opts, model)
     gathered = { ["layers.*.attention"] = 3, ["layers.*.feed_forward"] = 1 },   -- (x, cos, sin) and (x)
   }, opts, model and { { "n_heads", model.config.n_heads }, { "n_kv_heads", model.config.n_kv_heads } })
 end
+
+-- the family's recipe (loom.models.recipe): what parallelism needs from it
+M.recipe = require("loom.models.recipe").decoder {
+  name = "llama", class = Transformer, blocks = "layers", first = { "tok_embeddings" }, last = { "norm", "output" },
+  buffers = { "rope_cos", "rope_sin" }, cp_buffers = { { "rope_cos", 1 }, { "rope_sin", 1 } }, tp_plan = M.tp_plan,
+  tied = function(c) return c.tie_embeddings and { { "output.weight", "tok_embeddings.weight" } } or nil end,
+  dims = function(c) return { layers = c.n_layers, hidden = c.dim, heads = c.n_heads } end,
+}
+require("loom.models.recipe").install(Transformer, M.recipe)
 
 -- n ids sampled after out (appended to it), with no gradient
 local function sample(model, out, n, temp, opts)

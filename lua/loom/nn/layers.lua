@@ -47,16 +47,19 @@ local function param(size, opts)
   return M.Parameter(loom.empty(size, { dtype = opts.dtype, device = opts.device }))
 end
 
--- Linear(in, out, {bias=true, dtype, device, weight}): y = x W^T + b with
--- W (out, in), initialised as PyTorch does: U(-1/sqrt(in), 1/sqrt(in)) for
--- W and b. opts.weight shares another module's parameter (tied weights),
--- which that module initialises.
+-- Linear(in, out, {bias=true, dtype, device, weight, init_std}): y = x W^T
+-- + b with W (out, in), initialised as PyTorch does: U(-1/sqrt(in),
+-- 1/sqrt(in)) for W and b; with init_std (loom's), W ~ N(0, init_std^2)
+-- and b = 0, as GPT-2 and Hugging Face's _init_weights do. opts.weight
+-- shares another module's parameter (tied weights), which that module
+-- initialises.
 M.Linear = Module:extend("Linear")
 function M.Linear:__init(in_features, out_features, opts)
   positive_int("Linear", "in_features", in_features)
   positive_int("Linear", "out_features", out_features)
-  opts = T.check_opts("Linear", opts, { bias = true, dtype = true, device = true, weight = true }, LV - 1)
+  opts = T.check_opts("Linear", opts, { bias = true, dtype = true, device = true, weight = true, init_std = true }, LV - 1)
   check_flag("Linear", "bias", opts.bias)
+  self.init_std = M.init_std_arg("Linear", opts.init_std)
   float_dtype("Linear", opts.dtype)
   self.in_features, self.out_features = in_features, out_features
   if opts.weight ~= nil then
@@ -73,6 +76,11 @@ function M.Linear:__init(in_features, out_features, opts)
   self:reset_parameters()
 end
 function M.Linear:reset_parameters()
+  if self.init_std then
+    if not self.tied then init.normal_(self.weight, 0, self.init_std) end
+    if self.bias ~= nil then init.zeros_(self.bias) end
+    return
+  end
   local bound = 1 / math.sqrt(self.in_features)
   if not self.tied then init.uniform_(self.weight, -bound, bound) end
   if self.bias ~= nil then init.uniform_(self.bias, -bound, bound) end
@@ -83,18 +91,28 @@ function M.Linear:extra_repr()
                        self.out_features, tostring(self.bias ~= nil))
 end
 
--- Embedding(n, dim): weight (n, dim) ~ N(0, 1); ids are 1-based
+-- the init_std option of Linear and Embedding: nil or a number >= 0
+function M.init_std_arg(fname, v)
+  if v ~= nil and (type(v) ~= "number" or not (v >= 0) or v == math.huge) then
+    T.argerror(fname, "init_std", "a number >= 0", T.describe(v), LV)
+  end
+  return v
+end
+
+-- Embedding(n, dim, {dtype, device, init_std = 1}): weight (n, dim) ~
+-- N(0, init_std^2); ids are 1-based
 M.Embedding = Module:extend("Embedding")
 function M.Embedding:__init(n, dim, opts)
   positive_int("Embedding", "num_embeddings", n)
   positive_int("Embedding", "embedding_dim", dim)
-  opts = T.check_opts("Embedding", opts, { dtype = true, device = true }, LV - 1)
+  opts = T.check_opts("Embedding", opts, { dtype = true, device = true, init_std = true }, LV - 1)
   float_dtype("Embedding", opts.dtype)
   self.num_embeddings, self.embedding_dim = n, dim
+  self.init_std = M.init_std_arg("Embedding", opts.init_std)
   self.weight = param({ n, dim }, opts)
   self:reset_parameters()
 end
-function M.Embedding:reset_parameters() init.normal_(self.weight, 0, 1) end
+function M.Embedding:reset_parameters() init.normal_(self.weight, 0, self.init_std or 1) end
 function M.Embedding:forward(ids) return F.embedding(ids, self.weight) end
 function M.Embedding:extra_repr() return self.num_embeddings .. ", " .. self.embedding_dim end
 

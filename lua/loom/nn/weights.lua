@@ -4,7 +4,6 @@
 -- its slice of the full draw and a meta tensor uses the counters a real
 -- draw would: a model built on meta, parallelised and materialised, then
 -- initialised, equals the model built the ordinary way, bit for bit.
-local ffi = require("ffi")
 local loom = require("loom")
 local T = require("loom.tensor")
 local C = loom.C
@@ -14,16 +13,9 @@ local UNIFORM, NORMAL = 0, 1
 
 -- the local tensor and, for a DTensor, its global shape and offsets
 local function layout(t)
-  local dist = package.loaded["loom.distributed"]
-  if t.dist == nil or not dist then return t, nil, nil end
-  local loc = t:to_local()
-  local g, nd = ffi.new("int64_t[8]"), t:dim()
-  local mesh = ffi.new("lm_mesh*[1]")
-  local pl = ffi.new("lm_placement[4]")
-  C.lm_dtensor_spec(t, pl, g, mesh)
-  local lshape, off = ffi.new("int64_t[8]"), ffi.new("int64_t[8]")
-  C.lm_shard_layout(mesh[0], nd, g, pl, nil, lshape, off)
-  return loc, g, off
+  if t.dist == nil then return t, nil, nil end
+  local g, off = T.shard_block(t)
+  return t:to_local(), g, off
 end
 
 local function check(fname, t)

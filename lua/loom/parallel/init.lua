@@ -19,10 +19,10 @@ end
 -- it: * ? [seq] [!seq] with ranges; a backslash is an ordinary character
 -- (FNM_NOESCAPE), and a dot is matched by * and ? (no FNM_PERIOD).
 local ffi = require("ffi")
-pcall(ffi.cdef, "int fnmatch(const char *pattern, const char *string, int flags);")
+require("loom.posix")   -- loom_fnmatch
 local FNM_NOESCAPE = 2   -- glibc's and POSIX's value
 local function fnmatch(name, pattern)
-  return ffi.C.fnmatch(pattern, name, FNM_NOESCAPE) == 0
+  return ffi.C.loom_fnmatch(pattern, name, FNM_NOESCAPE) == 0
 end
 function M.fnmatch(name, pattern)
   if type(name) ~= "string" then T.argerror("fnmatch", "name", "a string", T.describe(name)) end
@@ -115,6 +115,7 @@ function M.parallelize_module(module, mesh, plan, opts)
 end
 
 M.loss_parallel = require("loom.parallel.loss").loss_parallel
-M.replicate = function(...) return require("loom.parallel.data").replicate(...) end
+-- replicate: data parallelism, loom.distributed.replicate (its older name here)
+M.replicate = function(...) return require("loom.distributed.replicate").replicate(...) end
 
 return M

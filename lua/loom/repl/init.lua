@@ -76,7 +76,7 @@ function M.main(args)
     return 2
   end
   local s = session.new()
-  local tty = ffi.C.isatty(0) == 1
+  local tty = ffi.C.loom_isatty(0) == 1
   session.install_interrupt()
   local reader = M.reader(s.env, tty)
   if tty then print(M.BANNER) end

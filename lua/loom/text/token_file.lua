@@ -19,18 +19,18 @@ M.TokenFile = TokenFile
 
 -- a mapping: unmapped when the last view of it is collected
 local function map(path)
-  local fd = ffi.C.open(path, O_RDONLY)
+  local fd = ffi.C.loom_open(path, O_RDONLY)
   if fd < 0 then error("TokenFile: cannot open " .. path .. ": " .. errno_msg(), 3) end
-  local size = ffi.C.lseek(fd, 0, SEEK_END)
+  local size = ffi.C.loom_lseek(fd, 0, SEEK_END)
   if size <= 0 then
-    ffi.C.close(fd)
+    ffi.C.loom_close(fd)
     error("TokenFile: " .. path .. " is empty", 3)
   end
-  local p = ffi.C.mmap(nil, size, PROT_READ, MAP_PRIVATE, fd, 0)
-  ffi.C.close(fd)
+  local p = ffi.C.loom_mmap(nil, size, PROT_READ, MAP_PRIVATE, fd, 0)
+  ffi.C.loom_close(fd)
   if ffi.cast("intptr_t", p) == -1 then error("TokenFile: cannot map " .. path, 3) end
   local len = tonumber(size)
-  local handle = ffi.gc(ffi.new("char[1]"), function() ffi.C.munmap(p, len) end)
+  local handle = ffi.gc(ffi.new("char[1]"), function() ffi.C.loom_munmap(p, len) end)
   return p, len, handle
 end
 

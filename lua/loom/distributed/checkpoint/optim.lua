@@ -26,12 +26,14 @@ local function index_arg(fname, opt, opts)
   return index
 end
 
--- param_index(whole, stage) -> {[i] = n} for opts.param_index below: n is
--- the number, among the whole model's parameters, of stage's i-th one (by
--- name; pipelining keeps the whole model's names). whole: the whole model
--- (a module; one not cut into stages, e.g. a twin) or its parameter names
--- in named_parameters order.
-function M.param_index(whole, stage)
+-- param_index(whole, stage[, aliases]) -> {[i] = n} for opts.param_index
+-- below: n is the number, among the whole model's parameters, of stage's
+-- i-th one (by name; pipelining keeps the whole model's names). whole: the
+-- whole model (a module; one not cut into stages, e.g. a twin) or its
+-- parameter names in named_parameters order. aliases: {[name] = name in
+-- whole} for a stage's copies of weights the whole model holds once (a
+-- head tied to the embedding, on the last stage).
+function M.param_index(whole, stage, aliases)
   local names = whole
   if type(whole) == "table" and type(whole.named_parameters) == "function" then
     names = {}
@@ -45,7 +47,7 @@ function M.param_index(whole, stage)
   for i, name in ipairs(names) do number[name] = i end
   local index = {}
   for i, kv in ipairs(stage:named_parameters()) do
-    index[i] = number[kv[1]]
+    index[i] = number[kv[1]] or number[aliases and aliases[kv[1]] or ""]
     if index[i] == nil then error("param_index: the stage's parameter " .. kv[1] .. " is not in the whole model", 2) end
   end
   return index

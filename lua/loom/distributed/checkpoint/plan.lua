@@ -19,10 +19,8 @@ function M.is_dtensor(x) return T.is_tensor(x) and x.dist ~= nil end
 local is_dtensor = M.is_dtensor
 
 M.numel = require("loom.size").Size.numel
-function M.sizes(s) return #s == 0 and "a scalar" or table.concat(s, "x") end
+M.sizes = require("loom.size").Size.show
 local numel = M.numel
-
-local spec_pl, spec_shape, spec_mesh = ffi.new("lm_placement[4]"), ffi.new("int64_t[8]"), ffi.new("lm_mesh*[1]")
 
 -- block_of(x) -> global size, this rank's block (0-based offset, size) and
 -- the local tensor; a DTensor's block is its local shard, a plain tensor's
@@ -34,11 +32,9 @@ function M.block_of(x)
     for d = 1, #size do off[d] = 0 end
     return size, off, size, x
   end
-  C.lm_dtensor_spec(x, spec_pl, spec_shape, spec_mesh)
-  local lshape, off = ffi.new("int64_t[8]"), ffi.new("int64_t[8]")
-  C.lm_shard_layout(spec_mesh[0], #size, spec_shape, spec_pl, nil, lshape, off)
+  local _, off, lsize = T.shard_block(x)
   local o, s = {}, {}
-  for d = 1, #size do o[d], s[d] = tonumber(off[d - 1]), tonumber(lshape[d - 1]) end
+  for d = 1, #size do o[d], s[d] = tonumber(off[d - 1]), tonumber(lsize[d - 1]) end
   return size, o, s, x:to_local()
 end
 

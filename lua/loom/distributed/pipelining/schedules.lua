@@ -16,7 +16,7 @@
 --                    the backwards in reverse (GPipe over virtual stages)
 local loom = require("loom")
 local T = require("loom.tensor")
-local now = require("loom.bench").now
+local now = require("loom.posix").now
 
 local describe = T.describe
 local M = {}
@@ -184,6 +184,7 @@ function Schedule:step(x, opts)
     end
   end
   for _, st in ipairs(self.stages) do st:finish_sends() end
+  for _, st in ipairs(self.stages) do st:sync_tied_grads() end
   self.last_step_s = now() - t0
   if last and type(opts.losses) == "table" then
     for mb = 0, self.n - 1 do opts.losses[#opts.losses + 1] = losses[mb] end

@@ -7,7 +7,7 @@ local dist = require("loom.distributed")
 local T = require("loom.tensor")
 
 local describe = T.describe
-local now = require("loom.bench").now
+local now = require("loom.posix").now
 local BWD_TAG = 16384   -- gradients travel on tags above the activations'
 
 -- the tag of microbatch mb's activation leaving stage s (its gradient: + BWD_TAG)
@@ -125,6 +125,32 @@ end
 -- waits for the sends still in flight (at the end of a step)
 function Stage:finish_sends()
   for i, w in ipairs(self.sends) do w:wait() self.sends[i] = nil end
+end
+
+-- A weight tied across stages (a head tied to the embedding, as
+-- Megatron's embedding group): the stages holding its two uses each have
+-- a copy, equal at the start; after a step's backwards their gradients
+-- are summed, so both copies take the same optimizer step. Copies on one
+-- rank are one tensor, and autograd has summed them already.
+local TIE_TAG = 32000
+local function add_into(g, other) g:copy_(g + other) end
+function Stage:sync_tied_grads()
+  for k, tie in ipairs(self.ties or {}) do
+    local peer = self:rank_of(tie.peer)
+    if peer ~= self.rank then
+      local owner, name = tie.fqn:match("^(.*)%.([^.]+)$")
+      local g = self.submod:get_submodule(owner)[name].grad
+      if g == nil then
+        error(string.format("PipelineStage: stage %d's tied weight %s has no gradient after the step's backwards",
+                            self.stage_index, tie.fqn), 3)
+      end
+      g = dist.is_dtensor(g) and g:to_local() or g
+      local w = dist.isend(g:contiguous(), peer, self.group, self.mesh_dim, { tag = TIE_TAG + k })
+      local other = dist.recv(nil, peer, self.group, self.mesh_dim, { tag = TIE_TAG + k })
+      w:wait()
+      loom.no_grad(add_into, g, other)
+    end
+  end
 end
 
 return Stage

@@ -1,4 +1,7 @@
--- data.lua: data parallelism composed with tensor parallelism. replicate()
+-- replicate.lua: data parallelism (DDP) composed with tensor parallelism,
+-- beside FSDP's fully_shard (loom.distributed.fsdp), as PyTorch's
+-- composable replicate: dist.replicate(model, mesh["dp"]); loom.parallel.replicate
+-- is the same function under its older name. replicate()
 -- broadcasts the parameters over the data-parallel mesh once, then averages
 -- gradients over it with bucketed all-reduces launched from the grad-ready
 -- hooks while backward goes on; the last waits run when backward ends.

@@ -1,20 +1,14 @@
 -- bench.lua: what the scripts/bench_* share: a monotonic clock, flag
 -- parsing, medians, a plain table printer and a JSON writer.
-local ffi = require("ffi")
-
 local M = {}
 
-require("loom.posix")   -- declares clock_gettime
-local ts = ffi.new("loom_timespec")
-function M.now()
-  ffi.C.clock_gettime(1, ts)   -- CLOCK_MONOTONIC
-  return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
-end
+-- now(): seconds on the monotonic clock
+M.now = require("loom.posix").now
 
 -- args(argv, defaults, prog): --name value flags over number, string or
 -- boolean defaults (lua-argparse through loom.cli); --help lists them.
 function M.args(argv, defaults, prog)
-  local cli = require("loom.cli")
+  local cli = require("loom.train.cli")
   return cli.parse(prog or "bench", cli.flags_of(defaults), argv)
 end
 

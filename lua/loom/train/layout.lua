@@ -1,9 +1,12 @@
 -- layout.lua: the parallel layout of a training run, shared by
 -- examples/train.lua and the benchmarks: the (pp, dp, cp, tp) mesh from the
--- degrees asked for, the line that says it, and what pipeline parallelism
--- changes in a step (the stage this rank holds, its schedule, the loss and
--- the gradient norm summed over stages).
+-- degrees asked for, the line that says it, the model laid out on it
+-- through its recipe (loom.models.recipe: the TP plan, FSDP units,
+-- pipeline parts, context-parallel buffers), and what pipeline
+-- parallelism changes in a step (the stage this rank holds, its schedule,
+-- the loss and the gradient norm summed over stages).
 local loom = require("loom")
+local recipe_of = require("loom.models.recipe").of
 
 local M = {}
 
@@ -76,30 +79,6 @@ function M.plan_for(plan, module)
   return mine
 end
 
--- --async-tp: the plan's row-wise projections back to the sequence (wo,
--- w2) reduce-scatter in chunks overlapped with their matmul; on the
--- column-wise side the attention's and the feed-forward's input is
--- gathered once in chunks, each chunk multiplied by wq, wk and wv (w1 and
--- w3) as it arrives (AsyncTPInput). It needs --sequence-parallel.
-function M.async_tp(plan, o, w)
-  if not o["async-tp"] then return plan end
-  if not o["sequence-parallel"] or w.tp == 1 then
-    error("layout: --async-tp needs --sequence-parallel and --tp > 1", 0)
-  end
-  local tp, dt = require("loom.parallel"), require("loom.distributed.dtensor")
-  for _, k in ipairs { "layers.*.attention.wo", "layers.*.feed_forward.w2" } do
-    plan[k] = tp.RowwiseParallel { output_layouts = dt.Shard(2), async_tp = true }
-  end
-  local shared = { attention = { "wq", "wk", "wv" }, feed_forward = { "w1", "w3" } }
-  for parent, consumers in pairs(shared) do
-    plan["layers.*." .. parent] = tp.AsyncTPInput { consumers = consumers }
-    for _, c in ipairs(consumers) do
-      plan["layers.*." .. parent .. "." .. c] = tp.ColwiseParallel { input_layouts = dt.Shard(2), async_tp = true }
-    end
-  end
-  return plan
-end
-
 -- with pp > 1: model cut into w.pp stages (its layers as even as they go);
 -- returns this rank's stage module and sets w.stage (a PipelineStage).
 -- Call before tensor or data parallelism, which then apply to the stage.
@@ -108,6 +87,7 @@ function M.split(model, w, o)
   local pipelining = require("loom.distributed.pipelining")
   w.whole_names = {}   -- the whole model's parameters, for checkpoints (optim_opts)
   for i, kv in ipairs(model:named_parameters()) do w.whole_names[i] = kv[1] end
+  w.tied = recipe_of(model).tied(model)
   local pipe = pipelining.pipeline(model, { num_stages = w.pp })
   w.stage = pipe:build_stage(w.pp_rank, { group = w.mesh, mesh_dim = "pp" })
   w.stage.submod.seq_shards = w.seq_shards   -- a stage's hidden states in: 1/tp of the sequence with SP
@@ -116,12 +96,34 @@ function M.split(model, w, o)
   return w.stage.submod
 end
 
+-- the FQNs of the parts stage 0 holds (nil without pp), for predictions
+function M.first_stage_parts(model, w)
+  if w.pp == 1 then return nil end
+  return require("loom.distributed.pipelining").pipeline(model, { num_stages = w.pp }):stage_fqns(0)
+end
+
 -- the opts of dist.checkpoint.optim_state_dict / load_optim_state_dict:
 -- with pp > 1 a stage's optimizer state is numbered as in the whole model,
--- so that a checkpoint resumes at any layout
+-- so that a checkpoint resumes at any layout (a weight tied across stages,
+-- the copy on the last stage, numbered as the one it copies: the two are
+-- equal, and one is written)
 function M.optim_opts(model, w)
   if w.pp == 1 then return nil end
-  return { param_index = require("loom.distributed.checkpoint").param_index(w.whole_names, model) }
+  local aliases = {}
+  for _, pair in ipairs(w.tied) do aliases[pair[1]] = pair[2] end
+  return { param_index = require("loom.distributed.checkpoint").param_index(w.whole_names, model, aliases) }
+end
+
+-- the parameters of the stage this rank holds, less the copies of
+-- weights tied across stages (held by another stage too): what a norm or
+-- a count over the pp ranks must see once
+function M.own_parameters(model, w)
+  if w.pp == 1 or #(w.stage.ties or {}) == 0 then return model:parameters() end
+  local skip = {}
+  for _, tie in ipairs(w.stage.ties) do if tie.peer < w.stage.stage_index then skip[tie.fqn] = true end end
+  local out = {}
+  for _, kv in ipairs(model:named_parameters()) do if not skip[kv[1]] then out[#out + 1] = kv[2] end end
+  return out
 end
 
 -- the schedule of the stage, with loss_fn(out, y) computed on the last stage
@@ -137,22 +139,39 @@ function M.replicate(model, w, o)
   if w.grad_mesh and not o.fsdp then require("loom.parallel").replicate(model, w.grad_mesh) end
 end
 
--- with --fsdp: each block, then the root, sharded over dp x cp (w.grad_mesh)
-function M.fully_shard(model, w, o)
+-- units(whole, module): the FSDP units (the whole model's recipe's: its
+-- blocks) that module (the model, or this rank's stage) holds, kept in
+-- w.fsdp_units for fully_shard
+function M.note_fsdp_units(whole, module, w)
+  local held = {}
+  for _, kv in ipairs(module:named_modules()) do held[kv[2]] = true end
+  w.fsdp_units = {}
+  for _, unit in ipairs(recipe_of(whole).fsdp_units(whole)) do
+    if held[unit] then w.fsdp_units[#w.fsdp_units + 1] = unit end
+  end
+end
+
+-- with --fsdp: each FSDP unit this rank holds (note_fsdp_units), then the
+-- root (the model or the stage), sharded over dp x cp (w.grad_mesh)
+function M.fully_shard(module, w, o)
   if not o.fsdp or not w.grad_mesh then return end
   local fsdp = require("loom.distributed.fsdp")
   local opts = { mesh = w.grad_mesh, reshard_after_forward = not o["no-reshard"] }
-  for _, block in model.layers:ipairs() do fsdp.fully_shard(block, opts) end
-  fsdp.fully_shard(model, { mesh = w.grad_mesh })
+  for _, unit in ipairs(w.fsdp_units) do fsdp.fully_shard(unit, opts) end
+  fsdp.fully_shard(module, { mesh = w.grad_mesh })
 end
 
 -- f(x, y) with x and y sharded on the sequence and attention
--- context-parallel when cp > 1 (the model's rotary tables sharded alike)
-function M.with_cp(w, model, x, y, f)
+-- context-parallel when cp > 1 (the buffers the model's recipe names, its
+-- rotary tables or position ids, sharded alike). recipe: the model's;
+-- module: the model or this rank's stage.
+function M.with_cp(w, recipe, module, x, y, f)
   if w.cp == 1 then return f(x, y) end
   local cp = require("loom.distributed.context_parallel")
-  return cp.context_parallel(w.mesh["cp"], { buffers = { x, y, { model, "rope_cos" }, { model, "rope_sin" } },
-                                             buffer_seq_dims = { 2, 2, 1, 1 } }, f)
+  local bufs, dims = recipe.cp_buffers(module)
+  table.insert(bufs, 1, y) table.insert(dims, 1, 2)
+  table.insert(bufs, 1, x) table.insert(dims, 1, 2)
+  return cp.context_parallel(w.mesh["cp"], { buffers = bufs, buffer_seq_dims = dims }, f)
 end
 
 -- a loss (f64 tensor) averaged over the cp ranks' shares
@@ -189,20 +208,23 @@ function M.pipeline_loss(sched, x, y, backward, w, dist)
 end
 
 -- clip_grad_norm_ over the whole model: the squared norms of every
--- stage's gradients summed over pp (PyTorch's coef = max / (norm + 1e-6))
-function M.clip_grad_norm_(params, max_norm, w, dist, opts)
+-- stage's gradients summed over pp, a weight tied across stages counted
+-- once (PyTorch's coef = max / (norm + 1e-6))
+function M.clip_grad_norm_(model, max_norm, w, dist, opts)
   local U = loom.nn.utils
-  if w.pp == 1 then return U.clip_grad_norm_(params, max_norm, opts) end
-  local sq = dist.all_reduce(loom.tensor({ U.grad_norm_squared(params) }, { dtype = "f64" }), "sum", w.mesh, "pp")
+  if w.pp == 1 then return U.clip_grad_norm_(model:parameters(), max_norm, opts) end
+  local sq = dist.all_reduce(loom.tensor({ U.grad_norm_squared(M.own_parameters(model, w)) }, { dtype = "f64" }),
+                             "sum", w.mesh, "pp")
   local norm = math.sqrt(sq:item())
-  U.clip_grads_with_norm_(params, max_norm, norm)
+  U.clip_grads_with_norm_(model:parameters(), max_norm, norm)
   return norm
 end
 
--- the number of parameters of the whole model (stages summed over pp)
+-- the number of parameters of the whole model (stages summed over pp, a
+-- weight tied across stages counted once)
 function M.count_params(model, w, dist)
   local n = 0
-  for _, p in ipairs(model:parameters()) do n = n + p:numel() end
+  for _, p in ipairs(M.own_parameters(model, w)) do n = n + p:numel() end
   if w.pp == 1 then return n end
   return M.pp_sum(w, dist, n)
 end

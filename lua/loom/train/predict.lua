@@ -1,0 +1,122 @@
+-- predict.lua: what a layout should hold and send on rank 0, said before
+-- training and checked against what was measured after the first step:
+-- the parameters and AdamW state rank 0 holds (its pipeline stage's parts,
+-- cut by the model's TP plan and by FSDP with torch.chunk sizes) and the
+-- bytes its stage sends by p2p per step. It reads the model only through
+-- its parameters' shapes, its recipe's plan and its hidden size, so every
+-- family is predicted alike.
+local tp = require("loom.parallel")
+
+local M = {}
+
+local function ceil_div(n, k) return math.ceil(n / k) end
+
+-- whether the module FQN fqn matches the plan key pattern, atom by atom
+-- (as parallelize_module matches them)
+local function matches(pattern, fqn)
+  local a, b = {}, {}
+  for x in pattern:gmatch("[^.]+") do a[#a + 1] = x end
+  for x in fqn:gmatch("[^.]+") do b[#b + 1] = x end
+  if #a ~= #b then return false end
+  for i = 1, #a do if not tp.fnmatch(b[i], a[i]) then return false end end
+  return true
+end
+
+-- the dim (1-based) of parameter pname of a module of kind `kind` that a
+-- plan's style cuts over tp (nil: replicated), as the styles place them
+local function tp_dim(plan, fqn, kind, pname)
+  for pattern, style in pairs(plan) do
+    if matches(pattern, fqn) then
+      if style.__name == "ColwiseParallel" then return kind == "Embedding" and 2 or 1 end
+      if style.__name == "RowwiseParallel" then
+        if kind == "Embedding" then return 1 end
+        return pname == "weight" and 2 or nil
+      end
+    end
+  end
+end
+
+-- numel this rank holds of a parameter of size sz: TP cuts dim d, FSDP
+-- (over dp ranks) dim 1, or the next dim when TP cuts dim 1 (a vector's
+-- TP shard is cut again)
+local function held(sz, d, tp_n, dp_n)
+  local s = {}
+  for i, v in ipairs(sz) do s[i] = v end
+  if d then s[d] = ceil_div(s[d], tp_n) end
+  local f = (d == 1 and #s > 1) and 2 or 1
+  s[f] = ceil_div(s[f], dp_n)
+  local n = 1
+  for _, v in ipairs(s) do n = n * v end
+  return n
+end
+
+-- whether parameter fqn lies in one of parts (FQNs of modules; nil: all)
+local function in_parts(fqn, parts)
+  if not parts then return true end
+  for _, p in ipairs(parts) do
+    if fqn == p or fqn:sub(1, #p + 1) == p .. "." then return true end
+  end
+  return false
+end
+
+-- numel rank 0 holds of the parameter p named fqn
+local function held_of(model, plan, w, dp, fqn, p)
+  local mfqn, pname = fqn:match("^(.*)%.([^.]+)$")
+  local d = w.tp > 1 and tp_dim(plan, mfqn or "", model:get_submodule(mfqn or "").__name, pname) or nil
+  return held(p:size(), d, w.tp, dp)
+end
+
+-- params(model, plan, w, fsdp, parts) -> numel of the parameters of parts
+-- (a stage's module FQNs; nil: the whole model) that rank 0 holds
+function M.params(model, plan, w, fsdp, parts)
+  local dp = fsdp and w.dp * (w.cp or 1) or 1   -- FSDP shards over dp x cp
+  local n = 0
+  for _, kv in ipairs(model:named_parameters()) do
+    if in_parts(kv[1], parts) then n = n + held_of(model, plan, w, dp, kv[1], kv[2]) end
+  end
+  return n
+end
+
+-- bytes a rank of stage s (0-based) sends by p2p per step: activations
+-- forward and their gradients back, f32 (batch x sequence x hidden)
+function M.p2p_bytes(hidden, w, s, batch, seq)
+  local act = (batch / w.dp) * (seq / w.cp / (w.seq_shards or 1)) * hidden * 4   -- SP: 1/tp of the sequence
+  return ((s < w.pp - 1) and act or 0) + ((s > 0) and act or 0)
+end
+
+-- predict(model, plan, w, o, parts) -> the prediction for rank 0 (stage 0,
+-- whose parts are `parts`): {params = bytes, p2p = bytes}. With pp > 1 a
+-- weight tied across stages (the head to the embedding) sends its
+-- gradient to the other stage once a step.
+function M.predict(model, plan, w, o, parts)
+  local r = require("loom.models.recipe").of(model)
+  local fsdp = o.fsdp and w.dp * w.cp > 1
+  local pred = { params = M.params(model, plan, w, fsdp, parts) * 4,
+                 p2p = M.p2p_bytes(r.hidden_size(model), w, 0, o.batch, o.seq) }
+  if w.pp > 1 then
+    local params = {}
+    for _, kv in ipairs(model:named_parameters()) do params[kv[1]] = kv[2] end
+    for _, pair in ipairs(r.tied(model)) do
+      local p = params[pair[2]]
+      pred.p2p = pred.p2p + 4 * held_of(model, plan, w, fsdp and w.dp * w.cp or 1, pair[2], p)
+    end
+  end
+  return pred
+end
+
+-- the line said before training
+function M.before(pred)
+  return string.format("predicted for rank 0: parameters %.2f MB + AdamW state %.2f MB, p2p %.3f MB sent per step",
+                       pred.params / 2^20, 2 * pred.params / 2^20, pred.p2p / 2^20)
+end
+
+-- the line after the first step: measured next to predicted (sent_bytes:
+-- what comm_mode counted, nil without pp)
+function M.after(pred, model, opt, sent_bytes)
+  local mem = require("loom.distributed.fsdp").memory(model, opt)
+  return string.format("measured on rank 0: parameters %.2f MB (predicted %.2f), AdamW state %.2f MB (%.2f), "
+                       .. "p2p %.3f MB sent (%.3f)", mem.params / 2^20, pred.params / 2^20, mem.optimizer / 2^20,
+                       2 * pred.params / 2^20, (sent_bytes or 0) / 2^20, pred.p2p / 2^20)
+end
+
+return M
