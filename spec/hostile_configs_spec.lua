@@ -50,8 +50,15 @@ describe("HF configs of transformers 4.x and 5.x", function()
   end)
 
   local refused = {
-    { "rope_parameters of rope_type llama3", function(c) c.rope_parameters = { rope_theta = 1000, rope_type = "llama3", factor = 8 } end,
-      "rope_parameters: rope_type llama3 is not supported" },
+    { "rope_parameters of rope_type yarn", function(c) c.rope_parameters = { rope_theta = 1000, rope_type = "yarn", factor = 8 } end,
+      "rope_parameters: rope_type yarn is not supported" },
+    { "llama3 scaling without its factors", function(c) c.rope_parameters = { rope_theta = 1000, rope_type = "llama3", factor = 8 } end,
+      "low_freq_factor is missing" },
+    { "a partial rotary factor", function(c) c.partial_rotary_factor = 0.5 end, "partial_rotary_factor 0.5 is not supported" },
+    { "attention logit softcapping", function(c) c.attn_logit_softcapping = 50 end, "attn_logit_softcapping is 50: not supported" },
+    { "a sliding window on a llama", function(c) c.sliding_window = 8 end, "sliding_window is not supported for model_type llama" },
+    { "a layer pattern", function(c) c.layer_types = { "full_attention", "sliding_attention" } end,
+      "layer_types[2] is sliding_attention: a layer pattern loom lacks" },
     { "rope_scaling of type linear (4.x's old key)", function(c) c.rope_scaling = { type = "linear", factor = 2 } end,
       "rope_scaling: rope_type linear is not supported" },
     { "rope_scaling of rope_type yarn", function(c) c.rope_scaling = { rope_type = "yarn", factor = 4 } end,

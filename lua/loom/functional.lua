@@ -171,12 +171,46 @@ function F.cross_entropy(logits, target, opts)
   return loss
 end
 
--- scaled_dot_product_attention(q, k, v, {attn_mask, is_causal=false, scale})
+-- the bool mask (L, S) of causal attention over a sliding window: key j
+-- kept for query i when i - window < j <= i (Mistral's, transformers'
+-- sliding_window_overlay); cached weakly (the layers of a step share one)
+local window_masks = setmetatable({}, { __mode = "v" })
+function F.sliding_window_mask(L, S, window, device)
+  local key = L .. ":" .. S .. ":" .. window .. ":" .. tostring(device)
+  local m = window_masks[key]
+  if m then return m end
+  local i = loom.arange(0, L, 1, { dtype = "i64", device = device }):reshape(L, 1)
+  local j = loom.arange(0, S, 1, { dtype = "i64", device = device }):reshape(1, S)
+  m = j:le(i):logical_and(j:gt(i - window))
+  window_masks[key] = m
+  return m
+end
+
+-- scaled_dot_product_attention(q, k, v, {attn_mask, is_causal=false, scale,
+-- window}): window (loom's, with is_causal): keys more than window - 1
+-- positions before the query are masked too (a sliding window), through a
+-- banded bool mask, so the fused kernels' masked path runs it
 function F.scaled_dot_product_attention(q, k, v, opts)
   local fname = "scaled_dot_product_attention"
-  opts = T.check_opts(fname, opts, { attn_mask = true, is_causal = true, scale = true })
+  opts = T.check_opts(fname, opts, { attn_mask = true, is_causal = true, scale = true, window = true })
   if opts.is_causal ~= nil and type(opts.is_causal) ~= "boolean" then
     T.argerror(fname, "is_causal", "a boolean", T.describe(opts.is_causal))
+  end
+  if opts.window ~= nil then
+    if not T.is_int(opts.window) or opts.window < 1 then
+      T.argerror(fname, "window", "a positive integer", T.describe(opts.window))
+    end
+    if not opts.is_causal or opts.attn_mask ~= nil then
+      T.argerror(fname, "window", "a window with is_causal = true and no attn_mask", "is_causal "
+                 .. tostring(opts.is_causal) .. (opts.attn_mask ~= nil and " and an attn_mask" or ""))
+    end
+    local L, S = q:size(q:dim() - 1), k:size(k:dim() - 1)
+    if opts.window < S then   -- (a window as long as the keys masks nothing more)
+      local dev = q.dist ~= nil and q:to_local().device or q.device
+      opts = { attn_mask = F.sliding_window_mask(L, S, opts.window, dev), scale = opts.scale }
+    else
+      opts = { is_causal = true, scale = opts.scale }
+    end
   end
   if opts.scale ~= nil and (type(opts.scale) ~= "number" or not (opts.scale > 0 and opts.scale < math.huge)) then
     T.argerror(fname, "scale", "a finite number > 0 (nil: 1/sqrt(head_dim))", T.describe(opts.scale))

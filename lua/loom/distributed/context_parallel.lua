@@ -71,12 +71,13 @@ function M.unshard_seq(g, dim, cp)
 end
 
 -- the causal mask of this rank's queries against all keys (gathered in
--- rank order): (Tl, T) bool, true where the key's position <= the query's.
+-- rank order): (Tl, T) bool, true where the key's position <= the query's
+-- (and, with a sliding window, more than window - 1 before it).
 -- Cached weakly: the layers of a step share one mask while the step's graph
 -- holds it, and a dropped job keeps none.
 local mask_cache = setmetatable({}, { __mode = "v" })
-local function causal_mask(n, cp, rank)
-  local key = n .. ":" .. cp .. ":" .. rank
+local function causal_mask(n, cp, rank, window)
+  local key = n .. ":" .. cp .. ":" .. rank .. ":" .. tostring(window)
   if mask_cache[key] then return mask_cache[key] end
   local q = M.positions(n, cp, rank)
   local k = {}
@@ -84,6 +85,7 @@ local function causal_mask(n, cp, rank)
   local qt = loom.tensor(q, { dtype = "f32" }):view(#q, 1)
   local kt = loom.tensor(k, { dtype = "f32" }):view(1, #k)
   local m = (kt - qt):le(0)
+  if window then m = m:logical_and((kt - qt):gt(-window)) end
   mask_cache[key] = m
   return m
 end
@@ -104,6 +106,10 @@ function M.attention(q, k, v, opts, group)
     error("context_parallel: scaled_dot_product_attention with an attn_mask is not supported under context "
           .. "parallelism (is_causal or no mask)", 3)
   end
+  if opts.window and M.rotate_method == "alltoall" then
+    error("context_parallel: a sliding window (Mistral's) runs with the \"allgather\" rotate method, not "
+          .. "\"alltoall\" (--cp-rotate allgather)", 3)
+  end
   if M.rotate_method == "alltoall" then
     return require("loom.distributed.context_parallel_ring").attention(q, k, v, opts, group)
   end
@@ -113,7 +119,7 @@ function M.attention(q, k, v, opts, group)
   if not opts.is_causal then return sdpa(q, kf, vf, { scale = opts.scale }) end
   local n = kf:size(kf:dim() - 1)
   check_len("context_parallel", n, cp)
-  return sdpa(q, kf, vf, { attn_mask = causal_mask(n, cp, rank), scale = opts.scale })
+  return sdpa(q, kf, vf, { attn_mask = causal_mask(n, cp, rank, opts.window), scale = opts.scale })
 end
 
 -- set_rotate_method("allgather" | "alltoall"): how keys and values reach

@@ -29,13 +29,15 @@ local function repeat_kv(x, n_rep)
   return x:unsqueeze(4):expand(b, t, kv, n_rep, hd):reshape(b, t, kv * n_rep, hd)
 end
 
--- attend(who, q, k, v, n_rep, cache) -> (B, T, heads * hd): attention of q
--- (B, T, heads, hd) over k, v (B, T, kv heads, hd), each kv head serving
--- n_rep query heads. cache (generation): this layer's {k, v} so far, of
--- (B, T, kv heads of this rank, hd), extended here; then attention is causal
--- only when the queries are the whole sequence (a prefill), and a decoded
--- token attends to every cached position.
-function M.attend(who, q, k, v, n_rep, cache)
+-- attend(who, q, k, v, n_rep, cache, window) -> (B, T, heads * hd):
+-- attention of q (B, T, heads, hd) over k, v (B, T, kv heads, hd), each kv
+-- head serving n_rep query heads; with window, a query sees only the last
+-- window keys (a sliding window). cache (generation): this layer's {k, v}
+-- so far, of (B, T, kv heads of this rank, hd), extended here; then
+-- attention is causal only when the queries are the whole sequence (a
+-- prefill), and a decoded token attends to every cached position (the
+-- last window of them).
+function M.attend(who, q, k, v, n_rep, cache, window)
   local b, t = q:size(1), q:size(2)
   if cache then
     if cache.k then k, v = loom.cat({ cache.k, k }, 2), loom.cat({ cache.v, v }, 2) end
@@ -43,18 +45,25 @@ function M.attend(who, q, k, v, n_rep, cache)
   end
   local causal = k:size(2) == t
   if not causal and t > 1 then error(who .. ": a cached step takes one token at a time", 4) end
+  if window and not causal and k:size(2) > window then
+    k, v = k:narrow(2, k:size(2) - window + 1, window), v:narrow(2, v:size(2) - window + 1, window)
+  end
   k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
   local o = F.scaled_dot_product_attention(q:transpose(2, 3), k:transpose(2, 3), v:transpose(2, 3),
-                                           { is_causal = causal })
+                                           { is_causal = causal, window = causal and window or nil })
   return o:transpose(2, 3):reshape(b, t, -1)
 end
 
+-- heads(y, b, t, hd): a projection's output (B, T, heads * hd) viewed as
+-- (B, T, heads, hd). The head count is left to the weights (-1): a
+-- tensor-parallel rank gets the heads it holds.
+function M.heads(y, b, t, hd) return y:view(b, t, -1, hd) end
+
 -- qkv(x, wq, wk, wv, hd) -> q, k, v: x (B, T, dim) through the three
--- projections, each viewed as (B, T, heads, hd). The head count is left to
--- the weights (-1): a tensor-parallel rank gets the heads it holds.
+-- projections, each viewed as (B, T, heads, hd)
 function M.qkv(x, wq, wk, wv, hd)
   local b, t = x:size(1), x:size(2)
-  return wq(x):view(b, t, -1, hd), wk(x):view(b, t, -1, hd), wv(x):view(b, t, -1, hd)
+  return M.heads(wq(x), b, t, hd), M.heads(wk(x), b, t, hd), M.heads(wv(x), b, t, hd)
 end
 
 -- residual(x, y, drop): x + y, y through the dropout drop when there is one
@@ -141,8 +150,22 @@ function M.tp_plan(names, opts, counts)
   plan[names.embedding] = tp.RowwiseParallel{ input_layouts = Replicate(), output_layouts = sp and Shard(2) or Replicate() }
   plan[names.output] = tp.ColwiseParallel{ input_layouts = sp and Shard(2) or Replicate(),
                                            output_layouts = lp and Shard(-1) or Replicate(), use_local_output = not lp }
+  -- norms of each head (Qwen3's q_norm): on this rank's heads (dim 3),
+  -- their weight replicated, its gradient summed over the heads' ranks
+  for _, fqn in ipairs(names.head_norms or {}) do
+    plan[fqn] = tp.SequenceParallel{ sequence_dim = 3, use_local_output = true }
+  end
+  -- norms of a whole projection (OLMo 2's q_norm): this rank's columns
+  -- gathered, normed whole, cut back to this rank's heads
+  for _, fqn in ipairs(names.proj_norms or {}) do
+    plan[fqn] = tp.NoParallel{ input_layout = Shard(-1), output_layout = Shard(-1) }
+  end
   if sp then
-    for _, fqn in ipairs(names.norms) do plan[fqn] = tp.SequenceParallel{} end
+    -- (a norm whose output joins the residual stream, as OLMo 2's after
+    -- each sub-layer, hands it back as this rank's plain sequence shard)
+    local joins = {}
+    for _, fqn in ipairs(names.residual_norms or {}) do joins[fqn] = true end
+    for _, fqn in ipairs(names.norms) do plan[fqn] = tp.SequenceParallel{ use_local_output = joins[fqn] } end
     for _, fqn in ipairs(names.seq_sharded or {}) do
       plan[fqn] = tp.PrepareModuleOutput{ output_layouts = { Replicate() }, desired_output_layouts = { Shard(2) } }
     end

@@ -1,8 +1,9 @@
 -- hf.lua: Hugging Face checkpoints (config.json + model.safetensors) in and
--- out of loom's models: the name maps of LlamaForCausalLM (onto
+-- out of loom's models: the Llama-style families (llama, mistral, qwen2,
+-- qwen3, phi3, gemma, olmo2: loom.models.hf_llama, onto
 -- loom.models.transformer) and GPT2LMHeadModel (onto loom.models.gpt2),
 -- with the conversions between the layouts:
---   * Llama q_proj/k_proj: HF permutes the rows of each head for its
+--   * q_proj/k_proj: HF permutes the rows of each head for its
 --     rotate_half RoPE (row r*hd/2 + i of a head holds Meta's row 2i + r);
 --     loom's rope pairs interleaved rows as Meta's code does, so loading
 --     un-permutes each head and saving permutes it back.
@@ -23,34 +24,6 @@ local function copy(t) local o = {} for i, v in ipairs(t) do o[i] = v end return
 ---------------------------------------------------------------------------
 -- name maps: loom FQN -> {hf = name, shape = the HF tensor's full shape,
 -- transpose, slice = {dim, start} (HF coordinates), heads = head_dim}
-
-local function llama_map(c)
-  local m, hd = {}, c.dim / c.n_heads
-  local function put(fqn, hf, shape, heads) m[fqn] = { hf = hf, shape = shape, heads = heads } end
-  put("tok_embeddings.weight", "model.embed_tokens.weight", { c.vocab_size, c.dim })
-  put("norm.weight", "model.norm.weight", { c.dim })
-  if not c.tie_embeddings then put("output.weight", "lm_head.weight", { c.vocab_size, c.dim })
-  else   -- listed only if the tie was broken (a dtype conversion per module): the embedding again
-    put("output.weight", "model.embed_tokens.weight", { c.vocab_size, c.dim })
-    m["output.weight"].tied = true
-  end
-  for i = 1, c.n_layers do
-    local l, h = "layers." .. i .. ".", "model.layers." .. (i - 1) .. "."
-    put(l .. "attention_norm.weight", h .. "input_layernorm.weight", { c.dim })
-    put(l .. "ffn_norm.weight", h .. "post_attention_layernorm.weight", { c.dim })
-    put(l .. "attention.wq.weight", h .. "self_attn.q_proj.weight", { c.n_heads * hd, c.dim }, hd)
-    put(l .. "attention.wk.weight", h .. "self_attn.k_proj.weight", { c.n_kv_heads * hd, c.dim }, hd)
-    put(l .. "attention.wv.weight", h .. "self_attn.v_proj.weight", { c.n_kv_heads * hd, c.dim })
-    put(l .. "attention.wo.weight", h .. "self_attn.o_proj.weight", { c.dim, c.n_heads * hd })
-    put(l .. "feed_forward.w1.weight", h .. "mlp.gate_proj.weight", { c.ffn_dim, c.dim })
-    put(l .. "feed_forward.w2.weight", h .. "mlp.down_proj.weight", { c.dim, c.ffn_dim })
-    put(l .. "feed_forward.w3.weight", h .. "mlp.up_proj.weight", { c.ffn_dim, c.dim })
-  end
-  -- in the file but not parameters: RoPE buffers of old checkpoints; a tied head
-  local ignore = { "^model%.layers%.%d+%.self_attn%.rotary_emb%.inv_freq$" }
-  if c.tie_embeddings then ignore[#ignore + 1] = "^lm_head%.weight$" end
-  return m, ignore
-end
 
 -- prefix: "transformer." (GPT2LMHeadModel) or "" (GPT2Model, the original upload)
 local function gpt2_map(c, prefix)
@@ -101,7 +74,7 @@ end
 -- name_map(model, [names of the file]) -> map, patterns of ignorable names
 function M.name_map(model, file_names)
   local arch = arch_of(model, "hf.name_map")
-  if arch == "llama" then return llama_map(model.config) end
+  if arch == "llama" then return require("loom.models.hf_llama").name_map(model.config) end
   local prefix = "transformer."
   if file_names and file_names["wte.weight"] and not file_names["transformer.wte.weight"] then prefix = "" end
   return gpt2_map(model.config, prefix)
@@ -110,15 +83,16 @@ end
 ---------------------------------------------------------------------------
 -- layouts: HF rows of a head -> Meta's interleaved pairs, and back
 
--- x: (heads * hd, cols) in HF's order -> Meta's (loom's)
+-- x: (heads * hd, cols) in HF's order -> Meta's (loom's); a vector
+-- (heads * hd) (a bias, a norm's weight) alike
 local function unpermute(x, hd)
-  local rows, cols = x:size(1), x:size(2)
-  return x:reshape(rows / hd, 2, hd / 2, cols):transpose(2, 3):reshape(rows, cols)
+  local rows, cols = x:size(1), x:dim() == 2 and x:size(2) or 1
+  return x:reshape(rows / hd, 2, hd / 2, cols):transpose(2, 3):reshape(x:size())
 end
 -- x: Meta's order -> HF's
 local function permute(x, hd)
-  local rows, cols = x:size(1), x:size(2)
-  return x:reshape(rows / hd, hd / 2, 2, cols):transpose(2, 3):reshape(rows, cols)
+  local rows, cols = x:size(1), x:dim() == 2 and x:size(2) or 1
+  return x:reshape(rows / hd, hd / 2, 2, cols):transpose(2, 3):reshape(x:size())
 end
 M.permute, M.unpermute = permute, unpermute
 
@@ -156,11 +130,13 @@ end
 
 local function problems_of(r, model, map, ignore, strict)
   local missing, bad, used, unmapped = {}, {}, {}, {}
+  -- (a tensor the whole model's map reads is expected, whichever pipeline
+  -- stage the model is: another stage reads it)
+  for _, e in pairs(map) do used[e.hf] = true end
   for _, kv in ipairs(model:named_parameters()) do
     local fqn, e = kv[1], map[kv[1]]
     if e == nil then unmapped[#unmapped + 1] = fqn
     else
-      used[e.hf] = true
       local te = r.tensors[e.hf]
       if te == nil then missing[#missing + 1] = string.format("%s (for %s)", e.hf, fqn)
       elseif sizes(te.shape) ~= sizes(e.shape) then
@@ -313,15 +289,17 @@ end
 ---------------------------------------------------------------------------
 -- save
 
--- HF name -> the parts of the model's tensors that make it, in HF's layout
--- (not a closure over the model, which a compiled trace would keep)
-local function hf_parts(model, map)
+-- HF name -> the parts of the model's tensors that make it, in HF's layout:
+-- each parameter, or its gradient when `grads` (not a closure over the
+-- model, which a compiled trace would keep)
+local function hf_parts(model, map, grads)
   local groups = {}
   for _, kv in ipairs(model:named_parameters()) do
     local e, p = map[kv[1]], kv[2]
     if e == nil then error("hf.hf_state_dict: the name map has no entry for " .. kv[1], 0) end
     if e.tied then goto continue end   -- HF's tied checkpoints hold the embedding only
-    local x = p:detach()
+    local x = grads and p.grad or p:detach()
+    if x == nil then error("hf.hf_grads: " .. kv[1] .. " has no gradient", 0) end
     if x.dist ~= nil then x = x:full_tensor() end
     if e.heads then x = permute(x, e.heads) end
     if e.transpose then x = x:t() end
@@ -333,9 +311,11 @@ local function hf_parts(model, map)
 end
 
 -- hf_state_dict(model) -> HF name -> full tensor (DTensors gathered: a
--- collective when the model is sharded; every rank gets every tensor)
-function M.hf_state_dict(model)
-  local groups = loom.no_grad(hf_parts, model, M.name_map(model))
+-- collective when the model is sharded; every rank gets every tensor).
+-- hf_grads(model): the parameters' gradients alike, as transformers' model
+-- would hold them.
+function M.hf_state_dict(model, grads)
+  local groups = loom.no_grad(hf_parts, model, M.name_map(model), grads)
   local out = {}
   for name, parts in pairs(groups) do
     if #parts == 1 and not parts[1].slice then out[name] = parts[1].x
@@ -349,15 +329,11 @@ function M.hf_state_dict(model)
   return out
 end
 
+function M.hf_grads(model) return M.hf_state_dict(model, true) end
+
 local function hf_config(model)
   local c = model.config
-  if arch_of(model, "hf.save_pretrained") == "llama" then
-    return { architectures = { "LlamaForCausalLM" }, model_type = "llama", vocab_size = c.vocab_size,
-             hidden_size = c.dim, num_hidden_layers = c.n_layers, num_attention_heads = c.n_heads,
-             num_key_value_heads = c.n_kv_heads, intermediate_size = c.ffn_dim, rms_norm_eps = c.norm_eps,
-             rope_theta = c.rope_theta, max_position_embeddings = c.max_seq_len, hidden_act = "silu",
-             tie_word_embeddings = c.tie_embeddings }
-  end
+  if arch_of(model, "hf.save_pretrained") == "llama" then return require("loom.models.hf_llama").write(c) end
   return { architectures = { "GPT2LMHeadModel" }, model_type = "gpt2", vocab_size = c.vocab_size,
            n_positions = c.n_positions, n_embd = c.n_embd, n_layer = c.n_layer, n_head = c.n_head,
            n_inner = c.n_inner, layer_norm_epsilon = c.layer_norm_epsilon, activation_function = "gelu_new",

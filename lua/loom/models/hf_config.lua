@@ -17,6 +17,7 @@ local INT_LIMITS = {
   vocab_size = 2 ^ 31 - 1, hidden_size = 2 ^ 20, num_hidden_layers = 10000, num_attention_heads = 65536,
   num_key_value_heads = 65536, intermediate_size = 2 ^ 24, max_position_embeddings = 2 ^ 26, head_dim = 2 ^ 16,
   n_positions = 2 ^ 26, n_embd = 2 ^ 20, n_layer = 10000, n_head = 65536, n_inner = 2 ^ 24,
+  sliding_window = 2 ^ 26, original_max_position_embeddings = 2 ^ 26,
 }
 
 local function fail(p, fmt, ...) error("hf.read_config: " .. p .. ": " .. string.format(fmt, ...), 0) end
@@ -48,20 +49,41 @@ local function fields(h, p)
   return F
 end
 
--- the RoPE base of a Llama config: rope_theta (4.x) or
--- rope_parameters.rope_theta (5.x); kinds other than "default" refused
-local function rope_theta(h, p, F)
+-- the RoPE of a Llama-style config: its base, rope_theta (4.x) or
+-- rope_parameters.rope_theta (5.x), and its scaling (nil, or Llama 3.1's
+-- {rope_type = "llama3", ...}); kinds not in `types` refused by name
+local function rope(h, p, F, types)
+  local scaling
   local function kind_of(t, where)
     if t == nil or t == json_null then return end
     if type(t) ~= "table" then fail(p, "%s is %s, not an object", where, shown(t)) end
     local kind = t.rope_type or t.type or "default"
-    if kind ~= "default" then
-      fail(p, "%s: rope_type %s is not supported (loom implements the default RoPE only)", where, shown(kind))
+    if not types[kind] then
+      fail(p, "%s: rope_type %s is not supported (loom implements %s)", where, shown(kind),
+           types.llama3 and "the default RoPE and llama3's scaling" or "the default RoPE")
+    end
+    local prf = t.partial_rotary_factor
+    if prf ~= nil and prf ~= json_null and prf ~= 1 then
+      fail(p, "%s: partial_rotary_factor %s is not supported (RoPE over the whole head)", where, shown(prf))
+    end
+    if kind == "llama3" then
+      local G = fields(t, p)
+      scaling = { rope_type = "llama3", factor = G.real("factor", nil, 0, 1e6),
+                  low_freq_factor = G.real("low_freq_factor", nil, 0, 1e6),
+                  high_freq_factor = G.real("high_freq_factor", nil, 0, 1e6),
+                  original_max_position_embeddings = G.int("original_max_position_embeddings") }
+      if scaling.high_freq_factor <= scaling.low_freq_factor then
+        fail(p, "%s: high_freq_factor %s must exceed low_freq_factor %s", where, shown(scaling.high_freq_factor),
+             shown(scaling.low_freq_factor))
+      end
     end
   end
   kind_of(h.rope_scaling, "rope_scaling")
   local rp = h.rope_parameters
   kind_of(rp, "rope_parameters")
+  if h.partial_rotary_factor ~= nil and h.partial_rotary_factor ~= json_null and h.partial_rotary_factor ~= 1 then
+    fail(p, "partial_rotary_factor %s is not supported (RoPE over the whole head)", shown(h.partial_rotary_factor))
+  end
   local theta = F.real("rope_theta", 10000, 0, 1e12)
   if type(rp) == "table" and rp.rope_theta ~= nil then
     local t2 = fields(rp, p).real("rope_theta", nil, 0, 1e12)
@@ -70,26 +92,7 @@ local function rope_theta(h, p, F)
     end
     theta = t2
   end
-  return theta
-end
-
-local function llama(h, p)
-  local F = fields(h, p)
-  local theta = rope_theta(h, p, F)
-  if h.attention_bias == true or h.mlp_bias == true then unsupported(p, "attention_bias / mlp_bias") end
-  if (h.hidden_act or "silu") ~= "silu" then unsupported(p, "hidden_act " .. shown(h.hidden_act)) end
-  local dim, heads = F.int("hidden_size"), F.int("num_attention_heads")
-  local kv = F.int("num_key_value_heads", heads)
-  if dim % heads ~= 0 then fail(p, "hidden_size %d is not a multiple of num_attention_heads %d", dim, heads) end
-  if heads % kv ~= 0 then fail(p, "num_attention_heads %d is not a multiple of num_key_value_heads %d", heads, kv) end
-  if (dim / heads) % 2 ~= 0 then fail(p, "the head size %d is odd (RoPE rotates pairs)", dim / heads) end
-  if h.head_dim ~= nil and h.head_dim ~= json_null and F.int("head_dim") ~= dim / heads then
-    unsupported(p, "a head_dim other than hidden_size / num_attention_heads")
-  end
-  return "llama", { vocab_size = F.int("vocab_size"), dim = dim, n_layers = F.int("num_hidden_layers"),
-                    n_heads = heads, n_kv_heads = kv, ffn_dim = F.int("intermediate_size"),
-                    norm_eps = F.real("rms_norm_eps", 1e-6, 0, 1), rope_theta = theta,
-                    max_seq_len = F.int("max_position_embeddings", 2048), tie_embeddings = h.tie_word_embeddings == true }
+  return theta, scaling
 end
 
 local function gpt2(h, p)
@@ -103,13 +106,23 @@ local function gpt2(h, p)
                    layer_norm_epsilon = F.real("layer_norm_epsilon", 1e-5, 0, 1) }
 end
 
--- read(p) -> arch ("llama" | "gpt2"), loom config, for the config.json at p
+-- the families loom reads, by config.json's model_type: every Llama-style
+-- one (loom.models.hf_llama) is loom's "llama" family with its variations
+local LLAMA_LIKE = require("loom.models.hf_llama").KINDS
+
+-- read(p) -> family ("llama" | "gpt2"), loom config, for the config.json at p
 function M.read(p)
   local h = R.decode_json(R.read_text(p, "hf.read_config", M.MAX_BYTES), "hf.read_config", p)
   if type(h) ~= "table" then fail(p, "is not a JSON object") end
-  if h.model_type == "llama" then return llama(h, p) end
+  if type(h.model_type) == "string" and LLAMA_LIKE[h.model_type] then
+    return "llama", require("loom.models.hf_llama").read(h.model_type, h, p,
+                                                         { fields = fields, fail = fail, shown = shown, rope = rope })
+  end
   if h.model_type == "gpt2" then return gpt2(h, p) end
-  fail(p, "model_type %s is not supported (loom reads llama and gpt2)", shown(h.model_type))
+  local names = {}
+  for k in pairs(LLAMA_LIKE) do names[#names + 1] = k end
+  table.sort(names)
+  fail(p, "model_type %s is not supported (loom reads %s and gpt2)", shown(h.model_type), table.concat(names, ", "))
 end
 
 -- check_weights(arch, cfg, reader, file, cfg_path): the config agrees with

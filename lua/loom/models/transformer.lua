@@ -1,8 +1,20 @@
 -- transformer.lua: a Llama-style decoder (token embedding, RMSNorm,
--- rotary attention with wq/wk/wv/wo, SwiGLU feed-forward w1/w2/w3, output
--- projection). Attention and the feed-forward take their per-rank head
--- counts and widths from their weights' local shapes, so the same code runs
--- once tensor parallelism has sharded those weights.
+-- rotary attention with wq/wk/wv/wo, gated feed-forward w1/w2/w3, output
+-- projection), and the variations of it that the families people
+-- fine-tune make (loom.models.hf reads them from their configs):
+--   head_dim          heads of their own width (Gemma, Qwen3), not dim / n_heads
+--   qkv_bias          biases on wq, wk, wv (Qwen2)
+--   qk_norm           "head": RMSNorm of each head of q and k before RoPE
+--                     (Qwen3); "proj": of the whole q and k projections (OLMo 2)
+--   norm_offset       RMSNorm scales by (offset + weight), weights from zeros (Gemma: 1)
+--   act               the gate's activation: "silu" (SwiGLU) or "gelu_tanh" (Gemma's GeGLU)
+--   embed_scale       the embedding output times this (Gemma: sqrt(dim))
+--   post_norm         norms after attention and feed-forward, not before (OLMo 2)
+--   sliding_window    a query sees the last sliding_window keys (Mistral, Phi-3)
+--   rope_scaling      Llama 3.1's frequency scaling ({rope_type = "llama3", ...})
+-- Attention and the feed-forward take their per-rank head counts and widths
+-- from their weights' local shapes, so the same code runs once tensor
+-- parallelism has sharded those weights.
 local loom = require("loom")
 local nn = loom.nn
 local F = loom.F
@@ -10,59 +22,89 @@ local blocks = require("loom.models.blocks")
 
 local M = {}
 
-local DEFAULTS = { vocab_size = 65, dim = 128, n_layers = 4, n_heads = 4, n_kv_heads = nil,
-                   ffn_dim = nil, multiple_of = 32, max_seq_len = 256, norm_eps = 1e-5,
-                   rope_theta = 10000, dropout = 0, tie_embeddings = false }
+local DEFAULTS = { vocab_size = 65, dim = 128, n_layers = 4, n_heads = 4, multiple_of = 32, max_seq_len = 256,
+                   norm_eps = 1e-5, rope_theta = 10000, dropout = 0, tie_embeddings = false, qkv_bias = false,
+                   norm_offset = 0, act = "silu", post_norm = false }
+local OPTIONAL = { n_kv_heads = true, ffn_dim = true, head_dim = true, qk_norm = true, embed_scale = true,
+                   sliding_window = true, rope_scaling = true,
+                   -- what a Hugging Face checkpoint said, kept for saving it back (loom.models.hf)
+                   model_type = true, bos_token_id = true, eos_token_id = true, pad_token_id = true }
+
+local function fail(fmt, ...) error("transformer: " .. string.format(fmt, ...), 4) end
 
 -- Fills defaults and checks the config; ffn_dim defaults to Llama's
 -- 2/3 * 4 * dim rounded up to a multiple of multiple_of.
 function M.config(cfg)
-  local c = blocks.config("transformer", DEFAULTS, cfg, { n_kv_heads = true, ffn_dim = true })
+  local c = blocks.config("transformer", DEFAULTS, cfg, OPTIONAL)
   c.n_kv_heads = c.n_kv_heads or c.n_heads
-  if c.dim % c.n_heads ~= 0 then
-    error(string.format("transformer: dim (%d) must divide by n_heads (%d)", c.dim, c.n_heads), 3)
+  if not c.head_dim and c.dim % c.n_heads ~= 0 then
+    fail("dim (%d) must divide by n_heads (%d)", c.dim, c.n_heads)
   end
-  if c.n_heads % c.n_kv_heads ~= 0 then
-    error(string.format("transformer: n_heads (%d) must divide by n_kv_heads (%d)", c.n_heads, c.n_kv_heads), 3)
+  c.head_dim = c.head_dim or c.dim / c.n_heads
+  if c.n_heads % c.n_kv_heads ~= 0 then fail("n_heads (%d) must divide by n_kv_heads (%d)", c.n_heads, c.n_kv_heads) end
+  if c.head_dim % 2 ~= 0 then fail("the head dim must be even for rotary embeddings, got %d", c.head_dim) end
+  if c.qk_norm ~= nil and c.qk_norm ~= "head" and c.qk_norm ~= "proj" then
+    fail("qk_norm expects nil, \"head\" or \"proj\", got %s", tostring(c.qk_norm))
   end
-  if (c.dim / c.n_heads) % 2 ~= 0 then error("transformer: the head dim must be even for rotary embeddings", 3) end
+  if c.act ~= "silu" and c.act ~= "gelu_tanh" then fail("act expects \"silu\" or \"gelu_tanh\", got %s", tostring(c.act)) end
+  if c.sliding_window ~= nil and (type(c.sliding_window) ~= "number" or c.sliding_window < 1 or c.sliding_window % 1 ~= 0) then
+    fail("sliding_window expects a positive integer, got %s", tostring(c.sliding_window))
+  end
   c.ffn_dim = c.ffn_dim or c.multiple_of * math.ceil(math.floor(2 * 4 * c.dim / 3) / c.multiple_of)
   return c
 end
 
+local function norm(c, n) return nn.RMSNorm(n, { eps = c.norm_eps, offset = c.norm_offset }) end
+
 local Attention = nn.Module:extend("Attention")
 M.Attention = Attention
 function Attention:__init(c)
-  self.head_dim = c.dim / c.n_heads
+  local hd = c.head_dim
+  self.head_dim = hd
   self.n_rep = c.n_heads / c.n_kv_heads
-  self.wq = nn.Linear(c.dim, c.n_heads * self.head_dim, { bias = false })
-  self.wk = nn.Linear(c.dim, c.n_kv_heads * self.head_dim, { bias = false })
-  self.wv = nn.Linear(c.dim, c.n_kv_heads * self.head_dim, { bias = false })
-  self.wo = nn.Linear(c.n_heads * self.head_dim, c.dim, { bias = false })
+  self.window = c.sliding_window
+  self.wq = nn.Linear(c.dim, c.n_heads * hd, { bias = c.qkv_bias })
+  self.wk = nn.Linear(c.dim, c.n_kv_heads * hd, { bias = c.qkv_bias })
+  self.wv = nn.Linear(c.dim, c.n_kv_heads * hd, { bias = c.qkv_bias })
+  self.wo = nn.Linear(c.n_heads * hd, c.dim, { bias = false })
+  if c.qk_norm then
+    self.per_head = c.qk_norm == "head"
+    self.q_norm = norm(c, self.per_head and hd or c.n_heads * hd)
+    self.k_norm = norm(c, self.per_head and hd or c.n_kv_heads * hd)
+  end
 end
 
 -- cache (generation): see loom.models.blocks.attend
 function Attention:forward(x, cos, sin, cache)
-  local q, k, v = blocks.qkv(x, self.wq, self.wk, self.wv, self.head_dim)
+  local b, t, hd = x:size(1), x:size(2), self.head_dim
+  local q, k, v = self.wq(x), self.wk(x), self.wv(x)
+  if self.q_norm and not self.per_head then q, k = self.q_norm(q), self.k_norm(k) end
+  q, k, v = blocks.heads(q, b, t, hd), blocks.heads(k, b, t, hd), blocks.heads(v, b, t, hd)
+  if self.per_head then q, k = self.q_norm(q), self.k_norm(k) end
   q, k = F.apply_rotary_emb(q, cos, sin), F.apply_rotary_emb(k, cos, sin)
-  return self.wo(blocks.attend("Attention", q, k, v, self.n_rep, cache))
+  return self.wo(blocks.attend("Attention", q, k, v, self.n_rep, cache, self.window))
 end
 
 local FeedForward = nn.Module:extend("FeedForward")
 M.FeedForward = FeedForward
 function FeedForward:__init(c)
+  self.act = c.act
   self.w1 = nn.Linear(c.dim, c.ffn_dim, { bias = false })
   self.w2 = nn.Linear(c.ffn_dim, c.dim, { bias = false })
   self.w3 = nn.Linear(c.dim, c.ffn_dim, { bias = false })
 end
-function FeedForward:forward(x) return self.w2(F.swiglu(self.w1(x), self.w3(x))) end
+function FeedForward:forward(x)
+  if self.act == "gelu_tanh" then return self.w2(F.gelu(self.w1(x), { approximate = "tanh" }) * self.w3(x)) end
+  return self.w2(F.swiglu(self.w1(x), self.w3(x)))
+end
 
 local Block = nn.Module:extend("TransformerBlock")
 M.TransformerBlock = Block
 function Block:__init(c)
-  self.attention_norm = nn.RMSNorm(c.dim, { eps = c.norm_eps })
+  self.post_norm = c.post_norm
+  self.attention_norm = norm(c, c.dim)
   self.attention = Attention(c)
-  self.ffn_norm = nn.RMSNorm(c.dim, { eps = c.norm_eps })
+  self.ffn_norm = norm(c, c.dim)
   self.feed_forward = FeedForward(c)
   if c.dropout > 0 then
     self.attention_dropout = nn.Dropout(c.dropout)
@@ -70,6 +112,10 @@ function Block:__init(c)
   end
 end
 function Block:forward(x, cos, sin, cache)
+  if self.post_norm then   -- OLMo 2: each sub-layer's output normed, then added
+    local h = blocks.residual(x, self.attention_norm(self.attention(x, cos, sin, cache)), self.attention_dropout)
+    return blocks.residual(h, self.ffn_norm(self.feed_forward(h)), self.ffn_dropout)
+  end
   local h = blocks.residual(x, self.attention(self.attention_norm(x), cos, sin, cache), self.attention_dropout)
   return blocks.residual(h, self.feed_forward(self.ffn_norm(h)), self.ffn_dropout)
 end
@@ -81,12 +127,12 @@ function Transformer:__init(cfg)
   self.config = c
   self.tok_embeddings = nn.Embedding(c.vocab_size, c.dim)
   self.layers = blocks.stack(Block, c, c.n_layers)
-  self.norm = nn.RMSNorm(c.dim, { eps = c.norm_eps })
+  self.norm = norm(c, c.dim)
   self.output = nn.Linear(c.dim, c.vocab_size,
                           { bias = false, weight = c.tie_embeddings and self.tok_embeddings.weight or nil })
   -- rotary tables: buffers that move with the model, not state (computed
   -- from the config)
-  local cos, sin = F.rope_tables(c.max_seq_len, c.dim / c.n_heads, { theta = c.rope_theta })
+  local cos, sin = F.rope_tables(c.max_seq_len, c.head_dim, { theta = c.rope_theta, scaling = c.rope_scaling })
   self:register_buffer("rope_cos", cos, { persistent = false })
   self:register_buffer("rope_sin", sin, { persistent = false })
 end
@@ -94,8 +140,8 @@ end
 -- the rotary tables again, where they live (after to_empty, say)
 function Transformer:reset_parameters()
   local c = self.config
-  local cos, sin = F.rope_tables(c.max_seq_len, c.dim / c.n_heads,
-                                 { theta = c.rope_theta, device = self.rope_cos.device, dtype = self.rope_cos.dtype })
+  local cos, sin = F.rope_tables(c.max_seq_len, c.head_dim, { theta = c.rope_theta, scaling = c.rope_scaling,
+                                                               device = self.rope_cos.device, dtype = self.rope_cos.dtype })
   self.rope_cos, self.rope_sin = cos, sin
 end
 
@@ -103,7 +149,11 @@ end
 -- the parts runs too (they read only the parts and buffers they name):
 -- the embedding of ids, the rotary tables of positions pos+1..pos+t (the
 -- blocks' extra inputs), the head over the last hidden states.
-function Transformer:embed(ids) return self.tok_embeddings(ids) end
+function Transformer:embed(ids)
+  local h = self.tok_embeddings(ids)
+  if self.config.embed_scale then h = h * self.config.embed_scale end
+  return h
+end
 function Transformer:layer_args(pos, t) return self.rope_cos:narrow(1, pos + 1, t), self.rope_sin:narrow(1, pos + 1, t) end
 function Transformer:head(h) return self.output(self.norm(h)) end
 
@@ -133,6 +183,8 @@ function M.new(cfg) return Transformer(cfg) end
 -- matmuls (loom.models.blocks.tp_plan). With tp given, the head counts are
 -- checked against it.
 function M.tp_plan(opts, model)
+  local qk = model and model.config.qk_norm
+  local qk_norms = { "layers.*.attention.q_norm", "layers.*.attention.k_norm" }
   return blocks.tp_plan({
     colwise = { "layers.*.attention.wq", "layers.*.attention.wk", "layers.*.attention.wv",
                 "layers.*.feed_forward.w1", "layers.*.feed_forward.w3" },
@@ -140,6 +192,8 @@ function M.tp_plan(opts, model)
     embedding = "tok_embeddings", output = "output",
     norms = { "layers.*.attention_norm", "layers.*.ffn_norm", "norm" },
     gathered = { ["layers.*.attention"] = 3, ["layers.*.feed_forward"] = 1 },   -- (x, cos, sin) and (x)
+    head_norms = qk == "head" and qk_norms or nil, proj_norms = qk == "proj" and qk_norms or nil,
+    residual_norms = model and model.config.post_norm and { "layers.*.attention_norm", "layers.*.ffn_norm" } or nil,
   }, opts, model and { { "n_heads", model.config.n_heads }, { "n_kv_heads", model.config.n_kv_heads } })
 end
 

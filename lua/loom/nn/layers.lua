@@ -151,19 +151,32 @@ end
 function M.LayerNorm:forward(x) return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps) end
 function M.LayerNorm:extra_repr() return "(" .. table.concat(self.normalized_shape, ", ") .. "), eps=" .. self.eps end
 
--- RMSNorm(shape, {eps=1e-6}): x / rms(x) * weight (Llama's)
+-- RMSNorm(shape, {eps=1e-6, offset=0}): x / rms(x) * weight (Llama's);
+-- with offset (loom's) x / rms(x) * (offset + weight), the weight starting
+-- at zeros: Gemma's RMSNorm is offset = 1
 M.RMSNorm = Module:extend("RMSNorm")
 function M.RMSNorm:__init(shape, opts)
-  opts = T.check_opts("RMSNorm", opts, { eps = true, elementwise_affine = true, dtype = true, device = true }, LV - 1)
+  opts = T.check_opts("RMSNorm", opts, { eps = true, elementwise_affine = true, dtype = true, device = true, offset = true },
+                      LV - 1)
   self.normalized_shape = norm_shape("RMSNorm", shape)
   self.eps = check_eps("RMSNorm", opts.eps) or 1e-6
   check_flag("RMSNorm", "elementwise_affine", opts.elementwise_affine)
+  if opts.offset ~= nil and (type(opts.offset) ~= "number" or opts.offset ~= opts.offset) then
+    T.argerror("RMSNorm", "offset", "a number", T.describe(opts.offset), LV - 1)
+  end
+  self.offset = opts.offset ~= 0 and opts.offset or nil
   float_dtype("RMSNorm", opts.dtype)
   if opts.elementwise_affine ~= false then self.weight = param(self.normalized_shape, opts) end
   self:reset_parameters()
 end
-function M.RMSNorm:reset_parameters() if self.weight ~= nil then init.ones_(self.weight) end end
-function M.RMSNorm:forward(x) return F.rms_norm(x, self.normalized_shape, self.weight, self.eps) end
+function M.RMSNorm:reset_parameters()
+  if self.weight ~= nil then init.constant_(self.weight, self.offset and 0 or 1) end
+end
+function M.RMSNorm:forward(x)
+  local w = self.weight
+  if self.offset and w ~= nil then w = w + self.offset end
+  return F.rms_norm(x, self.normalized_shape, w, self.eps)
+end
 function M.RMSNorm:extra_repr() return "(" .. table.concat(self.normalized_shape, ", ") .. "), eps=" .. self.eps end
 
 M.Dropout = Module:extend("Dropout")

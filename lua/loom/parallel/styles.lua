@@ -171,6 +171,31 @@ function M.SequenceParallel:apply(module, mesh, fqn)
 end
 
 ---------------------------------------------------------------------------
+-- NoParallel{input_layout=Replicate(), output_layout=Replicate(),
+-- use_local_output=true} (torchtitan's, not PyTorch's): the module runs
+-- whole on every rank, its parameters replicated DTensors (their gradients
+-- summed where its input was sharded); its input, laid out as
+-- input_layout (a plain one taken as this rank's part), is made Replicate
+-- first, and its output laid out as output_layout. E.g. a norm over a
+-- whole projection whose columns the ranks hold (OLMo 2's q_norm):
+-- NoParallel{input_layout = Shard(-1), output_layout = Shard(-1)}.
+M.NoParallel = S.ParallelStyle:extend("NoParallel")
+function M.NoParallel:__init(o)
+  self.input_layout = S.layout("NoParallel", "input_layout", o.input_layout, Replicate())
+  self.output_layout = S.layout("NoParallel", "output_layout", o.output_layout, Replicate())
+  self.use_local_output = o.use_local_output ~= false
+end
+function M.NoParallel:apply(module, mesh)
+  S.shard_parameters(module, function(_, p)
+    local d = dt.from_local(p:detach(), mesh, { Replicate() })
+    return d:requires_grad_(p.requires_grad)
+  end, self.__name)
+  module:register_forward_pre_hook(input_hook(mesh, self.input_layout, Replicate()))
+  module:register_forward_hook(output_hook(mesh, self.output_layout, self.use_local_output))
+  return module
+end
+
+---------------------------------------------------------------------------
 -- PairwiseParallel (PyTorch's original API): on a two-layer MLP, the first
 -- Linear Colwise and the second Rowwise; input and output replicated.
 M.PairwiseParallel = S.ParallelStyle:extend("PairwiseParallel")

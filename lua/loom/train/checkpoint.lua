@@ -73,10 +73,11 @@ local function dcp() return require("loom.distributed.checkpoint") end
 -- sampler, tok)
 function M.load(run)
   local o, w, model, opt = run.o, run.w, run.model, run.opt
-  local src, extra = state_path(o.resume), nil
+  local src = state_path(o.resume)
   local function check(e)
     if e.vocab ~= run.tok.vocab then error("train.lua: the checkpoint's vocabulary differs from this corpus", 0) end
   end
+  local extra
   if w.world == 1 then
     extra = loom.load(src)
     check(extra)

@@ -74,9 +74,13 @@ local function setup(o, given, root, resumed)
   run.dir = run_dir.run_folder(o, w, dist)
   o.lp = w.tp > 1 and o["loss-parallel"] and not o["no-loss-parallel"]
   run.say = w.rank == 0 and print or function() end
+  local init = o["init-from"] ~= "" and o.resume == "" and o["init-from"] or nil
+  if init and o.tokenizer == "" then   -- the checkpoint's own tokenizer, when its folder has one
+    local tj = (init:match("%.[%w]+$") and (init:match("^(.*)/[^/]*$") or ".") or init:gsub("/+$", "")) .. "/tokenizer.json"
+    if require("loom.fs").is_file(tj) then o.tokenizer = tj run.say("tokenizer: " .. tj .. " (the checkpoint's)") end
+  end
   run.tok, run.train_ids, run.val_ids = require("loom.train.corpus").corpus(o.data, o.tokenizer)
   local vocab = run.tok.vocab_size
-  local init = o["init-from"] ~= "" and o.resume == "" and o["init-from"] or nil
   if run.resumed and run.resumed.model then
     run.family, run.cfg = run.resumed.model.family, run.resumed.model.config
   elseif init then
