@@ -119,14 +119,49 @@ local function extend(model, out, n, window, device, o, eos_id)
   end
 end
 
+-- whether tensor parallelism cuts the model's activations along the
+-- sequence (SequenceParallel norms; async TP): one token at a time cannot
+-- be cut so
+local function sequence_sharded(model)
+  for _, kv in ipairs(model:named_modules()) do
+    if rawget(kv[2], "_tp_style") == "SequenceParallel" then return true end
+  end
+  return false
+end
+
+-- copies each parameter of model, whole (DTensors gathered), into twin's
+local function copy_whole(twin, model)
+  local src = {}
+  for _, kv in ipairs(model:named_parameters()) do src[kv[1]] = kv[2] end
+  for _, kv in ipairs(twin:named_parameters()) do
+    local p = src[kv[1]]
+    if p.dist ~= nil then p = p:full_tensor() end
+    kv[2]:copy_(p)
+  end
+end
+
+-- unsharded(model): a copy of model without any parallelism, on the
+-- device of its parameters (collective: every rank gathers every weight)
+function M.unsharded(model)
+  local p1 = model:parameters()[1]
+  local device = p1.dist ~= nil and p1:to_local().device or p1.device
+  local Class = getmetatable(model)
+  local twin = loom.device(device):use(Class, model.config)
+  loom.no_grad(copy_whole, twin, model)
+  return twin
+end
+
 -- generate(model, ids, {max_new_tokens = 20, temperature, top_k, top_p,
 -- seed, do_sample, eos_id, cache = true}) -> a Lua table: the prompt's ids
 -- then the new ones (1-based). cache = false runs the whole sequence at
--- each step (the baseline, and a window of the model's length).
+-- each step (the baseline, and a window of the model's length). A model
+-- whose activations sequence parallelism cuts generates through an
+-- unsharded copy of it (collective; every rank gets the same ids).
 function M.generate(model, ids, opts)
   opts = opts or {}
   if type(opts) ~= "table" then T.argerror("generate", "opts", "a table", T.describe(opts)) end
   check_opts(opts)
+  if sequence_sharded(model) then model = M.unsharded(model) end
   local out = ids_of(ids)
   local o = { temperature = opts.temperature or 1, top_k = opts.top_k, top_p = opts.top_p, seed = opts.seed or 0 }
   o.sample = opts.do_sample

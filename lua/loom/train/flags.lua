@@ -28,7 +28,7 @@ function M.flags(root)
     { "weight-decay", 0.1, "AdamW weight decay" },
     { "grad-clip", 1, "clip the gradient norm to this (0: off)" },
     { "seed", 1337, "seed of the model's init and the batch sampler" },
-    { "eval-every", 100, "evaluate the validation loss every N steps" },
+    { "eval-every", 100, "evaluate the validation loss every N steps (0: never)" },
     { "eval-iters", 10, "batches per validation estimate" },
     { "skip-nonfinite", false, "skip the optimizer step when the loss is NaN or inf (default: stop with an error)" },
     { "log", "", "write one JSON object per line (step, loss, val_loss, tokens_per_s)" },
@@ -75,13 +75,29 @@ M.RANGES = {
   steps = { 1, nil, true }, batch = { 1, nil, true }, seq = { 1, nil, true }, dim = { 1, nil, true },
   layers = { 1, nil, true }, heads = { 1, nil, true }, ["kv-heads"] = { 0, nil, true }, dropout = { 0, 0.99 },
   lr = { 0 }, warmup = { 0, nil, true }, ["weight-decay"] = { 0 }, ["grad-clip"] = { 0 }, seed = { 0, nil, true },
-  ["eval-every"] = { 1, nil, true }, ["eval-iters"] = { 1, nil, true }, ["stop-after"] = { 0, nil, true },
+  ["eval-every"] = { 0, nil, true }, ["eval-iters"] = { 1, nil, true }, ["stop-after"] = { 0, nil, true },
   sample = { 0, nil, true }, ["print-every"] = { 0, nil, true }, tp = { 0, nil, true }, dp = { 0, nil, true },
   ["progress-every-s"] = { 0 },
 }
 
 -- refuses numbers out of range, naming the flag, the range and the value
+-- what each word may be (case as given here; any case accepted)
+M.CHOICES = { model = { "llama", "gpt2" }, ["cp-rotate"] = { "allgather", "alltoall" }, schedule = { "1F1B", "gpipe" },
+              dtype = { "f32", "bf16" }, device = { "cpu", "cuda", "auto" } }
+
+-- refuses a word not among its flag's choices, naming the flag, the
+-- choices and the word; returns the choice as spelled above
+local function choice(name, v)
+  for _, c in ipairs(M.CHOICES[name]) do
+    if type(v) == "string" and v:lower() == c:lower() then return c end
+  end
+  local cs = M.CHOICES[name]
+  error(string.format("train.lua: --%s expects %s or %s, got %s", name, table.concat(cs, ", ", 1, #cs - 1), cs[#cs],
+                      tostring(v)), 0)
+end
+
 function M.check_ranges(o, flags)
+  for name in pairs(M.CHOICES) do o[name] = choice(name, o[name]) end
   for _, f in ipairs(flags) do
     local r, v = M.RANGES[f[1]], o[f[1]]
     if r and (v < r[1] or (r[2] and v > r[2]) or (r[3] and v % 1 ~= 0) or v ~= v) then

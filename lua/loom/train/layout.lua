@@ -89,6 +89,8 @@ function M.split(model, w, o)
   for i, kv in ipairs(model:named_parameters()) do w.whole_names[i] = kv[1] end
   w.tied = recipe_of(model).tied(model)
   local pipe = pipelining.pipeline(model, { num_stages = w.pp })
+  w.stage_of = {}   -- the stage holding each parameter of the whole model, for whole_model
+  for _, name in ipairs(w.whole_names) do w.stage_of[name] = pipe:stage_of(name) end
   w.stage = pipe:build_stage(w.pp_rank, { group = w.mesh, mesh_dim = "pp" })
   w.stage.submod.seq_shards = w.seq_shards   -- a stage's hidden states in: 1/tp of the sequence with SP
   w.microbatches = o.microbatches or w.pp
@@ -112,6 +114,30 @@ function M.optim_opts(model, w)
   local aliases = {}
   for _, pair in ipairs(w.tied) do aliases[pair[1]] = pair[2] end
   return { param_index = require("loom.distributed.checkpoint").param_index(w.whole_names, model, aliases) }
+end
+
+local function copy_into(dst, src) dst:copy_(src) end
+
+-- whole_model(module, w, family, cfg): the whole model, unsharded, on
+-- every rank (collective): with pp > 1 each stage's weights gathered over
+-- tp and dp by its ranks, then broadcast over pp; else module itself when
+-- nothing cuts it, or its unsharded copy. For what runs the whole model
+-- on one rank: the end-of-run sample.
+function M.whole_model(module, w, family, cfg)
+  if w.pp == 1 then return module end
+  local dist = require("loom.distributed")
+  local twin = loom.device(w.device):use(loom.models.family(family).new, cfg)
+  local mine = {}
+  for _, kv in ipairs(module:named_parameters()) do mine[kv[1]] = kv[2] end
+  for _, kv in ipairs(twin:named_parameters()) do
+    local owner, full = w.stage_of[kv[1]], kv[2]:detach()
+    if owner == w.pp_rank then
+      local p = mine[kv[1]]
+      full = p.dist ~= nil and p:full_tensor() or p:detach()
+    end
+    loom.no_grad(copy_into, kv[2], dist.broadcast(full:contiguous(), owner, w.mesh, "pp"))
+  end
+  return twin
 end
 
 -- the parameters of the stage this rank holds, less the copies of

@@ -170,12 +170,19 @@ local function train_step(run, step)
   return loss
 end
 
--- the sample at the end: every rank runs the model, rank 0 prints
+-- the sample at the end: every rank runs the whole model (its stages
+-- gathered with pp > 1; generate gathers what sequence parallelism cuts),
+-- rank 0 prints
 local function sample(run)
   local o, tok = run.o, run.tok
-  if o.sample == 0 or run.w.pp > 1 then return end
+  if o.sample == 0 then return end
   local start = tok.stoi and (tok.stoi["\n"] or 1) or tok:encode("\n", { add_special_tokens = false })[1]
-  local out = run.model:generate({ start }, { max_new_tokens = o.sample, temperature = 0.8, seed = o.seed })
+  local model = L.whole_model(run.model, run.w, run.family, run.cfg)
+  -- (with the KV cache while the sample fits the model's positions, else
+  -- each token from the last window of them)
+  local limit = model.config.max_seq_len or model.config.n_positions
+  local out = model:generate({ start }, { max_new_tokens = o.sample, temperature = 0.8, seed = o.seed,
+                                          cache = 1 + o.sample <= limit })
   run.say("---- sample ----\n" .. tok:decode(out) .. "\n----------------")
 end
 
@@ -188,7 +195,6 @@ function M.main(argv, root)
   if o.version then loom.show_config() return end
   if o.config ~= "" then cli.apply_config("train.lua", FLAGS, o, given, o.config) end
   local resumed = o.resume ~= "" and ckpt.settings(o, given)
-  if o.dtype ~= "f32" and o.dtype ~= "bf16" then error("train.lua: --dtype expects f32 or bf16, got " .. o.dtype, 0) end
   flags_of.check_ranges(o, FLAGS)
   if resumed and resumed.step >= o.steps then
     if require("loom.distributed").rank() == 0 then
@@ -225,7 +231,7 @@ function M.train(run)
     local elapsed = run_dir.now() - t0
     local tps = tokens / elapsed
     local entry = { step = step, loss = last_loss, tokens_per_s = math.floor(tps) }
-    if step % o["eval-every"] == 0 or step == o.steps then
+    if o["eval-every"] > 0 and (step % o["eval-every"] == 0 or step == o.steps) then
       last_val = val_loss(run)
       entry.val_loss = last_val
       ckpt.save(run, step)
