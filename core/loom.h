@@ -394,6 +394,10 @@ int lm_interrupt_install(void);
 int lm_interrupt_pending(void);
 void lm_interrupt_clear(void);
 int lm_interrupt_take(void);   /* 1 and cleared when one was pending */
+/* deferred (on = 1): ops no longer fail; the program polls
+ * lm_interrupt_pending (a training loop, between steps) */
+void lm_interrupt_defer(int on);
+int lm_interrupt_take_op(void); /* lm_interrupt_take unless deferred (lm_op_call's check) */
 
 #ifdef __cplusplus
 }

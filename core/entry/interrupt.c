@@ -35,3 +35,10 @@ int lm_interrupt_take(void) {
   pending = 0;
   return 1;
 }
+
+/* Deferred: ops go on; the program polls lm_interrupt_pending between
+ * steps (a training loop stops after the step, with its checkpoint, rather
+ * than in the middle of an update) */
+static int deferred;
+void lm_interrupt_defer(int on) { deferred = on != 0; }
+int lm_interrupt_take_op(void) { return deferred ? 0 : lm_interrupt_take(); }

@@ -25,7 +25,9 @@ local is_token_file = sampler.is_token_file
 
 function M.read_file(path)
   local f, err = io.open(path, "rb")
-  if not f then error("data: cannot open " .. tostring(path) .. ": " .. tostring(err), 2) end
+  if not f then
+    error("data: cannot open " .. tostring(path) .. ": " .. tostring(err):gsub("^" .. tostring(path):gsub("%p", "%%%0") .. ": ", ""), 2)
+  end
   local s = f:read("*a")
   f:close()
   return s

@@ -37,7 +37,8 @@ function M.flags(root)
                    .. "come with it, unless given)" },
     { "run-dir", "auto", "the run's folder: config.json, log.jsonl, the loss plot, checkpoints/ "
                          .. "(auto: runs/<UTC date-time>; none: no folder)" },
-    { "config", "", "a Lua file returning a table of flag values; flags given here override it" },
+    { "config", "", "a Lua file returning a table of flag values, or a run's config.json; flags given here "
+                    .. "override it" },
     { "stop-after", 0, "stop after this step, as if interrupted, saving a checkpoint (0: run all steps)" },
     { "sample", 200, "characters to generate at the end (0: none)" },
     { "quiet", false, "no live progress line (only whole lines, as without a terminal)" },
@@ -179,6 +180,11 @@ function M.layout(o, dist)
   if world % pc == 0 then check_applies(o, degrees(o, world / pc, world)) end   -- else L.world says why
   local w = L.world(o, dist, pick_device(o))
   if o.batch % w.dp ~= 0 then error(string.format("train.lua: --batch %d must divide by --dp %d", o.batch, w.dp), 0) end
+  local mb = o.microbatches > 0 and o.microbatches or w.pp
+  if w.pp > 1 and (o.batch / w.dp) % mb ~= 0 then
+    error(string.format("train.lua: --microbatches %d must divide the batch of each data-parallel rank, %d "
+                        .. "(--batch %d / --dp %d)", mb, o.batch / w.dp, o.batch, w.dp), 0)
+  end
   return w
 end
 

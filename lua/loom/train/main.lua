@@ -66,12 +66,14 @@ local function val_loss(run)
 end
 
 -- the model, its optimizer, the data and the checkpoint to go on from,
--- as the flags say
+-- as the flags say. What the library finds wrong with the user's input (a
+-- missing file, a config, a layout the model does not fit) is the user's
+-- error: one line naming the flag (loom.train.cli.user).
 local function setup(o, given, root, resumed)
+  local cli = require("loom.train.cli")
   local dist = require("loom.distributed")
   local w = flags_of.layout(o, dist)
   local run = { o = o, w = w, dist = dist, root = root, given = given, resumed = resumed }
-  run.dir = run_dir.run_folder(o, w, dist)
   o.lp = w.tp > 1 and o["loss-parallel"] and not o["no-loss-parallel"]
   run.say = w.rank == 0 and print or function() end
   local init = o["init-from"] ~= "" and o.resume == "" and o["init-from"] or nil
@@ -79,33 +81,41 @@ local function setup(o, given, root, resumed)
     local tj = (init:match("%.[%w]+$") and (init:match("^(.*)/[^/]*$") or ".") or init:gsub("/+$", "")) .. "/tokenizer.json"
     if require("loom.fs").is_file(tj) then o.tokenizer = tj run.say("tokenizer: " .. tj .. " (the checkpoint's)") end
   end
-  run.tok, run.train_ids, run.val_ids = require("loom.train.corpus").corpus(o.data, o.tokenizer)
+  run.tok, run.train_ids, run.val_ids = cli.user("train.lua", o.tokenizer ~= "" and "--data/--tokenizer" or "--data",
+                                                 require("loom.train.corpus").corpus, o.data, o.tokenizer)
   local vocab = run.tok.vocab_size
   if run.resumed and run.resumed.model then
     run.family, run.cfg = run.resumed.model.family, run.resumed.model.config
   elseif init then
-    run.family, run.cfg = M_model.from_hf(init, o, vocab)
+    run.family, run.cfg = cli.user("train.lua", "--init-from", M_model.from_hf, init, o, vocab)
   else
     run.family, run.cfg = M_model.from_flags(o, vocab)
   end
-  run.model, run.pred = M_model.build(o, run.family, run.cfg, w)
-  if init then loom.models.hf.load_weights(run.model, init) run.say("initialised from " .. init) end
+  run.model, run.pred = cli.user("train.lua", "the model at this layout (" .. L.describe(w, o) .. ")",
+                                 M_model.build, o, run.family, run.cfg, w)
+  if init then
+    cli.user("train.lua", "--init-from", loom.models.hf.load_weights, run.model, init)
+    run.say("initialised from " .. init)
+  end
   L.fully_shard(run.model, w, o)   -- FSDP over dp x cp, once weights are in
   run.nparams = L.count_params(run.model, w, dist)
   run.opt = loom.optim.AdamW(run.model:parameters(), { lr = o.lr, betas = { 0.9, 0.95 },
                                                        weight_decay = o["weight-decay"] })
-  if run.dir and w.rank == 0 then
-    run_dir.write_json(run.dir .. "/config.json", { flags = o, family = run.family, model = run.cfg,
-                                                     parameters = run.nparams, world = w.world, tp = w.tp, dp = w.dp,
-                                                     device = w.device })
-  end
   run.sampler = data.Sampler(run.train_ids, { batch = o.batch / w.dp, seq = o.seq, seed = o.seed,
                                               rank = w.dp_rank, world = w.dp })
   run.pp_sched = w.pp > 1 and L.schedule(w, function(out, yy) return loom.F.cross_entropy(out, yy) end)
   run.start_step = 0
   if o.resume ~= "" then
-    run.start_step = ckpt.load(run)
+    run.start_step = cli.user("train.lua", "--resume", ckpt.load, run)
     run.say(string.format("resumed from %s at step %d", o.resume, run.start_step))
+  end
+  run.dir = run_dir.run_folder(o, w, dist)   -- the run can start: its folder now
+  if run.dir and w.rank == 0 then
+    local flags = {}
+    for k, v in pairs(o) do if k ~= "lp" then flags[k] = v end end
+    run_dir.write_json(run.dir .. "/config.json", { flags = flags, family = run.family, model = run.cfg,
+                                                     parameters = run.nparams, world = w.world, tp = w.tp, dp = w.dp,
+                                                     device = w.device })
   end
   return run
 end
@@ -170,6 +180,25 @@ local function train_step(run, step)
   return loss
 end
 
+-- Ctrl-C: a flag (core/entry/interrupt.c, deferred: ops go on) read after
+-- each step; every rank stops after the same step (the flags' max over
+-- the world), with its checkpoint
+local function interrupted(run)
+  local C = loom.C
+  local v = C.lm_interrupt_pending()
+  if run.w.world > 1 then v = run.dist.all_reduce(loom.tensor({ v }, { dtype = "i64" }), "max"):item() end
+  return v == 1
+end
+
+-- the line an interrupted run ends with: where it stopped and how to go on
+local function resume_hint(run, step)
+  local o, w = run.o, run.w
+  if o.save == "" then return string.format("interrupted at step %d (no checkpoint: pass --save DIR to keep one)", step) end
+  local launch = w.world > 1 and string.format("scripts/loomrun -n %d examples/train.lua", w.world)
+                 or "luajit examples/train.lua"
+  return string.format("interrupted at step %d; resume with: %s --resume %s", step, launch, o.save)
+end
+
 -- the sample at the end: every rank runs the whole model (its stages
 -- gathered with pp > 1; generate gathers what sequence parallelism cuts),
 -- rank 0 prints
@@ -221,6 +250,8 @@ function M.train(run)
   run.live, run.live_open, run.printed = w.rank == 0 and not o.quiet and run_dir.own_terminal(), false, run_dir.now()
   run.lr_sched = { lr = o.lr, warmup = o.warmup, total = o.steps, min_lr = o.lr / 10 }
   local t0, tokens, last_loss, last_val = run_dir.now(), 0, nil, nil
+  loom.C.lm_interrupt_install()
+  loom.C.lm_interrupt_defer(1)
   for step = run.start_step + 1, run.last_step do
     last_loss = train_step(run, step)
     tokens = tokens + o.batch * o.seq
@@ -241,7 +272,16 @@ function M.train(run)
     local line = string.format("step %d/%d | loss %.4f%s | %.0f tok/s | ETA %s", step, o.steps, last_loss,
       last_val and string.format(" | val %.4f", last_val) or "", tps, run_dir.fmt_time(eta))
     progress(run, step, line, entry.val_loss ~= nil)
+    if step < run.last_step and interrupted(run) then
+      if entry.val_loss == nil then ckpt.save(run, step) end
+      if log then log:close() end
+      if run.live_open then io.write("\n") end
+      run.say(resume_hint(run, step))
+      io.stdout:flush()
+      os.exit(130)
+    end
   end
+  loom.C.lm_interrupt_defer(0)
   if log then log:close() end
   if run.live_open then io.write("\n") end
   local wall = run_dir.now() - t0

@@ -36,7 +36,11 @@ function M.own_terminal()
 end
 
 -- the run's folder, runs/<UTC date-time> (rank 0's clock, a suffix when
--- taken: the same name on every rank); --log and --save default into it
+-- taken: the same name on every rank); --log and --save default into it.
+-- Made when the run is about to start (nothing is left by a run that never
+-- does), and claimed by an exclusive mkdir, so two runs started in the
+-- same second get two folders. A --run-dir that holds another run is
+-- refused unless this run resumes it.
 function M.run_folder(o, w, dist)
   if o["run-dir"] == "none" then return nil end
   local dir, fs = o["run-dir"], require("loom.fs")
@@ -46,12 +50,21 @@ function M.run_folder(o, w, dist)
   elseif dir == "auto" then
     local t, k = os.time(), 1
     local function name() return "runs/" .. os.date("!%Y%m%d-%H%M%S", t) .. (k > 1 and "-" .. k or "") end
-    if w.rank == 0 then while fs.exists(name()) do k = k + 1 end end
+    if w.rank == 0 then
+      fs.mkdir_p("runs")
+      while not require("lfs").mkdir(name()) do
+        if k > 10000 then error("train.lua: cannot make a folder under runs/ (" .. name() .. ")", 0) end
+        k = k + 1
+      end
+    end
     if w.world > 1 then
       local v = dist.broadcast(loom.tensor({ t, k }, { dtype = "i64" }), 0):totable()
       t, k = v[1], v[2]
     end
     dir = name()
+  elseif o.resume == "" and (fs.exists(dir .. "/log.jsonl") or fs.exists(dir .. "/checkpoints")) then
+    error("train.lua: --run-dir " .. dir .. " holds another run (its log or checkpoints); pass --resume "
+          .. dir .. "/checkpoints to go on with it, or another --run-dir", 0)
   end
   if o.log == "" then o.log = dir .. "/log.jsonl" end
   if o.save == "" then o.save = dir .. "/checkpoints" end
