@@ -31,6 +31,12 @@ for _, name in ipairs { "hf_llama_gqa", "hf_gpt2" } do
       local opts = { max_new_tokens = 10, temperature = 1.3, top_p = 0.9, seed = 4 }
       local a, b = tp_model:generate({ 2, 9 }, opts), one:generate({ 2, 9 }, opts)
       if table.concat(a, ",") ~= table.concat(b, ",") then bad[#bad + 1] = "sampled" end
+      -- ranks seeded differently: the draw of the mesh's first rank rules
+      -- (each would sample other ids alone), so every rank returns one text
+      local mine = tp_model:generate({ 2, 9 }, { max_new_tokens = 10, temperature = 1.3, seed = 10 + H.rank })
+      local first = one:generate({ 2, 9 }, { max_new_tokens = 10, temperature = 1.3,
+                                             seed = 10 + H.rank - mesh:get_local_rank(1) })   -- the tp group's first rank
+      if table.concat(mine, ",") ~= table.concat(first, ",") then bad[#bad + 1] = "ranks seeded differently" end
       local cache = { pos = 0 }
       loom.no_grad(function() tp_model(loom.tensor({ { 1, 2, 3 } }, { dtype = "i64" }), cache) end)
       local k = cache[1].k

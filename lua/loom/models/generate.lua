@@ -25,24 +25,46 @@ local function uniform(seed, counter)   -- in [0, 1), 53 bits
   return (rnd[0] * 2 ^ 21 + math.floor(rnd[1] / 2 ^ 11)) / 2 ^ 53
 end
 
-local function check_opts(o)
+-- the options generate takes; any other (max_length, stop, ...) is an
+-- error naming it, not ignored
+local OPTS = { max_new_tokens = true, temperature = true, top_k = true, top_p = true, seed = true, do_sample = true,
+               eos_id = true, cache = true }
+
+-- the smallest temperature that samples (below it 1/t overflows the
+-- scaled logits; 0 is greedy)
+local MIN_TEMPERATURE = 1e-3
+
+local function check_opts(o, vocab)
+  T.check_opts("generate", o, OPTS, 3)
   local function num(k, ok, want)
     local v = o[k]
     if v ~= nil and (type(v) ~= "number" or not ok(v)) then T.argerror("generate", "opts." .. k, want, T.describe(v)) end
   end
   local int = function(v) return v % 1 == 0 end
   num("max_new_tokens", function(v) return v >= 0 and int(v) end, "a non-negative integer")
-  num("temperature", function(v) return v >= 0 end, "a number >= 0")
+  num("temperature", function(v) return v == 0 or (v >= MIN_TEMPERATURE and v < math.huge) end,
+      "0 (greedy) or a number in [" .. MIN_TEMPERATURE .. ", inf)")
   num("top_k", function(v) return v >= 1 and int(v) end, "a positive integer")
   num("top_p", function(v) return v > 0 and v <= 1 end, "a number in (0, 1]")
-  num("seed", function(v) return v >= 0 and int(v) end, "a non-negative integer")
-  num("eos_id", function(v) return v >= 1 and int(v) end, "a 1-based token id")
+  num("seed", function(v) return v >= 0 and int(v) and v < 2 ^ 53 end, "a non-negative integer")
+  num("eos_id", function(v) return v >= 1 and int(v) and (not vocab or v <= vocab) end,
+      "a 1-based token id" .. (vocab and " in [1, " .. vocab .. "]" or ""))
+  for _, k in ipairs { "do_sample", "cache" } do
+    if o[k] ~= nil and type(o[k]) ~= "boolean" then T.argerror("generate", "opts." .. k, "a boolean", T.describe(o[k])) end
+  end
 end
 
 -- choose(p, n, o, step) -> a 1-based id from the n f64 logits at p
 local function choose(p, n, o, step)
   local best = 0
-  for i = 1, n - 1 do if p[i] > p[best] then best = i end end
+  for i = 1, n - 1 do if p[i] > p[best] or p[best] ~= p[best] then best = i end end
+  if p[best] ~= p[best] or p[best] == -math.huge then
+    error(string.format("generate: the model's logits at new token %d are %s: nothing to choose from", step,
+                        p[best] ~= p[best] and "NaN" or "all -inf"), 0)
+  end
+  for i = 0, n - 1 do
+    if p[i] ~= p[i] then error(string.format("generate: the model's logits at new token %d hold a NaN", step), 0) end
+  end
   if not o.sample then return best + 1 end
   local inv_t = 1 / o.temperature
   local idx = {}   -- the candidates, best first when top_k or top_p cuts them
@@ -82,18 +104,24 @@ local function pick(logits, o, step)
   return id
 end
 
-local function ids_of(ids)
+-- the prompt as a Lua table of 1-based ids within the vocabulary
+local function ids_of(ids, vocab)
+  local out
   if type(ids) == "table" and ids.dtype == nil then
-    for i, v in ipairs(ids) do
-      if type(v) ~= "number" or v < 1 or v % 1 ~= 0 then T.argerror("generate", "ids[" .. i .. "]", "a 1-based id", T.describe(v)) end
-    end
     if #ids == 0 then T.argerror("generate", "ids", "at least one id", "an empty table") end
-    return { unpack(ids) }
+    out = { unpack(ids) }
+  elseif T.is_tensor(ids) and (ids:dim() == 1 or (ids:dim() == 2 and ids:size(1) == 1)) and ids:numel() > 0 then
+    out = ids:reshape(-1):totable()
+  else
+    T.argerror("generate", "ids", "a table of ids or a (T) or (1, T) tensor", T.describe(ids))
   end
-  if T.is_tensor(ids) and (ids:dim() == 1 or (ids:dim() == 2 and ids:size(1) == 1)) and ids:numel() > 0 then
-    return ids:reshape(-1):totable()
+  for i, v in ipairs(out) do
+    if type(v) ~= "number" or v < 1 or v % 1 ~= 0 or (vocab and v > vocab) then
+      T.argerror("generate", "ids[" .. i .. "]", "a 1-based id" .. (vocab and " in [1, " .. vocab .. "]" or ""),
+                 T.describe(v))
+    end
   end
-  T.argerror("generate", "ids", "a table of ids or a (T) or (1, T) tensor", T.describe(ids))
+  return out
 end
 
 local function last_logits(model, ctx, cache, device)
@@ -105,14 +133,36 @@ local function last_logits(model, ctx, cache, device)
   return last:to("cpu")
 end
 
+-- the ranks a tensor-parallel model's draws must agree over: the mesh of
+-- its first sharded parameter and the dim its weights are cut on ("tp",
+-- or the only one); nil for a plain model. One rank's draw rules there
+-- (rank 0 of the dim), so ranks seeded differently still return one text.
+local function draw_group(model)
+  for _, p in ipairs(model:parameters()) do
+    if p.dist ~= nil then
+      local mesh = p.device_mesh
+      if mesh.ndim == 1 then return mesh, 1 end
+      for d, name in ipairs(mesh.mesh_dim_names or {}) do if name == "tp" then return mesh, d end end
+      return nil
+    end
+  end
+end
+
+local function agree(id, mesh, dim)
+  if not mesh or mesh:size(dim) == 1 then return id end
+  local dist = require("loom.distributed")
+  return dist.broadcast(loom.tensor({ id }, { dtype = "i64" }), 0, mesh, dim):item()
+end
+
 -- appends up to n ids to out, with a KV cache unless window (the
 -- model's length: each step runs the last window ids) is given
 local function extend(model, out, n, window, device, o, eos_id)
   local cache = not window and { pos = 0 } or nil
   local ctx = out
+  local mesh, dim = draw_group(model)
   for step = 1, n do
     if window then ctx = { unpack(out, math.max(1, #out - window + 1)) } end
-    local id = pick(last_logits(model, ctx, cache, device), o, step)
+    local id = agree(pick(last_logits(model, ctx, cache, device), o, step), mesh, dim)
     out[#out + 1] = id
     ctx = { id }
     if eos_id and id == eos_id then break end
@@ -160,9 +210,10 @@ end
 function M.generate(model, ids, opts)
   opts = opts or {}
   if type(opts) ~= "table" then T.argerror("generate", "opts", "a table", T.describe(opts)) end
-  check_opts(opts)
+  local vocab = model.config and model.config.vocab_size
+  check_opts(opts, vocab)
+  local out = ids_of(ids, vocab)
   if sequence_sharded(model) then model = M.unsharded(model) end
-  local out = ids_of(ids)
   local o = { temperature = opts.temperature or 1, top_k = opts.top_k, top_p = opts.top_p, seed = opts.seed or 0 }
   o.sample = opts.do_sample
   if o.sample == nil then
@@ -179,8 +230,9 @@ function M.generate(model, ids, opts)
   local device = p1.dist ~= nil and p1:to_local().device or p1.device
   local was_training = model.training
   model:eval()
-  loom.no_grad(extend, model, out, n, not use_cache and limit or nil, device, o, opts.eos_id)
-  model:train(was_training)
+  local ok, err = pcall(loom.no_grad, extend, model, out, n, not use_cache and limit or nil, device, o, opts.eos_id)
+  model:train(was_training)   -- (a failed generate leaves the model as it found it)
+  if not ok then error(err, 0) end
   return out
 end
 
