@@ -146,9 +146,16 @@ end
 -- context_parallel(mesh, {buffers, buffer_seq_dims}, fn): runs fn with the
 -- buffers sharded on the sequence and scaled_dot_product_attention
 -- context-parallel over mesh; returns fn's results. Buffers are restored.
+-- (the rotate method each group agreed on, by group: checked once)
+local agreed = setmetatable({}, { __mode = "k" })
+
 function M.context_parallel(mesh, opts, fn)
   local fname = "context_parallel"
   local g = group_of(fname, mesh)
+  if agreed[mesh] ~= M.rotate_method then   -- one method on every rank (else their exchanges pair wrongly)
+    require("loom.distributed").agree("context_parallel's rotate methods", M.rotate_method, mesh)
+    agreed[mesh] = M.rotate_method
+  end
   if type(opts) ~= "table" or type(opts.buffers) ~= "table" or type(opts.buffer_seq_dims) ~= "table"
      or #opts.buffers ~= #opts.buffer_seq_dims then
     error(fname .. ": expected {buffers = {...}, buffer_seq_dims = {...}} of the same length, got " .. describe(opts), 2)

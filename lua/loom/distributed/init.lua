@@ -179,6 +179,32 @@ function M.all_gather(t, gather_dim, mesh, mesh_dim, opts)
   return issue("all_gather", async, c, t, d, full)
 end
 
+-- agree(what, value, mesh, mesh_dim): every rank of the group (the world
+-- without a mesh) must hold the same value (a string: a layout, a
+-- schedule, a rotate method); else the same error on every rank naming
+-- the first rank that differs from rank 0 of the group and both values.
+-- Collective: a hash each, and the values (their first 200 bytes) only
+-- when the hashes differ.
+local AGREE_BYTES = 200
+function M.agree(what, value, mesh, mesh_dim)
+  local s = tostring(value)
+  local h = loom.tensor({ tonumber(C.lm_fnv1a(s, #s, 0) % 2 ^ 52) }, { dtype = "i64" })
+  local hs = M.all_gather(h, 1, mesh, mesh_dim):totable()
+  local first_other
+  for r = 2, #hs do if hs[r] ~= hs[1] then first_other = first_other or r end end
+  if not first_other then return end
+  local bytes = {}
+  for i = 1, AGREE_BYTES do bytes[i] = s:byte(i) or 0 end
+  local all = M.all_gather(loom.tensor(bytes, { dtype = "i64" }):reshape(1, AGREE_BYTES), 1, mesh, mesh_dim):totable()
+  local function text(r)
+    local cs = {}
+    for _, b in ipairs(all[r]) do if b == 0 then break end cs[#cs + 1] = string.char(b) end
+    return table.concat(cs)
+  end
+  error(string.format("%s differ between the ranks: rank 0 of the group has %q, rank %d has %q", what, text(1),
+                      first_other - 1, text(first_other)), 2)
+end
+
 -- reduce_scatter(t, op, scatter_dim, mesh, mesh_dim, {async_op}): reduces,
 -- then keeps this rank's torch.chunk share of scatter_dim.
 function M.reduce_scatter(t, op, scatter_dim, mesh, mesh_dim, opts)

@@ -178,6 +178,14 @@ function M.layout(o, dist)
   local world = dist.world_size()
   local pc = math.max(o.pp, 1) * math.max(o.cp, 1)
   if world % pc == 0 then check_applies(o, degrees(o, world / pc, world)) end   -- else L.world says why
+  if dist.world_size() > 1 then   -- (ranks launched with other flags would pair their collectives wrongly)
+    local names = {}
+    for k in pairs(o) do names[#names + 1] = k end
+    table.sort(names)
+    for _, k in ipairs(names) do
+      require("loom.train.cli").user("train.lua", "the ranks' flags", dist.agree, "--" .. k, tostring(o[k]))
+    end
+  end
   local w = L.world(o, dist, pick_device(o))
   if o.batch % w.dp ~= 0 then error(string.format("train.lua: --batch %d must divide by --dp %d", o.batch, w.dp), 0) end
   local mb = o.microbatches > 0 and o.microbatches or w.pp

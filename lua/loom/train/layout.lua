@@ -66,7 +66,10 @@ function M.describe(w, o)
   if M.fsdp_degree(w, o) > 1 then s = s .. (w.cp > 1 and " (FSDP over dp x cp)" or " (FSDP)") end
   if o["async-tp"] then s = s .. ", async TP" end
   if w.cp > 1 then s = s .. ", cp " .. (o["cp-rotate"] or "allgather") end
-  if w.pp > 1 then s = s .. string.format(", %d microbatches (%s)", w.microbatches, w.schedule_name) end
+  if w.pp > 1 then
+    local mb = w.microbatches or ((o.microbatches or 0) > 0 and o.microbatches or w.pp)
+    s = s .. string.format(", %d microbatches (%s)", mb, w.schedule_name or o.schedule or "1F1B")
+  end
   return s
 end
 

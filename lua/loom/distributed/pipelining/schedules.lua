@@ -79,6 +79,13 @@ local function new(kind, actions_of, stages, n_microbatches, loss_fn, opts)
   end
   opts = opts or {}
   table.sort(stages, function(a, b) return a.stage_index < b.stage_index end)
+  -- the ranks of the pipeline must run one schedule over one cut of the
+  -- model (else their sends and receives pair wrongly): checked once, here
+  local st = stages[1]
+  require("loom.distributed").agree("the pipeline's schedules",
+                                    string.format("%s, %d microbatches, %d stages%s", kind, n_microbatches,
+                                                  st.num_stages, st.split and ", cut at " .. st.split or ""),
+                                    st.group, st.mesh_dim)
   return setmetatable({ kind = kind, stages = stages, n = n_microbatches, loss_fn = loss_fn,
                         actions_of = actions_of, scale_grads = opts.scale_grads ~= false }, Schedule)
 end

@@ -186,6 +186,9 @@ function Pipe:build_stage(i, opts)
   local Stage = require("loom.distributed.pipelining.stage")
   local stage = Stage.new(self:get_stage_module(i), i, self.num_stages, opts)
   stage.ties = self:ties_of(i)
+  local firsts = {}   -- where the stages start: the ranks must cut the model alike
+  for s = 0, self.num_stages - 1 do firsts[#firsts + 1] = self:stage_fqns(s)[1] end
+  stage.split = table.concat(firsts, ",")
   return stage
 end
 
