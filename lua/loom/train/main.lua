@@ -84,6 +84,11 @@ local function setup(o, given, root, resumed)
   run.tok, run.train_ids, run.val_ids = cli.user("train.lua", o.tokenizer ~= "" and "--data/--tokenizer" or "--data",
                                                  require("loom.train.corpus").corpus, o.data, o.tokenizer)
   local vocab = run.tok.vocab_size
+  local nval = run.val_ids:numel()
+  if o["eval-every"] > 0 and nval <= o.seq + 1 then   -- found now, not at the first evaluation
+    error(string.format("train.lua: --data: the validation split holds %d tokens, too few for one sequence of --seq %d "
+                        .. "(a longer text, a val.bin, or --eval-every 0)", nval, o.seq), 0)
+  end
   if run.resumed and run.resumed.model then
     run.family, run.cfg = run.resumed.model.family, run.resumed.model.config
   elseif init then
