@@ -104,8 +104,24 @@ local function block_of(p, fname, name)
   return off, p:size()
 end
 
+local read_block
+
+-- an experts' weight (experts, rows, cols) stacked from one HF tensor per
+-- expert (e.experts: their names, in expert order): the block's experts,
+-- each expert's rows and cols as the block asks
+local function read_experts(r, e, off, size, fname)
+  local parts = {}
+  for j = 1, size[1] do
+    local one = { hf = e.experts[off[1] + j], transpose = e.transpose }
+    parts[j] = read_block(r, one, { off[2], off[3] }, { size[2], size[3] }, fname):unsqueeze(1)
+  end
+  if #parts == 0 then return loom.empty(size) end
+  return #parts == 1 and parts[1] or loom.cat(parts, 1)
+end
+
 -- reads the block of a loom parameter from the file through map entry e
-local function read_block(r, e, off, size, fname)
+function read_block(r, e, off, size, fname)
+  if e.experts then return read_experts(r, e, off, size, fname) end
   local hoff, hsize = copy(off), copy(size)
   if e.transpose then hoff[1], hoff[2], hsize[1], hsize[2] = off[2], off[1], size[2], size[1] end
   if e.slice then hoff[e.slice[1]] = hoff[e.slice[1]] + e.slice[2] end
@@ -132,20 +148,24 @@ local function problems_of(r, model, map, ignore, strict)
   local missing, bad, used, unmapped = {}, {}, {}, {}
   -- (a tensor the whole model's map reads is expected, whichever pipeline
   -- stage the model is: another stage reads it)
-  for _, e in pairs(map) do used[e.hf] = true end
+  for _, e in pairs(map) do
+    for _, n in ipairs(e.experts or { e.hf }) do used[n] = true end
+  end
+  local function check(e, fqn)
+    local te = r.tensors[e.hf]
+    if te == nil then missing[#missing + 1] = string.format("%s (for %s)", e.hf, fqn)
+    elseif sizes(te.shape) ~= sizes(e.shape) then
+      bad[#bad + 1] = string.format("%s has shape %s, the model needs %s (for %s)", e.hf, sizes(te.shape),
+                                    sizes(e.shape), fqn)
+    else
+      r:loom_dtype(e.hf, "hf.load_weights")
+    end
+  end
   for _, kv in ipairs(model:named_parameters()) do
     local fqn, e = kv[1], map[kv[1]]
     if e == nil then unmapped[#unmapped + 1] = fqn
-    else
-      local te = r.tensors[e.hf]
-      if te == nil then missing[#missing + 1] = string.format("%s (for %s)", e.hf, fqn)
-      elseif sizes(te.shape) ~= sizes(e.shape) then
-        bad[#bad + 1] = string.format("%s has shape %s, the model needs %s (for %s)", e.hf, sizes(te.shape),
-                                      sizes(e.shape), fqn)
-      else
-        r:loom_dtype(e.hf, "hf.load_weights")
-      end
-    end
+    elseif e.experts then for _, one in ipairs(M.expert_entries(e)) do check(one, fqn) end
+    else check(e, fqn) end
   end
   local extra = {}
   if strict then
@@ -289,6 +309,13 @@ end
 ---------------------------------------------------------------------------
 -- save
 
+-- expert_entries(e): a stacked entry's one entry per expert
+function M.expert_entries(e)
+  local out = {}
+  for j, name in ipairs(e.experts) do out[j] = { hf = name, shape = e.shape, transpose = e.transpose } end
+  return out
+end
+
 -- HF name -> the parts of the model's tensors that make it, in HF's layout:
 -- each parameter, or its gradient when `grads` (not a closure over the
 -- model, which a compiled trace would keep)
@@ -300,6 +327,15 @@ local function hf_parts(model, map, grads)
     if e.tied then goto continue end   -- HF's tied checkpoints hold the embedding only
     local x = grads and p.grad or p:detach()
     if x == nil then error("hf.hf_grads: " .. kv[1] .. " has no gradient", 0) end
+    if e.experts then   -- one HF tensor per expert
+      if x.dist ~= nil then x = x:full_tensor() end
+      for j, name in ipairs(e.experts) do
+        local one = x:select(1, j)
+        if e.transpose then one = one:t() end
+        groups[name] = { { x = one:contiguous() } }
+      end
+      goto continue
+    end
     if x.dist ~= nil then x = x:full_tensor() end
     if e.heads then x = permute(x, e.heads) end
     if e.transpose then x = x:t() end
