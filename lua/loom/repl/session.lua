@@ -15,18 +15,25 @@ local LOOM_DIR = debug.getinfo(1, "S").source:match("^@(.*/)repl/session%.lua$")
 
 -- compile(src) -> function, or nil and the error. An expression's values
 -- go through the packer the function is called with (passed, not returned:
--- a returned call would be a tail call, which loses its error positions).
+-- a returned call would be a tail call, which loses its error positions);
+-- a chunk of statements returns what its `return` says. M.compiles counts
+-- the calls (the REPL's input reading compiles a pending chunk only when
+-- it may be whole: repl_input_spec).
+M.compiles = 0
 function M.compile(src)
+  M.compiles = M.compiles + 1
   local f, err = loadstring("local pack_ = ... return pack_(" .. src .. "\n)", "=repl")
   if not f then f, err = loadstring(chunk.globalize(src), "=repl") end
   return f, err
 end
-local function pack_(...) return { n = select("#", ...), ... } end
+local PACKED = {}   -- marks an expression's packed values
+local function pack_(...) return setmetatable({ n = select("#", ...), ... }, PACKED) end
+local function results(...) return { n = select("#", ...), ... } end
 
 -- incomplete(src): true when more lines could complete it (`for i = 1, 2 do`)
 function M.incomplete(src)
   local _, err = M.compile(src)
-  return err ~= nil and err:match("<eof>") ~= nil
+  return err ~= nil and err:match("near '<eof>'$") ~= nil   -- not "'<eof>' expected near 'end'"
 end
 
 local function internal(line)
@@ -130,15 +137,20 @@ function Session:run(src, write)
   setfenv(f, env)
   lib().lm_interrupt_clear()
   debug.sethook(hook, "", 1000)
-  local ok, res = xpcall(f, M.user_traceback, pack_)
+  local r = results(xpcall(f, M.user_traceback, pack_))
   debug.sethook()
   lib().lm_interrupt_clear()
+  local ok, res = r[1], r[2]
   if not ok then
     write("error: " .. tostring(res) .. "\n")
     self.failed = self.failed + 1
     return false
   end
-  if type(res) == "table" and res.n and res.n > 0 then
+  -- an expression's values come packed; a chunk's `return a, b` as they are
+  if not (r.n == 2 and getmetatable(res) == PACKED) then
+    res = { n = r.n - 1, unpack(r, 2, r.n) }
+  end
+  if res.n > 0 then
     local parts = {}
     for i = 1, res.n do parts[i] = M.show(res[i]) end
     write(table.concat(parts, "\t") .. "\n")
