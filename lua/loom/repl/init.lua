@@ -81,6 +81,8 @@ function M.main(args)
   if args[1] == "-h" or args[1] == "--help" then
     print("usage: loom            the interactive REPL (help() inside it)\n"
        .. "       loom < file.lua  runs the chunks of file.lua as typed; exit 1 when one failed\n"
+       .. "       loom --env       the shell line for `luajit script.lua` to find this loom:\n"
+       .. "                        eval \"$(loom --env)\"\n"
        .. "SPMD on N ranks: scripts/loomrun -n N --repl. History: ~/.loom_history (LOOM_HISTORY)")
     return 0
   end
