@@ -22,6 +22,7 @@ describe("a script beside the checkout", function()
     -- a world of one under plain luajit, and the same line again changes nothing
     rc, out = sys.sh("unset LUA_PATH; eval \"$(" .. root .. "/scripts/loom --env)\"; a=$LUA_PATH; eval \"$("
                      .. root .. "/scripts/loom --env)\"; [ \"$a\" = \"$LUA_PATH\" ] && echo same")
+    assert.equal(0, rc, out)
     assert.equal("same\n", out)
   end)
 
