@@ -166,13 +166,32 @@ local function reader_for(env)
   return (top.reader(env, false))
 end
 
+-- settle(): the first collective after a chunk, on every rank, tried
+-- again while it fails as interrupted. A rank that left the chunk on its
+-- own (Ctrl-C in pure Lua or local ops) marks its fingerprint, so this
+-- collective fails on every rank, which try again together; a rank still
+-- waiting in a collective of the chunk on the world communicator meets
+-- this one instead, fails it as interrupted, leaves the chunk and comes
+-- here. (A rank waiting on another communicator waits on: Ctrl-\ ends the
+-- session.)
+local function settle()
+  local D = dist()
+  for _ = 1, 100 do
+    local ok, err = pcall(D.barrier, D.world_group())
+    if ok then return end
+    if not tostring(err):find("interrupted", 1, true) then error(err, 0) end
+  end
+  error("loom REPL: the ranks cannot agree after an interrupted chunk", 0)
+end
+
 -- run(): the loop, on every rank, until rank 0's input ends (or quit())
 function M.run()
   local loom, D = require("loom"), dist()
   D.init()
+  D.set_debug_collectives(true)   -- the fingerprints carry each rank's Ctrl-C vote
   local session = require("loom.repl.session")
   local me = D.rank()
-  local s = session.new { env = { dist = D } }
+  local s = session.new { env = { dist = D }, spmd = true }
   session.install_interrupt()
   local reader = me == 0 and reader_for(s.env)
   local out = io.stdout
@@ -185,7 +204,9 @@ function M.run()
     local src = share(me == 0 and require("loom.repl").read_chunk(reader) or nil)
     if not src then break end
     local before = s.failed
-    local outs = gather(capture(function() s:run(src) end))
+    local out_text = capture(function() s:run(src) end)
+    settle()
+    local outs = gather(out_text)
     local fails = gather(s.failed > before and "1" or "")
     if me == 0 then
       out:write(M.format(outs))

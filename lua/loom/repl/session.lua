@@ -92,9 +92,11 @@ function M.show(v, depth)
 end
 
 ---------------------------------------------------------------------------
--- Ctrl-C: the C flag (core/entry/interrupt.c) fails the next op; a count
--- hook checks it in interpreted Lua between ops. (A loop the JIT compiled
--- that calls no loom op runs on until it ends: LuaJIT's traces call no hooks.)
+-- Ctrl-C: the C flag (core/tensor/interrupt.c), armed while a chunk runs,
+-- fails the next op; a count hook checks it in interpreted Lua between
+-- ops (the chunk runs with the JIT off: LuaJIT's compiled traces call no
+-- hooks). On several ranks (opts.spmd) the ranks stop together at a
+-- collective, or each on its own after a grace second without one.
 
 local C
 local function lib() C = C or require("loom.lib").C return C end
@@ -105,18 +107,27 @@ function M.install_interrupt()
 end
 
 local function hook()
-  if C.lm_interrupt_take() == 1 then error("interrupted (Ctrl-C)", 2) end
+  if C.lm_interrupt_check() == 1 then error("interrupted (Ctrl-C)", 2) end
 end
 
 ---------------------------------------------------------------------------
 
--- new(opts): a session; opts.env: extra globals
+-- new(opts): a session; opts.env: extra globals, opts.spmd: one of several ranks
 function M.new(opts)
   local loom = require("loom")
   local env = setmetatable({ loom = loom }, { __index = _G })
   env.help = help.help
+  -- code the session loads runs interpreted too, where Ctrl-C reaches it
+  local function off(f, ...)
+    if type(f) == "function" then jit.off(f, true) end
+    return f, ...
+  end
+  env.loadstring = function(...) return off(loadstring(...)) end
+  env.load = function(...) return off(load(...)) end
+  env.loadfile = function(...) return off(loadfile(...)) end
+  env.dofile = function(path) return assert(env.loadfile(path))() end
   for k, v in pairs(opts and opts.env or {}) do env[k] = v end
-  return setmetatable({ env = env, failed = 0, quit = false }, Session)
+  return setmetatable({ env = env, failed = 0, quit = false, spmd = opts and opts.spmd or false }, Session)
 end
 
 -- s:run(src, write): runs one chunk; what it echoes and its errors go to
@@ -135,11 +146,17 @@ function Session:run(src, write)
     return false
   end
   setfenv(f, env)
+  -- the chunk and the functions it defines run interpreted, where the count
+  -- hook sees Ctrl-C: a compiled loop (`while true do end`) calls no hook.
+  -- loom's own functions stay compiled.
+  jit.off(f, true)
   lib().lm_interrupt_clear()
+  C.lm_interrupt_arm(self.spmd and C.LM_INTERRUPT_SPMD or C.LM_INTERRUPT_LOCAL)
   debug.sethook(hook, "", 1000)
   local r = results(xpcall(f, M.user_traceback, pack_))
   debug.sethook()
-  lib().lm_interrupt_clear()
+  C.lm_interrupt_arm(C.LM_INTERRUPT_OFF)
+  C.lm_interrupt_clear()
   local ok, res = r[1], r[2]
   if not ok then
     write("error: " .. tostring(res) .. "\n")
