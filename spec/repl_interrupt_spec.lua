@@ -41,10 +41,10 @@ describe("Ctrl-C in the REPL of one process", function()
   it("stops a pure-Lua loop, a function of an earlier chunk, and loaded code", function()
     local rc, out, status = pty({
       "expect loom> ",
-      interrupt("while true do end", 1, "error: repl:1: interrupted (Ctrl-C)"),
+      interrupt("while true do end", 1, "error: interrupted (Ctrl-C)"),
       alive(""),
       "send function spin() local n = 0 while true do n = n + 1 end end\\r", "expect loom> ",
-      interrupt("spin()", 1, "error: repl:1: interrupted (Ctrl-C)"),
+      interrupt("spin()", 1, "error: interrupted (Ctrl-C)"),
       "send f = loadstring('while true do end')\\r", "expect loom> ",
       interrupt("f()", 1, "interrupted (Ctrl-C)"),
       alive(""),
@@ -61,17 +61,17 @@ describe("Ctrl-C in the REPL of two ranks", function()
   it("stops a pure-Lua loop, a loop of collectives and a loop on one rank, and the session goes on", function()
     local rc, out, status = pty({
       "expect loom> ",
-      interrupt("while true do end", 2, "[ranks 0-1] error: repl:1: interrupted (Ctrl-C)"),
+      interrupt("while true do end", 2, "[ranks 0-1] error: interrupted (Ctrl-C)"),
       alive("[ranks 0-1] "),
       "send x = loom.ones(4)\\r", "expect loom> ",
       interrupt("for i = 1, 1e9 do y = dist.all_reduce(x) z = dist.all_gather(x, 1) end", 2,
                 "[ranks 0-1] error: interrupted (Ctrl-C)"),
       alive("[ranks 0-1] "),
-      interrupt("if dist.rank() == 1 then while true do end end", 2, "[rank 1] error: repl:1: interrupted (Ctrl-C)"),
+      interrupt("if dist.rank() == 1 then while true do end end", 2, "[rank 1] error: interrupted (Ctrl-C)"),
       alive("[ranks 0-1] "),
       -- rank 0 waits in a collective that rank 1, looping, never reaches
       interrupt("if dist.rank() == 1 then while true do end end y = dist.all_reduce(x)", 2,
-                "[rank 0] error: interrupted (Ctrl-C)", "[rank 1] error: repl:1: interrupted (Ctrl-C)"),
+                "[ranks 0-1] error: interrupted (Ctrl-C)"),
       alive("[ranks 0-1] "),
       "send dist.all_reduce(x):sum():item()\\r", "expect [ranks 0-1] 8", "expect loom> ",
       "send quit()\\r",
@@ -122,4 +122,24 @@ describe("Ctrl-C in the REPL of two ranks", function()
       local _ = rc
     end)
   end
+end)
+
+describe("an error on one rank of the REPL", function()
+  it("ends the chunk on every rank, a peer waiting in a collective too, and the session goes on", function()
+    local rc, out = sys.sh_input(root .. "scripts/loomrun -n 2 --timeout 60 --repl", table.concat({
+      'if dist.rank() == 0 then error("only rank 0") end dist.barrier()',
+      'print("alive")',
+      "x = loom.ones(2)",
+      'if dist.rank() == 1 then error("only rank 1") end y = dist.all_reduce(x)',
+      "dist.all_reduce(x):sum():item()",
+      "",
+    }, "\n"))
+    assert.equal(1, rc, out)   -- piped, and chunks failed
+    assert.truthy(out:find("[rank 0] error: repl:1: only rank 0\n[rank 1] error: repl:1: call #", 1, true), out)
+    assert.truthy(out:find("barrier() was left waiting: rank 0 had left the chunk", 1, true), out)
+    assert.truthy(out:find("[ranks 0-1] alive", 1, true), out)
+    assert.truthy(out:find("all_reduce(sum) of f32 [2] was left waiting: rank 1 had left the chunk", 1, true), out)
+    assert.truthy(out:find("[ranks 0-1] 4\n", 1, true), out)
+    assert.is_nil(out:find("uncaught", 1, true), out)
+  end)
 end)

@@ -106,8 +106,10 @@ function M.install_interrupt()
   return true
 end
 
+-- (no position: the same words as an op's, so that ranks stopped in Lua
+-- and in an op print one line; the traceback says where)
 local function hook()
-  if C.lm_interrupt_check() == 1 then error("interrupted (Ctrl-C)", 2) end
+  if C.lm_interrupt_check() == 1 then error("interrupted (Ctrl-C)", 0) end
 end
 
 ---------------------------------------------------------------------------
