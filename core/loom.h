@@ -387,17 +387,21 @@ int64_t lm_bpe_encode(const lm_bpe *b, const char *text, size_t start, size_t st
 int lm_cuda_emu_counters(int64_t *out, int n, int reset);
 const char *lm_cuda_emu_counter_name(int i);
 
-/* ---- Ctrl-C for interactive sessions (the REPL, core/entry/interrupt.c) ----
- * install: SIGINT and SIGUSR1 set a flag instead of ending the process;
- * the next op call fails with "interrupted" (and clears it). */
+/* ---- Ctrl-C for interactive sessions (the REPL, core/tensor/interrupt.c) ----
+ * install: SIGINT and SIGUSR1 set a flag instead of ending the process.
+ * arm(mode) while a chunk runs: LOCAL, the next op call (and check) fails
+ * with "interrupted"; SPMD, the ranks stop together at a collective (its
+ * fingerprint carries the flag), or each on its own after a grace second
+ * without one. Not armed (OFF), the flag waits for take (a line editor). */
+enum lm_interrupt_mode { LM_INTERRUPT_OFF = 0, LM_INTERRUPT_LOCAL = 1, LM_INTERRUPT_SPMD = 2 };
 int lm_interrupt_install(void);
+void lm_interrupt_arm(int mode);
 int lm_interrupt_pending(void);
 void lm_interrupt_clear(void);
-int lm_interrupt_take(void);   /* 1 and cleared when one was pending */
-/* deferred (on = 1): ops no longer fail; the program polls
- * lm_interrupt_pending (a training loop, between steps) */
-void lm_interrupt_defer(int on);
-int lm_interrupt_take_op(void); /* lm_interrupt_take unless deferred (lm_op_call's check) */
+int lm_interrupt_take(void);   /* 1 and cleared when one was pending, armed or not */
+int lm_interrupt_check(void);  /* 1 and cleared when the running code should stop now */
+int lm_interrupt_vote(void);   /* SPMD: what the next collective's fingerprint says */
+void lm_interrupt_voted(void); /* a collective's vote said stop */
 
 #ifdef __cplusplus
 }

@@ -23,6 +23,15 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j"$(nproc)" 2>&1 | grep -E "warning|error|Error" || true
+# the compilers' diagnostics only ("file:12:3: warning: ...", nvcc's "error :",
+# make's "*** ... Error 1", the linker's), not progress lines that name a
+# file such as core/tensor/error.c; a failed build shows its last lines too
+log=$(mktemp)
+rc=0
+cmake --build build -j"$(nproc)" >"$log" 2>&1 || rc=$?
+diag='(^|[: ])(fatal )?(error|warning) ?(#[0-9A-Za-z-]+)?:|\*\*\* |^CMake (Error|Warning)|undefined reference'
+grep -E "$diag" "$log" | grep -vE '^\[ *[0-9]+%\] ' || true
+[ $rc -eq 0 ] || { echo "setup: the build failed; its last lines:"; tail -n 20 "$log"; }
+rm -f "$log"
 test -f build/libloom.so || { echo "setup: the build failed"; exit 1; }
 echo "setup: build/libloom.so is ready"

@@ -1,7 +1,9 @@
 -- rock_spec.lua: the rock installs with Debian's Lua libraries and no
 -- rocks server (scripts/install-rock picks --deps-mode=none), into a
--- scratch tree; from outside the checkout, `require("loom")`, the installed
--- loomrun and the installed loom REPL work. (The first install builds
+-- scratch tree, saying nothing alarming and ending with the one line that
+-- puts the tree on the paths; from outside the checkout, `require("loom")`,
+-- the installed loomrun and the installed loom REPL work (the commands
+-- also with no paths set). (The first install builds
 -- libloom in build.luarocks/, minutes; later ones reuse it.)
 local sys = require("support.sys")
 
@@ -25,6 +27,14 @@ describe("the rock", function()
                            .. root .. "scripts/install-rock --tree " .. tree)
     assert.equal(0, rc, out)
     assert.truthy(out:find("--deps-mode=none", 1, true), out)
+    -- nothing alarming, and the one line that puts the tree on the paths
+    assert.is_nil(out:find("Missing dependencies", 1, true), out)
+    assert.truthy(out:find('eval "$(luarocks --lua-version=5.1 --tree ' .. tree .. ' path --bin)"', 1, true), out)
+    -- the installed commands run as they are, with no paths set
+    rc, out = sys.sh("cd " .. away .. " && unset LUA_PATH LUA_CPATH && echo 'loom.ones(2):sum():item()' | "
+                     .. tree .. "/bin/loom")
+    assert.equal(0, rc, out)
+    assert.equal("2\n", out)
     local env = "cd " .. away .. ' && eval "$(luarocks --lua-version=5.1 --tree ' .. tree .. ' path)" && '
     rc, out = sys.sh(env .. [[luajit -e 'local loom = require("loom")
 print(loom.ones(2, 3):sum():item(), package.searchpath("loom", package.path))']])

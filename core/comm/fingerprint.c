@@ -1,14 +1,18 @@
 /* fingerprint.c: before each collective the ranks of the communicator swap a
  * fingerprint (call number, kind, op, dtype, shape) and fail with a message
  * naming both calls when they disagree, instead of hanging or returning
- * garbage. On by default; LOOM_CHECK_COLLECTIVES=0 turns it off. */
+ * garbage. The fingerprint also carries each rank's Ctrl-C vote in a SPMD
+ * REPL: when any member's says stop, every member fails this collective
+ * as interrupted, all at the same point. On by default;
+ * LOOM_CHECK_COLLECTIVES=0 turns it off (not in the REPL). */
 #include "comm.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+/* FP_STOP: the rank's Ctrl-C vote (tensor/interrupt.c), not compared */
 enum { FP_RANK, FP_CALL, FP_KIND, FP_OP, FP_DTYPE, FP_NDIM, FP_A1, FP_A2, FP_FULL, FP_SHAPE,
-       FP_LEN = FP_SHAPE + LM_MAX_DIMS };
+       FP_STOP = FP_SHAPE + LM_MAX_DIMS, FP_LEN };
 
 static const char *kinds[LM_NCOLL] = {"all_reduce", "all_gather", "reduce_scatter",
                                       "all_to_all", "broadcast", "barrier",
@@ -55,6 +59,7 @@ int lm_check_fingerprint(lm_comm *c, int kind, int op, const lm_tensor *t, int64
   fp[FP_A1] = a1;
   fp[FP_A2] = a2;
   fp[FP_FULL] = wild_dim >= 0 ? wild_size : -1;
+  fp[FP_STOP] = lm_interrupt_vote();
   if (t) {
     fp[FP_DTYPE] = t->dtype_;
     fp[FP_NDIM] = t->ndim;
@@ -64,9 +69,15 @@ int lm_check_fingerprint(lm_comm *c, int kind, int op, const lm_tensor *t, int64
   if (!all) return lm_error("%s: out of memory (debug fingerprint)", kinds[kind]);
   if (lm_comm_allgather_i64(c, fp, FP_LEN, all, kinds[kind]) < 0) { free(all); return -1; }
   int rc = 0;
+  for (int q = 0; q < c->size && rc == 0; q++) { /* Ctrl-C in a SPMD REPL: every member stops here */
+    if (all[(size_t)q * FP_LEN + FP_STOP]) {
+      lm_interrupt_voted();
+      rc = lm_error("interrupted (Ctrl-C)");
+    }
+  }
   for (int q = 0; q < c->size && rc == 0; q++) {
     const int64_t *o = all + (size_t)q * FP_LEN;
-    if (!memcmp(o + 1, fp + 1, sizeof *fp * (FP_LEN - 1))) continue;
+    if (!memcmp(o + 1, fp + 1, sizeof *fp * (FP_STOP - 1))) continue;
     char mine[256], theirs[256];
     describe(fp, mine, sizeof mine);
     describe(o, theirs, sizeof theirs);

@@ -77,7 +77,7 @@ static int call_autocast(int op, int nin, lm_tensor *const *in, const lm_attrs *
 int lm_op_call(int op, int nin, lm_tensor *const *in, const lm_attrs *attrs, int maxout, lm_tensor **out) {
   static const lm_attrs none;
   if (op < 0 || op >= LM_NOPS) return lm_error("op id %d: no such op", op);
-  if (lm_interrupt_take_op()) return lm_error("interrupted (Ctrl-C)");
+  if (lm_interrupt_check()) return lm_error("interrupted (Ctrl-C)");
   const lm_op_def *d = lm_op_def_of(op);
   if (!attrs) attrs = &none;
   LM_TRY(check_call(d, nin, in, attrs, maxout));

@@ -3,6 +3,7 @@
  * the table registered for CUDA devices (the allocator is alloc.cu). */
 #include "common.cuh"
 #include "kernels.cuh"
+#include <dlfcn.h>
 #include <stdio.h>
 
 /* ---- errors ---- */
@@ -22,18 +23,39 @@ static int device_count = -1;              /* -1: not asked yet */
 static char no_device_reason[256];
 static bool ready[MAX_DEVICES];            /* made current once */
 
+/* why there is no device, in the user's words: the runtime says "driver
+ * version is insufficient" also when there is no driver at all (no GPU) */
+static void no_device(cudaError_t e) {
+#ifdef LOOM_CUDA_EMU_RUNTIME
+  void *driver = &no_device_reason; /* the emulated runtime is its own driver */
+#else
+  void *driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+#endif
+  if (!driver)
+    snprintf(no_device_reason, sizeof no_device_reason,
+             "cuda: no GPU here: this machine has no NVIDIA driver (libcuda.so.1 is not installed)");
+  else if (e == cudaErrorInsufficientDriver)
+    snprintf(no_device_reason, sizeof no_device_reason,
+             "cuda: the NVIDIA driver is older than this build's CUDA runtime needs (%s)", cudaGetErrorString(e));
+  else if (e == cudaErrorNoDevice)
+    snprintf(no_device_reason, sizeof no_device_reason, "cuda: no GPU here (%s)", cudaGetErrorString(e));
+  else
+    snprintf(no_device_reason, sizeof no_device_reason, "cuda: cannot count the GPUs (%s)", cudaGetErrorString(e));
+#ifndef LOOM_CUDA_EMU_RUNTIME
+  if (driver) dlclose(driver);
+#endif
+}
+
 static int devices(void) {
   if (device_count < 0) {
     int n = 0; /* left untouched when there is no driver or GPU */
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
-      snprintf(no_device_reason, sizeof no_device_reason,
-               "cuda: cudaGetDeviceCount found no device (%s)", cudaGetErrorString(e));
+      no_device(e);
       cudaGetLastError();
       n = 0;
     } else if (n == 0) {
-      snprintf(no_device_reason, sizeof no_device_reason,
-               "cuda: cudaGetDeviceCount found no device");
+      no_device(cudaErrorNoDevice);
     }
     device_count = n > MAX_DEVICES ? MAX_DEVICES : n;
   }

@@ -40,6 +40,16 @@ end
 
 -- show(s): sizes as messages say them: "2x3", or "a scalar" for {}
 function Size.show(s) return #s == 0 and "a scalar" or table.concat(s, "x") end
+-- x.shape is x's Size, and x:shape() calls it: the Size itself, or its
+-- size d with x:shape(d) (negative from the end), as x:size(d)
+function Size.__call(s, _, d)
+  if d == nil then return s end
+  local n = #s
+  if type(d) ~= "number" or d % 1 ~= 0 or d == 0 or d > n or d < -n then
+    error(string.format("shape: dim expected an integer in [1, %d] or [-%d, -1], got %s", n, n, tostring(d)), 2)
+  end
+  return s[d > 0 and d or n + d + 1]
+end
 
 -- s:totable(): a plain copy
 function Size.totable(s) return { unpack(s) } end

@@ -261,7 +261,7 @@ M.as_tensor = as_tensor
 -- fields
 
 function props.dtype(x) return DTYPES[x.dtype_ + 1] end
-function props.shape(x) return Tensor.size(x) end   -- a table, as x:size()
+function props.shape(x) return x:size() end   -- a loom.Size, as x:size(); x:shape() calls it (size.lua)
 local META = C.LM_META
 function props.device(x)
   local d = x.device_
@@ -466,6 +466,11 @@ function Tensor.fill_(x, v)
   check_inplace(x, "fill_")
   if type(v) ~= "number" and type(v) ~= "boolean" then argerror("fill_", "value", "a number", describe(v)) end
   check_fits(v, x.dtype_, "fill_", "value")
+  if x.dist ~= nil and v ~= 0 and v ~= false then   -- a Partial sum of v on every rank is not v
+    for _, p in ipairs(x.placements) do
+      if p:is_partial() then error("fill_: a Partial DTensor holds terms of a sum: only zero_() fills it", 2) end
+    end
+  end
   if C.lm_fill_(x, v == true and 1 or v == false and 0 or v) < 0 then c_error() end
   return x
 end
@@ -473,6 +478,7 @@ function Tensor.zero_(x) return Tensor.fill_(x, 0) end
 function Tensor.copy_(x, src)
   check_tensor(src, "copy_", "src")
   check_inplace(x, "copy_")
+  if x.dist ~= nil or src.dist ~= nil then src = M.laid_out_as(x, src, "copy_", 3) end   -- tensor_inplace.lua
   if C.lm_copy_(x, src) < 0 then c_error() end
   return x
 end
@@ -571,12 +577,14 @@ local mt = {
     if m ~= nil then return m end
     local p = props[k]
     if p then return p(x) end
+    if type(k) == "number" then return M.getitem(x, k) end   -- t[i]: tensor_inplace.lua
     return nil
   end,
   __newindex = function(x, k, v)
     local s = setters[k]
-    if not s then error("tensor: cannot set field " .. tostring(k), 2) end
-    s(x, v)
+    if s then return s(x, v) end
+    if type(k) == "number" then return M.setitem(x, k, v) end   -- t[i] = v
+    error("tensor: cannot set field " .. tostring(k), 2)
   end,
   __tostring = function(x) return M.format(x) end,   -- tensor_print.lua
   __len = function(x) return x.ndim > 0 and tonumber(x.shape_[0]) or 0 end,

@@ -235,4 +235,6 @@ mt.__div = binary("div")
 mt.__pow = function(a, b) return Tensor.pow(a, b) end
 mt.__unm = function(a) return op1(C.LM_OP_NEG, a) end
 
+require("loom.tensor_inplace")   -- t[i], t[i] = v and add_, mul_, ... (from the methods above)
+
 return M

@@ -8,6 +8,7 @@ SCRIPT lines:  send <text>     keys to type (\\r, \\t, \\x03, \\x1b[A escapes)
                                last expect holds text; exit 3 if it never does
                sleep <seconds>
                eof             close the terminal's input (Ctrl-D)
+               hangup          close the terminal (its session leader gets SIGHUP)
 Prints the whole transcript, then "@@status=N" (the command's exit status)."""
 import os, pty, select, sys, time, codecs
 
@@ -59,18 +60,34 @@ def main():
                 pump(0.05)
         elif op == "eof":
             os.write(fd, b"\x04")
+        elif op == "hangup":
+            os.close(fd)
+            fd = None
     end, status = time.time() + 10, None
     while time.time() < end:   # the command ends (or is killed after 10 s)
-        pump(0.05)
+        if fd is not None:
+            pump(0.05)
+        else:
+            time.sleep(0.05)
         wpid, st = os.waitpid(pid, os.WNOHANG)
         if wpid:
             status = st
             break
-    while pump(0.05):
+    while fd is not None and pump(0.05):
         pass
-    if status is None:
-        os.kill(pid, 9)
-        _, status = os.waitpid(pid, 0)
+    if status is None:   # hang up first (loomrun then ends its ranks), then kill
+        if fd is not None:
+            os.close(fd)
+            fd = None
+        end = time.time() + 5
+        while status is None and time.time() < end:
+            time.sleep(0.05)
+            wpid, st = os.waitpid(pid, os.WNOHANG)
+            if wpid:
+                status = st
+        if status is None:
+            os.kill(pid, 9)
+            _, status = os.waitpid(pid, 0)
     if ok:
         sys.stdout.write(out.decode("utf-8", "replace"))
     sys.stdout.write("\n@@status=%d\n" % (os.waitstatus_to_exitcode(status)))

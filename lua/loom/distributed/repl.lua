@@ -166,13 +166,37 @@ local function reader_for(env)
   return (top.reader(env, false))
 end
 
+-- settle(): the first collective after a chunk, on every rank, tried
+-- again while it fails at its fingerprint (which no rank gets past, so
+-- every rank tries again in step). A rank that left the chunk on its own
+-- (Ctrl-C in pure Lua or local ops) marks its fingerprint, so this
+-- collective fails on every rank, which try again together; a rank still
+-- waiting in a collective of the chunk on the world communicator (its
+-- peer left the chunk by Ctrl-C or an error) meets this one instead, whose
+-- shape no user's collective has, fails it, leaves the chunk and comes
+-- here. (A rank waiting on another communicator waits on: Ctrl-\ ends the
+-- session.)
+local SETTLE = { 1, 3, 5, 7 }
+local function settle()
+  local D, TC = dist(), require("loom.tensor_create")
+  local t = TC.zeros(SETTLE, { dtype = "i64" })
+  for _ = 1, 100 do
+    local ok, err = pcall(D.all_gather, t, 1, D.world_group())
+    if ok then return end
+    err = tostring(err)
+    if not (err:find("interrupted", 1, true) or err:find("collective mismatch", 1, true)) then error(err, 0) end
+  end
+  error("loom REPL: the ranks cannot agree after an interrupted chunk", 0)
+end
+
 -- run(): the loop, on every rank, until rank 0's input ends (or quit())
 function M.run()
   local loom, D = require("loom"), dist()
   D.init()
+  D.set_debug_collectives(true)   -- the fingerprints carry each rank's Ctrl-C vote
   local session = require("loom.repl.session")
   local me = D.rank()
-  local s = session.new { env = { dist = D } }
+  local s = session.new { env = { dist = D }, spmd = true }
   session.install_interrupt()
   local reader = me == 0 and reader_for(s.env)
   local out = io.stdout
@@ -185,7 +209,13 @@ function M.run()
     local src = share(me == 0 and require("loom.repl").read_chunk(reader) or nil)
     if not src then break end
     local before = s.failed
-    local outs = gather(capture(function() s:run(src) end))
+    local out_text = capture(function() s:run(src) end)
+    settle()
+    -- a collective of the chunk that met a peer's settle(): say so plainly
+    out_text = out_text:gsub("collective mismatch in a group of %d+ ranks: rank %d+ issued ([^\n]-), but rank (%d+) "
+                             .. "issued call #%d+ all_gather%(dim 1%) of i64 %[1, 3, 5, 7%]",
+                             "%1 was left waiting: rank %2 had left the chunk (its error says why)")
+    local outs = gather(out_text)
     local fails = gather(s.failed > before and "1" or "")
     if me == 0 then
       out:write(M.format(outs))

@@ -131,7 +131,7 @@ end
 -- SequenceParallel{sequence_dim=2, use_local_output=false}: LayerNorm,
 -- RMSNorm, Dropout run on sequence shards; their parameters are replicated
 -- (from_local: they must already be equal on every rank, as their ones /
--- zeros initialisation makes them).
+-- zeros initialisation makes them; a warning names one that is not).
 M.SequenceParallel = S.ParallelStyle:extend("SequenceParallel")
 function M.SequenceParallel:__init(o)
   local d = o.sequence_dim or 2
@@ -142,17 +142,44 @@ function M.SequenceParallel:__init(o)
   self.use_local_output = o.use_local_output == true
 end
 local SP_OK = { LayerNorm = true, RMSNorm = true, Dropout = true }
+
+local function fqn_of(prefix, name) return (prefix or "") ~= "" and prefix .. "." .. name or name end
+
+-- the name of the first parameter of module whose values differ between
+-- the ranks of mesh, or nil: the elementwise max and min over the ranks
+-- (two all-reduces of all its parameters, once, at parallelize time)
+local function differing_parameter(module, mesh)
+  local named, flat = {}, {}
+  for _, kv in ipairs(module:named_parameters()) do
+    local p = kv[2]
+    if p.is_meta or dt.is_dtensor(p) then return nil end
+    named[#named + 1] = kv[1]
+    flat[#flat + 1] = p:detach():reshape(-1):to("f64")
+  end
+  if #flat == 0 then return nil end
+  local loom, D = require("loom"), require("loom.distributed")
+  local all = loom.no_grad(loom.cat, flat, 1)
+  local gap = D.all_reduce(all, "max", mesh) - D.all_reduce(all, "min", mesh)
+  local start = 1
+  for i, p in ipairs(flat) do
+    local n = p:numel()
+    if n > 0 and gap:narrow(1, start, n):abs():max():item() > 0 then return named[i] end
+    start = start + n
+  end
+  return nil
+end
 function M.SequenceParallel:apply(module, mesh, fqn)
   if not SP_OK[kind(module)] then
     error(string.format("SequenceParallel: %s is a %s; it supports LayerNorm, RMSNorm and Dropout",
                         (fqn or "") ~= "" and fqn or "the module", kind(module)), 3)
   end
-  if #module:parameters() > 0 and not M._warned_sp then
+  local differs = differing_parameter(module, mesh)
+  if differs and not M._warned_sp then
     M._warned_sp = true
-    local C = require("loom").C
-    if C.lm_dist_rank() == 0 then
-      io.stderr:write("loom warning: SequenceParallel replicates parameters as they are (from_local); "
-                      .. "they must already be equal on every rank (as a seeded or ones/zeros init makes them)\n")
+    if require("loom").C.lm_dist_rank() == 0 then
+      io.stderr:write(string.format("loom warning: SequenceParallel replicates parameters as they are (from_local), "
+                                    .. "but %s differs between the ranks: initialise it alike on every rank "
+                                    .. "(the same loom.manual_seed, or ones/zeros)\n", fqn_of(fqn, differs)))
     end
   end
   S.shard_parameters(module, function(_, p)

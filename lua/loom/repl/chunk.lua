@@ -83,4 +83,69 @@ function M.globalize(src)
   return src
 end
 
+---------------------------------------------------------------------------
+-- Scanner: whether the lines read so far may make a whole chunk, line by
+-- line, each line scanned once (the REPL compiles the pending chunk only
+-- when it may be whole: a 5000-line chunk pasted or piped is read in
+-- linear time). It counts the blocks a chunk opens (function, do, if,
+-- repeat) and closes (end, until), brackets, and long strings or comments
+-- left open; it never says "not whole" of a chunk that is, as long as its
+-- counts are only ever too low (a syntax error compiles as soon as it
+-- could be the end, and its error shows).
+local BLOCK = { ["function"] = 1, ["do"] = 1, ["if"] = 1, ["repeat"] = 1, ["end"] = -1, ["until"] = -1 }
+local BRACKET = { ["("] = 1, ["{"] = 1, ["["] = 1, [")"] = -1, ["}"] = -1, ["]"] = -1 }
+
+local Scanner = {}
+Scanner.__index = Scanner
+
+function M.scanner() return setmetatable({ depth = 0, long = nil, odd = false }, Scanner) end
+
+-- s:feed(line): scans one more line
+function Scanner:feed(line)
+  local i, n = 1, #line
+  if self.long then   -- inside a long string or comment: find its end
+    local _, e = line:find("]" .. self.long .. "]", 1, true)
+    if not e then return end
+    self.long, i = nil, e + 1
+  end
+  while i <= n do
+    local c = line:sub(i, i)
+    if c == "-" and line:sub(i + 1, i + 1) == "-" then
+      local lb = line:match("^%-%-%[(=*)%[", i)
+      if not lb then return end   -- a comment to the end of the line
+      local _, e = line:find("]" .. lb .. "]", i, true)
+      if not e then self.long = lb return end
+      i = e + 1
+    elseif c == "[" and line:match("^%[=*%[", i) then
+      local lb = line:match("^%[(=*)%[", i)
+      local _, e = line:find("]" .. lb .. "]", i, true)
+      if not e then self.long = lb return end
+      i = e + 1
+    elseif c == '"' or c == "'" then
+      local j = i + 1
+      while j <= n do
+        local d = line:sub(j, j)
+        if d == "\\" then j = j + 1 elseif d == c then break end
+        j = j + 1
+      end
+      if j > n then self.odd = true end   -- a string left open (or continued by \): let the compiler say
+      i = j + 1
+    elseif c:match("[%a_]") then
+      local w = line:match("^[%w_]+", i)
+      self.depth = self.depth + (BLOCK[w] or 0)
+      i = i + #w
+    elseif c:match("%d") then
+      i = i + #line:match("^[%w_%.]+", i)
+    else
+      self.depth = self.depth + (BRACKET[c] or 0)
+      i = i + 1
+    end
+  end
+end
+
+-- s:maybe_whole(): false only when the chunk surely needs more lines
+function Scanner:maybe_whole()
+  return self.odd or (self.depth <= 0 and not self.long)
+end
+
 return M

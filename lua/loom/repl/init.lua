@@ -6,6 +6,7 @@
 local ffi = require("ffi")
 local session = require("loom.repl.session")
 local complete = require("loom.repl.complete")
+local chunk = require("loom.repl.chunk")
 
 require("loom.posix")   -- declares isatty
 
@@ -45,18 +46,30 @@ end
 
 -- read_chunk(reader): lines until they make a whole chunk; nil at the end
 -- of input. Ctrl-C at a prompt (reader.interrupted) drops what was typed.
+-- The pending chunk is compiled only when it may be whole (chunk.scanner:
+-- its blocks and brackets closed), while it is small (so that a mistake
+-- typed inside a block shows at once) and when it has doubled: reading a
+-- chunk of n lines costs O(n).
+local SMALL = 1024
 function M.read_chunk(reader)
-  local lines = {}
+  local lines, scan, size, next_try
+  local function reset() lines, scan, size, next_try = {}, chunk.scanner(), 0, 0 end
+  reset()
   reader.first_prompt = "loom> "
   while true do
     reader.interrupted = false
     local line = reader:line(#lines == 0 and "loom> " or "...> ")
-    if reader.interrupted then lines = {} end
+    if reader.interrupted then reset() end
     if not line then return #lines > 0 and table.concat(lines, "\n") or nil end
-    if reader.interrupted then lines = {} end
+    if reader.interrupted then reset() end
     lines[#lines + 1] = line
-    local src = table.concat(lines, "\n")
-    if not session.incomplete(src) then return src end
+    size = size + #line + 1
+    scan:feed(line)
+    if scan:maybe_whole() or size < SMALL or size >= next_try then
+      local src = table.concat(lines, "\n")
+      if not session.incomplete(src) then return src end
+      next_try = 2 * size
+    end
   end
 end
 
@@ -68,6 +81,8 @@ function M.main(args)
   if args[1] == "-h" or args[1] == "--help" then
     print("usage: loom            the interactive REPL (help() inside it)\n"
        .. "       loom < file.lua  runs the chunks of file.lua as typed; exit 1 when one failed\n"
+       .. "       loom --env       the shell line for `luajit script.lua` to find this loom:\n"
+       .. "                        eval \"$(loom --env)\"\n"
        .. "SPMD on N ranks: scripts/loomrun -n N --repl. History: ~/.loom_history (LOOM_HISTORY)")
     return 0
   end

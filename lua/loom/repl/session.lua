@@ -15,18 +15,25 @@ local LOOM_DIR = debug.getinfo(1, "S").source:match("^@(.*/)repl/session%.lua$")
 
 -- compile(src) -> function, or nil and the error. An expression's values
 -- go through the packer the function is called with (passed, not returned:
--- a returned call would be a tail call, which loses its error positions).
+-- a returned call would be a tail call, which loses its error positions);
+-- a chunk of statements returns what its `return` says. M.compiles counts
+-- the calls (the REPL's input reading compiles a pending chunk only when
+-- it may be whole: repl_input_spec).
+M.compiles = 0
 function M.compile(src)
+  M.compiles = M.compiles + 1
   local f, err = loadstring("local pack_ = ... return pack_(" .. src .. "\n)", "=repl")
   if not f then f, err = loadstring(chunk.globalize(src), "=repl") end
   return f, err
 end
-local function pack_(...) return { n = select("#", ...), ... } end
+local PACKED = {}   -- marks an expression's packed values
+local function pack_(...) return setmetatable({ n = select("#", ...), ... }, PACKED) end
+local function results(...) return { n = select("#", ...), ... } end
 
 -- incomplete(src): true when more lines could complete it (`for i = 1, 2 do`)
 function M.incomplete(src)
   local _, err = M.compile(src)
-  return err ~= nil and err:match("<eof>") ~= nil
+  return err ~= nil and err:match("near '<eof>'$") ~= nil   -- not "'<eof>' expected near 'end'"
 end
 
 local function internal(line)
@@ -85,9 +92,11 @@ function M.show(v, depth)
 end
 
 ---------------------------------------------------------------------------
--- Ctrl-C: the C flag (core/entry/interrupt.c) fails the next op; a count
--- hook checks it in interpreted Lua between ops. (A loop the JIT compiled
--- that calls no loom op runs on until it ends: LuaJIT's traces call no hooks.)
+-- Ctrl-C: the C flag (core/tensor/interrupt.c), armed while a chunk runs,
+-- fails the next op; a count hook checks it in interpreted Lua between
+-- ops (the chunk runs with the JIT off: LuaJIT's compiled traces call no
+-- hooks). On several ranks (opts.spmd) the ranks stop together at a
+-- collective, or each on its own after a grace second without one.
 
 local C
 local function lib() C = C or require("loom.lib").C return C end
@@ -97,19 +106,30 @@ function M.install_interrupt()
   return true
 end
 
+-- (no position: the same words as an op's, so that ranks stopped in Lua
+-- and in an op print one line; the traceback says where)
 local function hook()
-  if C.lm_interrupt_take() == 1 then error("interrupted (Ctrl-C)", 2) end
+  if C.lm_interrupt_check() == 1 then error("interrupted (Ctrl-C)", 0) end
 end
 
 ---------------------------------------------------------------------------
 
--- new(opts): a session; opts.env: extra globals
+-- new(opts): a session; opts.env: extra globals, opts.spmd: one of several ranks
 function M.new(opts)
   local loom = require("loom")
   local env = setmetatable({ loom = loom }, { __index = _G })
   env.help = help.help
+  -- code the session loads runs interpreted too, where Ctrl-C reaches it
+  local function off(f, ...)
+    if type(f) == "function" then jit.off(f, true) end
+    return f, ...
+  end
+  env.loadstring = function(...) return off(loadstring(...)) end
+  env.load = function(...) return off(load(...)) end
+  env.loadfile = function(...) return off(loadfile(...)) end
+  env.dofile = function(path) return assert(env.loadfile(path))() end
   for k, v in pairs(opts and opts.env or {}) do env[k] = v end
-  return setmetatable({ env = env, failed = 0, quit = false }, Session)
+  return setmetatable({ env = env, failed = 0, quit = false, spmd = opts and opts.spmd or false }, Session)
 end
 
 -- s:run(src, write): runs one chunk; what it echoes and its errors go to
@@ -128,17 +148,28 @@ function Session:run(src, write)
     return false
   end
   setfenv(f, env)
+  -- the chunk and the functions it defines run interpreted, where the count
+  -- hook sees Ctrl-C: a compiled loop (`while true do end`) calls no hook.
+  -- loom's own functions stay compiled.
+  jit.off(f, true)
   lib().lm_interrupt_clear()
+  C.lm_interrupt_arm(self.spmd and C.LM_INTERRUPT_SPMD or C.LM_INTERRUPT_LOCAL)
   debug.sethook(hook, "", 1000)
-  local ok, res = xpcall(f, M.user_traceback, pack_)
+  local r = results(xpcall(f, M.user_traceback, pack_))
   debug.sethook()
-  lib().lm_interrupt_clear()
+  C.lm_interrupt_arm(C.LM_INTERRUPT_OFF)
+  C.lm_interrupt_clear()
+  local ok, res = r[1], r[2]
   if not ok then
     write("error: " .. tostring(res) .. "\n")
     self.failed = self.failed + 1
     return false
   end
-  if type(res) == "table" and res.n and res.n > 0 then
+  -- an expression's values come packed; a chunk's `return a, b` as they are
+  if not (r.n == 2 and getmetatable(res) == PACKED) then
+    res = { n = r.n - 1, unpack(r, 2, r.n) }
+  end
+  if res.n > 0 then
     local parts = {}
     for i = 1, res.n do parts[i] = M.show(res[i]) end
     write(table.concat(parts, "\t") .. "\n")

@@ -185,7 +185,7 @@ local function train_step(run, step)
   return loss
 end
 
--- Ctrl-C: a flag (core/entry/interrupt.c, deferred: ops go on) read after
+-- Ctrl-C: a flag (core/tensor/interrupt.c, not armed: ops go on) read after
 -- each step; every rank stops after the same step (the flags' max over
 -- the world), with its checkpoint
 local function interrupted(run)
@@ -255,8 +255,7 @@ function M.train(run)
   run.live, run.live_open, run.printed = w.rank == 0 and not o.quiet and run_dir.own_terminal(), false, run_dir.now()
   run.lr_sched = { lr = o.lr, warmup = o.warmup, total = o.steps, min_lr = o.lr / 10 }
   local t0, tokens, last_loss, last_val = run_dir.now(), 0, nil, nil
-  loom.C.lm_interrupt_install()
-  loom.C.lm_interrupt_defer(1)
+  loom.C.lm_interrupt_install()   -- (not armed: ops go on; the flag is read after each step)
   for step = run.start_step + 1, run.last_step do
     last_loss = train_step(run, step)
     tokens = tokens + o.batch * o.seq
@@ -286,7 +285,6 @@ function M.train(run)
       os.exit(130)
     end
   end
-  loom.C.lm_interrupt_defer(0)
   if log then log:close() end
   if run.live_open then io.write("\n") end
   local wall = run_dir.now() - t0
