@@ -10,8 +10,8 @@ local root = arg and arg[1] or "lua/"
 -- the layers, lowest first: a module belongs to the layer of the longest
 -- prefix of its name listed here
 local LAYERS = {
-  { "base", { "loom.posix", "loom.lib", "loom.checks", "loom.size", "loom.fs", "loom.docstrings", "loom.gc_pacing" } },
-  { "tensor", { "loom", "loom.tensor", "loom.tensor_create", "loom.tensor_ops", "loom.tensor_print",
+  { "base", { "loom.posix", "loom.lib", "loom.checks", "loom.size", "loom.fs", "loom.gc_pacing" } },
+  { "tensor", { "loom", "loom.tensor", "loom.tensor_create", "loom.tensor_ops", "loom.tensor_print", "loom.tensor_inplace",
                 "loom.autograd_hooks", "loom.rope", "loom.serialize", "loom.safetensors_reader" } },
   { "nn", { "loom.nn", "loom.optim", "loom.amp", "loom.functional" } },
   { "distributed", { "loom.distributed", "loom.safetensors" } },
@@ -19,7 +19,7 @@ local LAYERS = {
   { "data", { "loom.data", "loom.text" } },
   { "models", { "loom.models" } },
   { "train", { "loom.train" } },
-  { "programs", { "loom.repl", "loom.distributed.repl", "loom.distributed.runner" } },
+  { "programs", { "loom.repl", "loom.distributed.repl", "loom.distributed.runner", "loom.docstrings" } },
 }
 
 -- from -> {to = reason}: upward requires that are right, and why
@@ -34,6 +34,9 @@ local EXCEPTIONS = {
   },
   ["loom.nn.utils"] = {
     ["loom.distributed"] = "clip_grad_norm_ over DTensor parameters sums the norm over their meshes",
+  },
+  ["loom.tensor_inplace"] = {
+    ["loom.distributed"] = "an in-place op on a DTensor lays its result back out in the tensor's placements",
   },
   ["loom.tensor_print"] = {
     ["loom.distributed.dtensor"] = "printing a DTensor names its mesh and placements (loaded whenever a DTensor exists)",

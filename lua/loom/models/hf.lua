@@ -104,7 +104,7 @@ local function block_of(p, fname, name)
   return off, p:size()
 end
 
-local read_block
+local read_block, expert_entries
 
 -- an experts' weight (experts, rows, cols) stacked from one HF tensor per
 -- expert (e.experts: their names, in expert order): the block's experts,
@@ -164,7 +164,7 @@ local function problems_of(r, model, map, ignore, strict)
   for _, kv in ipairs(model:named_parameters()) do
     local fqn, e = kv[1], map[kv[1]]
     if e == nil then unmapped[#unmapped + 1] = fqn
-    elseif e.experts then for _, one in ipairs(M.expert_entries(e)) do check(one, fqn) end
+    elseif e.experts then for _, one in ipairs(expert_entries(e)) do check(one, fqn) end
     else check(e, fqn) end
   end
   local extra = {}
@@ -310,7 +310,7 @@ end
 -- save
 
 -- expert_entries(e): a stacked entry's one entry per expert
-function M.expert_entries(e)
+function expert_entries(e)
   local out = {}
   for j, name in ipairs(e.experts) do out[j] = { hf = name, shape = e.shape, transpose = e.transpose } end
   return out

@@ -47,6 +47,14 @@ local function param(size, opts)
   return M.Parameter(loom.empty(size, { dtype = opts.dtype, device = opts.device }))
 end
 
+-- the init_std option of Linear and Embedding: nil or a number >= 0
+local function init_std_arg(fname, v)
+  if v ~= nil and (type(v) ~= "number" or not (v >= 0) or v == math.huge) then
+    T.argerror(fname, "init_std", "a number >= 0", T.describe(v), LV)
+  end
+  return v
+end
+
 -- Linear(in, out, {bias=true, dtype, device, weight, init_std}): y = x W^T
 -- + b with W (out, in), initialised as PyTorch does: U(-1/sqrt(in),
 -- 1/sqrt(in)) for W and b; with init_std (loom's), W ~ N(0, init_std^2)
@@ -59,7 +67,7 @@ function M.Linear:__init(in_features, out_features, opts)
   positive_int("Linear", "out_features", out_features)
   opts = T.check_opts("Linear", opts, { bias = true, dtype = true, device = true, weight = true, init_std = true }, LV - 1)
   check_flag("Linear", "bias", opts.bias)
-  self.init_std = M.init_std_arg("Linear", opts.init_std)
+  self.init_std = init_std_arg("Linear", opts.init_std)
   float_dtype("Linear", opts.dtype)
   self.in_features, self.out_features = in_features, out_features
   if opts.weight ~= nil then
@@ -91,13 +99,6 @@ function M.Linear:extra_repr()
                        self.out_features, tostring(self.bias ~= nil))
 end
 
--- the init_std option of Linear and Embedding: nil or a number >= 0
-function M.init_std_arg(fname, v)
-  if v ~= nil and (type(v) ~= "number" or not (v >= 0) or v == math.huge) then
-    T.argerror(fname, "init_std", "a number >= 0", T.describe(v), LV)
-  end
-  return v
-end
 
 -- Embedding(n, dim, {dtype, device, init_std = 1}): weight (n, dim) ~
 -- N(0, init_std^2); ids are 1-based
@@ -108,7 +109,7 @@ function M.Embedding:__init(n, dim, opts)
   opts = T.check_opts("Embedding", opts, { dtype = true, device = true, init_std = true }, LV - 1)
   float_dtype("Embedding", opts.dtype)
   self.num_embeddings, self.embedding_dim = n, dim
-  self.init_std = M.init_std_arg("Embedding", opts.init_std)
+  self.init_std = init_std_arg("Embedding", opts.init_std)
   self.weight = param({ n, dim }, opts)
   self:reset_parameters()
 end
