@@ -105,3 +105,4 @@ LM_OP(DIST_TO_PARTIAL,     _dist_to_partial,             1,  1, 0,              
 LM_OP(DIST_GRAD_REDUCE,    _dist_grad_reduce,            1,  1, 0,              LM_OPF_NATIVE|LM_OPF_NOSAVE,  same,          dist_alias,          dist_grad_reduce,    none,          none)
 LM_OP(DIST_ALIAS,          _dist_alias,                  1,  1, 0,              LM_OPF_NATIVE|LM_OPF_NOSAVE,  same,          dist_alias,          identity,            none,          none)
 LM_OP(DIST_PAD,            _dist_pad,                    1,  1, 0,              LM_OPF_NATIVE|LM_OPF_NOSAVE,  none,          dist_pad,            dist_pad,            none,          none)
+LM_OP(DIST_ALL_TO_ALL_SINGLE, _dist_all_to_all_single,     3,  1, 0,              LM_OPF_NATIVE,                none,          dist_all_to_all_single, dist_all_to_all_single, none,     none)

@@ -100,6 +100,7 @@ local cases = {
   _dist_all_reduce = { none = COLLECTIVE }, _dist_reduce_scatter = { none = COLLECTIVE },
   _dist_all_to_all = { none = COLLECTIVE }, _dist_to_partial = { none = COLLECTIVE },
   _dist_grad_reduce = { none = COLLECTIVE }, _dist_alias = { none = COLLECTIVE }, _dist_pad = { none = COLLECTIVE },
+  _dist_all_to_all_single = { none = COLLECTIVE },
 }
 
 -- fn: the outputs from the inputs, through F for an activation
