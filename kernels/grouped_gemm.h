@@ -21,25 +21,31 @@ static inline lm_tensor lm_group_view(const lm_tensor *t, int64_t at, int64_t ro
   return v;
 }
 
+/* group e's GEMM: its rows of c = its rows of a @ b[e] (wgrad 0), or
+ * c[e] = (its rows of a)^T @ (its rows of b) (wgrad 1) */
+static inline int lm_grouped_gemm_one(lm_gemm_fn *gemm, lm_tensor *c, const lm_tensor *a,
+                                      const lm_tensor *b, const int64_t *offs, int64_t e, int wgrad) {
+  int64_t K = a->shape_[1], M = wgrad ? b->shape_[1] : b->shape_[2];
+  int64_t r0 = offs[e], n = offs[e + 1] - offs[e];
+  if (!wgrad && n == 0) return 0; /* no rows to write */
+  lm_tensor ce, ae, be;
+  if (!wgrad) {
+    ce = lm_group_view(c, r0 * c->stride_[0], n, c->stride_[0], M, c->stride_[1]);
+    ae = lm_group_view(a, r0 * a->stride_[0], n, a->stride_[0], K, a->stride_[1]);
+    be = lm_group_view(b, e * b->stride_[0], K, b->stride_[1], M, b->stride_[2]);
+  } else { /* n = 0 is a GEMM over nothing: zeros */
+    ce = lm_group_view(c, e * c->stride_[0], K, c->stride_[1], M, c->stride_[2]);
+    ae = lm_group_view(a, r0 * a->stride_[0], K, a->stride_[1], n, a->stride_[0]);
+    be = lm_group_view(b, r0 * b->stride_[0], n, b->stride_[0], M, b->stride_[1]);
+  }
+  return gemm(&ce, &ae, &be, 1, 0);
+}
+
+/* every group, one after the other */
 static inline int lm_grouped_gemm_loop(lm_gemm_fn *gemm, lm_tensor *c, const lm_tensor *a,
                                        const lm_tensor *b, const int64_t *offs, int64_t groups,
                                        int wgrad) {
-  int64_t K = a->shape_[1], M = wgrad ? b->shape_[1] : b->shape_[2];
-  for (int64_t e = 0; e < groups; e++) {
-    int64_t r0 = offs[e], n = offs[e + 1] - offs[e];
-    if (!wgrad && n == 0) continue; /* no rows to write */
-    lm_tensor ce, ae, be;
-    if (!wgrad) { /* c rows = a rows @ b[e] */
-      ce = lm_group_view(c, r0 * c->stride_[0], n, c->stride_[0], M, c->stride_[1]);
-      ae = lm_group_view(a, r0 * a->stride_[0], n, a->stride_[0], K, a->stride_[1]);
-      be = lm_group_view(b, e * b->stride_[0], K, b->stride_[1], M, b->stride_[2]);
-    } else { /* c[e] = (a rows)^T @ (b rows): n = 0 is a GEMM over nothing, zeros */
-      ce = lm_group_view(c, e * c->stride_[0], K, c->stride_[1], M, c->stride_[2]);
-      ae = lm_group_view(a, r0 * a->stride_[0], K, a->stride_[1], n, a->stride_[0]);
-      be = lm_group_view(b, r0 * b->stride_[0], n, b->stride_[0], M, b->stride_[1]);
-    }
-    LM_TRY(gemm(&ce, &ae, &be, 1, 0));
-  }
+  for (int64_t e = 0; e < groups; e++) LM_TRY(lm_grouped_gemm_one(gemm, c, a, b, offs, e, wgrad));
   return 0;
 }
 #endif

@@ -55,6 +55,27 @@ describe("grouped_mm", function()
     end)
   end
 
+  it("gives the same whether its groups run side by side (many small) or in turn (large)", function()
+    local threads = loom.num_threads()
+    loom.set_num_threads(2) -- the CPU runs small groups side by side with 2 threads or more
+    for _, sizes in ipairs { { 3, 9, 0, 5, 1, 7, 2, 0, 4, 6 }, { 300, 0, 280, 310, 290 } } do
+      local x, w = problem(9, sizes, 6, 5, "f64")
+      x:requires_grad_()
+      w:requires_grad_()
+      local y = loom.grouped_mm(x, w, sizes)
+      local xr, wr = x:detach():clone():requires_grad_(), w:detach():clone():requires_grad_()
+      local yr = loop_mm(xr, wr, sizes)
+      assert.is_true(maxdiff(y, yr) <= 1e-12, "forward, " .. #sizes .. " groups")
+      y:sum():backward()
+      yr:sum():backward()
+      assert.is_true(maxdiff(x.grad, xr.grad) <= 1e-12, "dx, " .. #sizes .. " groups")
+      for e, n in ipairs(sizes) do
+        if n > 0 then assert.is_true(maxdiff(w.grad:select(1, e), wr.grad:select(1, e)) <= 1e-11, "dw " .. e) end
+      end
+    end
+    loom.set_num_threads(threads)
+  end)
+
   it("has gradients that match central differences (f64)", function()
     local x, w = problem(3, { 2, 0, 3 }, 4, 3, "f64")
     R.gradcheck(function(a, b) return loom.grouped_mm(a, b, { 2, 0, 3 }) end,
