@@ -12,7 +12,9 @@
 --     expert, the group sizes of a real routing) against the BLAS called
 --     directly on the same buffers: one cblas_sgemm per group, and one
 --     cblas_sgemm over all rows against a single weight (the same FLOPs
---     in one call: what a perfectly balanced grouped GEMM could reach).
+--     in one call with one weight packed once: a reference, not a target).
+-- Each figure is the best median of several rounds; the grouped GEMM's
+-- three variants are interleaved round by round.
 -- Usage:
 --   LOOM_BENCH_PYTHON=/opt/hfenv/bin/python luajit scripts/bench_moe.lua [--dim 512] [--hidden 1024]
 --     [--experts 8] [--top-k 2] [--tokens 2048] [--iters 5] [--rounds 3] [--json out.json]
@@ -129,8 +131,9 @@ for _, shape in ipairs { { "gate/up projection", D, H }, { "down projection", H,
   end
   local function one_call() blas.cblas_sgemm(ROW, NOTRANS, TRANS, rows_total, mm, kk, 1, pa, kk, pw, kk, 0, pc, mm) end
   local tg, tp, t1 = math.huge, math.huge, math.huge
-  for _ = 1, 2 do   -- interleaved: all three see the same neighbours
-    tg, tp, t1 = math.min(tg, best(grouped)), math.min(tp, best(per_group)), math.min(t1, best(one_call))
+  for _ = 1, 3 * o.rounds do   -- interleaved call by call: all three see the same neighbours
+    tg, tp, t1 = math.min(tg, bench.time(grouped, o.iters)), math.min(tp, bench.time(per_group, o.iters)),
+                 math.min(t1, bench.time(one_call, o.iters))
   end
   local flops = 2 * rows_total * kk * mm
   local label = string.format("%s (%d x %d -> %d)", what, rows_total, kk, mm)
