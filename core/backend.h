@@ -185,6 +185,15 @@ typedef int lm_reduce_fn(int kind, lm_tensor *out, const lm_tensor *x, int64_t o
  * LM_PRECISION_HIGH. */
 typedef int lm_gemm_fn(lm_tensor *c, const lm_tensor *a, const lm_tensor *b, double alpha,
                        double beta);
+/* Grouped GEMM (a mixture of experts: each expert's rows against its own
+ * weight). Group e = 0..E-1 holds rows [offs[e], offs[e+1]) of the 2-D
+ * operands (offs: E + 1 offsets, host memory). wgrad 0: the rows of group
+ * e of c (N, M) = its rows of a (N, K) @ b[e], b (E, K, M); wgrad 1: c[e]
+ * = (its rows of a)^T @ (its rows of b), a (N, K), b (N, M), c (E, K, M),
+ * zeros for a group without rows. Strides, dtypes and accumulation as
+ * gemm's; c has unit stride in its last dim. */
+typedef int lm_grouped_gemm_fn(lm_tensor *c, const lm_tensor *a, const lm_tensor *b, const int64_t *offs,
+                               int64_t groups, int wgrad);
 /* random fill by counter (tensor/rng.c keeps the state; backends draw
  * with lm_philox_draw of philox.h) */
 typedef int lm_random_fn(lm_tensor *t, int kind, double a, double b, uint64_t seed, uint64_t offset,
@@ -285,7 +294,7 @@ typedef int lm_cross_entropy_bwd_fn(lm_tensor *dx, const lm_tensor *gloss, const
  * backends have is one entry here (with its type above). */
 #define LM_SLOTS(X)                                                                                  \
   X(alloc) X(free) X(empty_cache) X(memory_stats) X(copy) X(fill) X(unary) X(binary) X(where)      \
-  X(reduce) X(gemm) X(random) X(softmax) X(norm) X(embedding) X(index_add) X(adamw)
+  X(reduce) X(gemm) X(grouped_gemm) X(random) X(softmax) X(norm) X(embedding) X(index_add) X(adamw)
 #define LM_FUSED_SLOTS(X)                                                                            \
   X(unary_grad) X(swiglu) X(swiglu_bwd) X(softmax_bwd) X(norm_bwd) X(rope) X(attention)            \
   X(attention_bwd) X(cross_entropy) X(cross_entropy_bwd)

@@ -79,8 +79,9 @@ LM_OP(MAX,                 max,                          1,  2, LM_MAX,         
 LM_OP(MIN,                 min,                          1,  2, LM_MIN,         0,                            reduce,        minmax,              minmax,              reduce,        reduce)
 LM_OP(ARGMAX,              argmax,                       1,  1, LM_ARGMAX,      0,                            reduce,        arg,                 none,                reduce,        reduce)
 LM_OP(ARGMIN,              argmin,                       1,  1, LM_ARGMIN,      0,                            reduce,        arg,                 none,                reduce,        reduce)
-/* linear algebra (ops/linalg.c) */
+/* linear algebra (ops/linalg.c; grouped_mm: ops/grouped_mm.c) */
 LM_OP(MATMUL,              matmul,                       2,  1, 0,              LM_OPF_AMP_LOW,               matmul,        matmul,              matmul,              matmul,        gemm)
+LM_OP(GROUPED_MM,          grouped_mm,                   3,  1, 0,              LM_OPF_AMP_LOW,               grouped_mm,    grouped_mm,          grouped_mm,          none,          grouped_gemm)
 /* neural-network ops: ops/softmax.c, norm.c, embedding.c, cross_entropy.c, triangular.c, attention.c */
 LM_OP(SOFTMAX,             softmax,                      1,  1, 0,              LM_OPF_AMP_F32,               softmax,       softmax,             softmax,             rows,          softmax)
 LM_OP(LOG_SOFTMAX,         log_softmax,                  1,  1, 0,              LM_OPF_AMP_F32,               softmax,       softmax,             softmax,             rows,          softmax)
@@ -105,3 +106,4 @@ LM_OP(DIST_TO_PARTIAL,     _dist_to_partial,             1,  1, 0,              
 LM_OP(DIST_GRAD_REDUCE,    _dist_grad_reduce,            1,  1, 0,              LM_OPF_NATIVE|LM_OPF_NOSAVE,  same,          dist_alias,          dist_grad_reduce,    none,          none)
 LM_OP(DIST_ALIAS,          _dist_alias,                  1,  1, 0,              LM_OPF_NATIVE|LM_OPF_NOSAVE,  same,          dist_alias,          identity,            none,          none)
 LM_OP(DIST_PAD,            _dist_pad,                    1,  1, 0,              LM_OPF_NATIVE|LM_OPF_NOSAVE,  none,          dist_pad,            dist_pad,            none,          none)
+LM_OP(DIST_ALL_TO_ALL_SINGLE, _dist_all_to_all_single,     3,  1, 0,              LM_OPF_NATIVE,                none,          dist_all_to_all_single, dist_all_to_all_single, none,     none)

@@ -3,8 +3,9 @@
 # The layers, bottom to top: the base headers (loom.h, op_list.h, backend.h,
 # unary.h, philox.h: what backends see); tensor/; comm/ (transport) and text/ (BPE); ops/; autograd/;
 # dtensor/; entry/ (lm_op_call). The backends (kernels/cpu/, kernels/cuda/)
-# see only the base headers and kernels/unary_math.h (the unary math they
-# share); kernels/emu/ runs kernels/cuda/ on the CPU.
+# see only the base headers, kernels/unary_math.h (the unary math they
+# share) and kernels/grouped_gemm.h (the grouped GEMM as a loop of their
+# gemm); kernels/emu/ runs kernels/cuda/ on the CPU.
 # Two checks:
 #  1. every #include points to the file's own layer or one below;
 #  2. in the built objects (build/, or $1), a function a file calls is
@@ -36,7 +37,8 @@ for f in $(git ls-files 'core/*.[ch]' 'kernels/*.[ch]' 'kernels/*.cu' 'kernels/*
     case $f in
       kernels/emu/*) [[ $target == kernels/emu/* || $target == kernels/cuda/* ||
                         $target == kernels/unary_math.h ]] || base "$target" ;;
-      kernels/*) [[ $(dirname "$target") == "$dir" || $target == kernels/unary_math.h ]] || base "$target" ;;
+      kernels/*) [[ $(dirname "$target") == "$dir" || $target == kernels/unary_math.h ||
+                    $target == kernels/grouped_gemm.h ]] || base "$target" ;;
       *) mine=$(rank "$f") theirs=$(rank "$target")
          if [ -z "$theirs" ]; then true                     # base headers: everyone may
          elif [ -z "$mine" ] || [ "$theirs" = 0 ] || [ "$theirs" = "?" ]; then false

@@ -67,6 +67,8 @@ local cases = {
   argmax = { inputs = function(dt) return { rnd({ 3, 4, 5 }, dt) } end, ints = { 2 } },
   argmin = { inputs = function(dt) return { rnd({ 3, 4, 5 }, dt) } end, ints = { 1 } },
   matmul = { inputs = function(dt) return { rnd({ 2, 3, 8 }, dt), rnd({ 2, 8, 5 }, dt) } end },
+  grouped_mm = { -- an empty group, the groups' sizes on the device as the inputs are
+    inputs = function(dt) return { rnd({ 7, 5 }, dt), rnd({ 3, 5, 4 }, dt), loom.tensor({ 2, 0, 5 }, { dtype = "i64" }) } end },
   softmax = { inputs = function(dt) return { rnd({ 3, 7 }, dt) } end, ints = { -1 } },
   log_softmax = { inputs = function(dt) return { rnd({ 3, 7 }, dt) } end, ints = { -1 } },
   layer_norm = { inputs = function(dt) return { rnd({ 3, 8 }, dt), rnd({ 8 }, dt), rnd({ 8 }, dt) } end,
@@ -100,6 +102,7 @@ local cases = {
   _dist_all_reduce = { none = COLLECTIVE }, _dist_reduce_scatter = { none = COLLECTIVE },
   _dist_all_to_all = { none = COLLECTIVE }, _dist_to_partial = { none = COLLECTIVE },
   _dist_grad_reduce = { none = COLLECTIVE }, _dist_alias = { none = COLLECTIVE }, _dist_pad = { none = COLLECTIVE },
+  _dist_all_to_all_single = { none = COLLECTIVE },
 }
 
 -- fn: the outputs from the inputs, through F for an activation

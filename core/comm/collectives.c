@@ -17,7 +17,7 @@ void lm_comm_stats(int64_t *counts, int64_t *bytes) {
   }
 }
 
-static const lm_transport *transport_for(const char *op, const lm_tensor *t) {
+const lm_transport *lm_coll_transport(const char *op, const lm_tensor *t) {
   if (!t || t->device_ == LM_CPU) return &lm_mpi_transport;
 #ifdef LOOM_HAVE_NCCL
   (void)op;
@@ -31,7 +31,7 @@ static const lm_transport *transport_for(const char *op, const lm_tensor *t) {
 }
 
 /* Checks shared by every collective taking a tensor. */
-static int check_args(const char *op, lm_comm *c, const lm_tensor *t, int min_ndim) {
+int lm_coll_check(const char *op, lm_comm *c, const lm_tensor *t, int min_ndim) {
   if (lm_dist_ensure(op) < 0) return -1;
   if (!c) return lm_error("%s: comm is NULL", op);
   if (!t) return lm_error("%s: expected a tensor, got NULL", op);
@@ -220,8 +220,8 @@ static int wire_dtype(const lm_transport *tr, int dtype) {
 
 static lm_work *all_reduce_w(lm_comm *c, lm_tensor *t, int op, int blocking) {
   const char *name = "all_reduce";
-  if (check_args(name, c, t, 0) < 0 || check_op(name, op, t->dtype_) < 0) return NULL;
-  const lm_transport *tr = transport_for(name, t);
+  if (lm_coll_check(name, c, t, 0) < 0 || check_op(name, op, t->dtype_) < 0) return NULL;
+  const lm_transport *tr = lm_coll_transport(name, t);
   if (!tr || lm_check_fingerprint(c, LM_COLL_ALL_REDUCE, op, t, -1, -1, -1, 0) < 0) return NULL;
   lm_work *w = lm_work_new(c, LM_COLL_ALL_REDUCE, tr, blocking);
   if (!w) return NULL;
@@ -264,9 +264,9 @@ static int is_uneven(const int *counts, int k) {
 
 static lm_work *all_gather_w(lm_comm *c, lm_tensor *t, int dim, int64_t full, int blocking) {
   const char *name = "all_gather";
-  if (check_args(name, c, t, 1) < 0) return NULL;
+  if (lm_coll_check(name, c, t, 1) < 0) return NULL;
   int d = lm_wrap_dim(name, "dim", dim, t->ndim);
-  const lm_transport *tr = transport_for(name, t);
+  const lm_transport *tr = lm_coll_transport(name, t);
   if (d < 0 || !tr) return NULL;
   lm_work *w = lm_work_new(c, LM_COLL_ALL_GATHER, tr, blocking);
   if (!w) return NULL;
@@ -293,9 +293,9 @@ static lm_work *all_gather_w(lm_comm *c, lm_tensor *t, int dim, int64_t full, in
 
 static lm_work *reduce_scatter_w(lm_comm *c, lm_tensor *t, int op, int dim, int blocking) {
   const char *name = "reduce_scatter";
-  if (check_args(name, c, t, 1) < 0 || check_op(name, op, t->dtype_) < 0) return NULL;
+  if (lm_coll_check(name, c, t, 1) < 0 || check_op(name, op, t->dtype_) < 0) return NULL;
   int d = lm_wrap_dim(name, "dim", dim, t->ndim);
-  const lm_transport *tr = transport_for(name, t);
+  const lm_transport *tr = lm_coll_transport(name, t);
   if (d < 0 || !tr || lm_check_fingerprint(c, LM_COLL_REDUCE_SCATTER, op, t, d, -1, -1, 0) < 0)
     return NULL;
   lm_work *w = lm_work_new(c, LM_COLL_REDUCE_SCATTER, tr, blocking);
@@ -331,10 +331,10 @@ static lm_work *reduce_scatter_w(lm_comm *c, lm_tensor *t, int op, int dim, int 
 static lm_work *all_to_all_w(lm_comm *c, lm_tensor *t, int split_dim, int cat_dim,
                              int64_t full, int blocking) {
   const char *name = "all_to_all";
-  if (check_args(name, c, t, 1) < 0) return NULL;
+  if (lm_coll_check(name, c, t, 1) < 0) return NULL;
   int sd = lm_wrap_dim(name, "split_dim", split_dim, t->ndim);
   int cd = sd < 0 ? -1 : lm_wrap_dim(name, "cat_dim", cat_dim, t->ndim);
-  const lm_transport *tr = transport_for(name, t);
+  const lm_transport *tr = lm_coll_transport(name, t);
   if (sd < 0 || cd < 0 || !tr) return NULL;
   int k = c->size, me = c->rank;
   int64_t n = t->shape_[sd];
@@ -383,12 +383,12 @@ static lm_work *all_to_all_w(lm_comm *c, lm_tensor *t, int split_dim, int cat_di
 
 static lm_work *broadcast_w(lm_comm *c, lm_tensor *t, int root, int blocking) {
   const char *name = "broadcast";
-  if (check_args(name, c, t, 0) < 0) return NULL;
+  if (lm_coll_check(name, c, t, 0) < 0) return NULL;
   if (root < 0 || root >= c->size) {
     lm_error("broadcast: expected a root rank in [0, %d), got %d", c->size, root);
     return NULL;
   }
-  const lm_transport *tr = transport_for(name, t);
+  const lm_transport *tr = lm_coll_transport(name, t);
   if (!tr || lm_check_fingerprint(c, LM_COLL_BROADCAST, -1, t, root, -1, -1, 0) < 0) return NULL;
   lm_work *w = lm_work_new(c, LM_COLL_BROADCAST, tr, blocking);
   if (!w) return NULL;

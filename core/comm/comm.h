@@ -74,6 +74,17 @@ int lm_debug_collectives(void);
  * (counted in lm_comm_stats; frees w and returns NULL when it fails) */
 lm_work *lm_work_new(lm_comm *c, int kind, const lm_transport *tr, int blocking);
 lm_work *lm_work_launch(lm_work *w, const lm_tensor *t);
+/* ... the checks of every collective taking a tensor (op names it in
+ * errors), and the transport that moves t (MPI for CPU tensors, NCCL) */
+int lm_coll_check(const char *op, lm_comm *c, const lm_tensor *t, int min_ndim);
+const lm_transport *lm_coll_transport(const char *op, const lm_tensor *t);
+
+/* all_to_all_v.c: all-to-all with uneven splits (PyTorch's
+ * all_to_all_single): rows (dim 0) of t go in_splits[q] at a time to rank
+ * q; the result holds out_splits[q] rows from each rank q, in rank order
+ * (both arrays c->size long, host memory) */
+lm_tensor *lm_all_to_all_v(lm_comm *c, lm_tensor *t, const int64_t *out_splits,
+                           const int64_t *in_splits);
 
 /* watchdog.c: ends the job when ranks can no longer meet; waits that sleep */
 int lm_watch_start(int rank, int size, int thread_level);

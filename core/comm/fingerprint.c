@@ -21,14 +21,16 @@ static const char *ops[] = {"sum", "avg", "max", "min"};
 
 /* e.g. "call #3 all_gather(dim 2, full 5) of f32 [2, *]"; dims 1-based as in Lua */
 static void describe(const int64_t *fp, char *buf, size_t len) {
-  int n = snprintf(buf, len, "call #%lld %s(", (long long)fp[FP_CALL], kinds[fp[FP_KIND]]);
   int k = (int)fp[FP_KIND];
+  int uneven = k == LM_COLL_ALL_TO_ALL && fp[FP_OP] == 1; /* all_to_all_v.c's mark */
+  int n = snprintf(buf, len, "call #%lld %s(", (long long)fp[FP_CALL], uneven ? "all_to_all_single" : kinds[k]);
   if (k == LM_COLL_ALL_REDUCE) n += snprintf(buf + n, len - n, "%s", ops[fp[FP_OP]]);
   if (k == LM_COLL_REDUCE_SCATTER)
     n += snprintf(buf + n, len - n, "%s, dim %lld", ops[fp[FP_OP]], (long long)fp[FP_A1] + 1);
   if (k == LM_COLL_ALL_GATHER)
     n += snprintf(buf + n, len - n, "dim %lld", (long long)fp[FP_A1] + 1);
-  if (k == LM_COLL_ALL_TO_ALL)
+  if (uneven) n += snprintf(buf + n, len - n, "rows by splits");
+  else if (k == LM_COLL_ALL_TO_ALL)
     n += snprintf(buf + n, len - n, "split_dim %lld, cat_dim %lld", (long long)fp[FP_A1] + 1,
                   (long long)fp[FP_A2] + 1);
   if (k == LM_COLL_BROADCAST) n += snprintf(buf + n, len - n, "root %lld", (long long)fp[FP_A1]);

@@ -5,6 +5,7 @@
 #include "../comm/comm.h"
 #include "op.h"
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -169,4 +170,42 @@ int lm_fw_dist_pad(const lm_call *c, lm_tensor **out) {
 int lm_bw_dist_pad(const lm_saved *n, lm_tensor *const *g, lm_tensor **gin) {
   COMM(&n->attrs, n->op);
   return (gin[0] = lm_reduce_scatter(comm, g[0], LM_RED_SUM, (int)n->attrs.i[0])) ? 0 : -1;
+}
+
+/* _dist_all_to_all_single(x, output_splits, input_splits): the rows of x
+ * exchanged by splits (all_to_all_v.c), the splits 1-D i64 tensors of the
+ * group's size on x's device (copied to the host when they are not there).
+ * Backward sends the gradient's rows back with the splits swapped. */
+static const int64_t *host_splits(lm_scope *s, lm_tensor *t, int k, const char *arg) {
+  if (t->dtype_ != LM_I64 || t->ndim != 1 || t->shape_[0] != k) {
+    char shape[32] = "a scalar";
+    if (t->ndim == 1) snprintf(shape, sizeof shape, "(%lld)", (long long)t->shape_[0]);
+    else if (t->ndim > 1) snprintf(shape, sizeof shape, "%d dims", t->ndim);
+    lm_error("all_to_all_single: %s expected an i64 tensor of %d row counts (one per rank of the group), "
+             "got %s %s", arg, k, lm_dtype_name(t->dtype_), shape);
+    return NULL;
+  }
+  lm_tensor *h = t;
+  if (t->device_ != LM_CPU) {
+    h = lm_s(s, lm_empty(1, t->shape_, LM_I64, LM_CPU));
+    if (h && lm_copy_(h, t) < 0) return NULL;
+  }
+  h = lm_s_contig(s, h);
+  return h ? (const int64_t *)lm_data(h) : NULL;
+}
+
+int lm_fw_dist_all_to_all_single(const lm_call *c, lm_tensor **out) {
+  COMM(c->a, c->op);
+  int k = lm_comm_size(comm);
+  lm_scope s = {0};
+  const int64_t *os = host_splits(&s, c->in[1], k, "output_splits");
+  const int64_t *is = os ? host_splits(&s, c->in[2], k, "input_splits") : NULL;
+  *out = is ? lm_all_to_all_v(comm, c->in[0], os, is) : NULL;
+  lm_scope_end(&s);
+  return *out ? 0 : -1;
+}
+
+int lm_bw_dist_all_to_all_single(const lm_saved *n, lm_tensor *const *g, lm_tensor **gin) {
+  lm_tensor *in[3] = {g[0], n->in[2], n->in[1]};
+  return (gin[0] = lm_run(n->op, 3, in, &n->attrs)) ? 0 : -1;
 }

@@ -17,6 +17,7 @@
 #define LM_SLOT_where SLOT(where)
 #define LM_SLOT_reduce SLOT(reduce)
 #define LM_SLOT_gemm SLOT(gemm)
+#define LM_SLOT_grouped_gemm SLOT(grouped_gemm)
 #define LM_SLOT_softmax SLOT(softmax)
 #define LM_SLOT_norm SLOT(norm)
 #define LM_SLOT_embedding SLOT(embedding)

@@ -9,7 +9,7 @@ int lm_threads_for(int64_t work); /* threads worth using for `work` elements (th
 /* lm_cpu_<slot> for every slot of core/backend.h's LM_SLOTS and
  * LM_FUSED_SLOTS, defined in: alloc.c (the caching allocator: alloc,
  * free, empty_cache, memory_stats), copy.c (copy, fill), pointwise.c
- * (unary, binary, where), reduce.c, gemm.c, random.c, nn.c (softmax, norm,
+ * (unary, binary, where), reduce.c, gemm.c, grouped_gemm.c, random.c, nn.c (softmax, norm,
  * embedding, index_add), optim.c (adamw); fused: fused_pointwise.c
  * (unary_grad, swiglu, swiglu_bwd), fused_rows.c (softmax_bwd, norm_bwd,
  * rope), fused_loss.c (cross_entropy, _bwd), fused_attn.c (attention, _bwd). */

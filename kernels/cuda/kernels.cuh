@@ -20,7 +20,7 @@ int lm_cuda_current_device(void);               /* its index, or -1 with an erro
 /* lm_cuda_<slot> for every slot of core/backend.h's LM_SLOTS and
  * LM_FUSED_SLOTS, defined in: alloc.cu (alloc, free, empty_cache,
  * memory_stats), copy.cu (copy, fill), pointwise.cu (unary, binary,
- * where), reduce.cu, gemm.cu, random.cu, nn.cu (softmax, norm, embedding,
+ * where), reduce.cu, gemm.cu, grouped_gemm.cu, random.cu, nn.cu (softmax, norm, embedding,
  * index_add), optim.cu (adamw); fused: fused.cu, loss.cu, attention.cu. */
 #define LM_CUDA_KERNEL(slot) lm_##slot##_fn lm_cuda_##slot;
 LM_SLOTS(LM_CUDA_KERNEL)

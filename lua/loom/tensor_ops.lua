@@ -4,6 +4,7 @@ local T = require("loom.tensor")
 local C = require("loom.lib").C
 local Tensor, op, op1, op2, cdim = T.Tensor, T.op, T.op1, T.op2, T.cdim
 local as_tensor, check_tensor = T.as_tensor, T.check_tensor
+local TC = require("loom.tensor_create")
 
 local M = {}
 
@@ -177,6 +178,33 @@ Tensor.max, Tensor.min = minmax("max"), minmax("min")
 
 function Tensor.argmax(x, d, keepdim) return op1(C.LM_OP_ARGMAX, x, reduce_attrs("argmax", d, keepdim)) + 1 end
 function Tensor.argmin(x, d, keepdim) return op1(C.LM_OP_ARGMIN, x, reduce_attrs("argmin", d, keepdim)) + 1 end
+
+-- grouped_mm(x (N, K), w (E, K, M), group_sizes, {trans_w = false}) -> (N, M):
+-- the GEMM of a mixture of experts as one op: x's rows in E consecutive
+-- groups (group_sizes[e] rows each, in order), group e times w[e].
+-- trans_w: w is (E, M, K), nn.Linear's layout per group, read transposed
+-- without a copy. group_sizes: an i64 tensor or a Lua list of E counts.
+function M.grouped_mm(x, w, group_sizes, opts)
+  local f = "grouped_mm"
+  T.check_tensor(x, f, "input")
+  T.check_tensor(w, f, "weight")
+  opts = T.check_opts(f, opts, { trans_w = true })
+  if type(group_sizes) == "table" then
+    for e = 1, #group_sizes do
+      if not T.is_int(group_sizes[e]) then
+        T.argerror(f, "group_sizes[" .. e .. "]", "an integer row count", T.describe(group_sizes[e]))
+      end
+    end
+    group_sizes = TC.tensor(group_sizes, { dtype = "i64", device = x.device })
+  elseif not T.is_tensor(group_sizes) then
+    T.argerror(f, "group_sizes", "an i64 tensor or a list of row counts", T.describe(group_sizes))
+  end
+  if opts.trans_w then
+    if w:dim() ~= 3 then T.argerror(f, "weight", "3 dims (groups, M, K) with trans_w", w:dim() .. " dims") end
+    w = w:transpose(2, 3)
+  end
+  return op(C.LM_OP_GROUPED_MM, { x, w, group_sizes })
+end
 
 ---------------------------------------------------------------------------
 -- joining and splitting

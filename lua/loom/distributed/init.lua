@@ -257,6 +257,89 @@ function M.barrier(mesh, mesh_dim, opts)
 end
 
 ---------------------------------------------------------------------------
+-- all_to_all_single: rows exchanged by split sizes (the token dispatch of
+-- expert parallelism), as PyTorch's. Splits are row counts along dim 1, one
+-- per rank of the group, given as a Lua list or an i64 tensor; nil means
+-- even (the rows divided by the group's size). The ranks check each other's
+-- splits before moving data (with the collective fingerprints, on by
+-- default): a disagreement fails on every rank, naming the ranks.
+
+-- splits as an i64 tensor of k counts on x's device (nil: even shares of rows)
+local function splits_of(fname, arg, s, k, rows, x)
+  if s == nil then
+    if rows % k ~= 0 then
+      error(string.format("%s: %s is nil (even), but %d rows do not divide by the group's %d ranks",
+                          fname, arg, rows, k), 4)
+    end
+    local even = {}
+    for q = 1, k do even[q] = rows / k end
+    s = even
+  end
+  if T.is_tensor(s) then
+    if s.dtype ~= "i64" or s:dim() ~= 1 or s:size(1) ~= k then
+      T.argerror(fname, arg, string.format("an i64 tensor of %d row counts", k),
+                 s.dtype .. " tensor of size " .. tostring(s:size()), 4)
+    end
+    return s.device == x.device and s or s:to(x.device)
+  end
+  if type(s) ~= "table" or #s ~= k then
+    T.argerror(fname, arg, string.format("a list of %d row counts (one per rank of the group)", k), describe(s), 4)
+  end
+  for q = 1, k do
+    if not T.is_int(s[q]) then T.argerror(fname, arg .. "[" .. q .. "]", "an integer row count", describe(s[q]), 4) end
+  end
+  return loom.tensor(s, { dtype = "i64", device = x.device })
+end
+
+-- the op, recorded by autograd: input's rows by the splits over (mesh,
+-- mesh_dim); out_rows: the rows nil output_splits shares (input's if nil)
+local function a2a(fname, input, output_splits, input_splits, mesh, mesh_dim, out_rows)
+  T.check_tensor(input, fname, "input")
+  if input:dim() == 0 then T.argerror(fname, "input", "a tensor of at least 1 dim", "a 0-dim tensor", 3) end
+  local c = comm_for(fname, input, mesh, mesh_dim)
+  local k = C.lm_comm_size(c)
+  local os = splits_of(fname, "output_splits", output_splits, k, out_rows or input:size(1), input)
+  local is = splits_of(fname, "input_splits", input_splits, k, input:size(1), input)
+  return T.op(C.LM_OP_DIST_ALL_TO_ALL_SINGLE, { input, os, is }, nil, nil, { c })
+end
+
+-- all_to_all_single(output, input, output_splits, input_splits, mesh, mesh_dim):
+-- torch.distributed.all_to_all_single: rank q's rows arrive in output
+-- (written in place, returned), not recorded by autograd (the functional
+-- form is). output_splits nil: output's rows in even shares.
+function M.all_to_all_single(output, input, output_splits, input_splits, mesh, mesh_dim)
+  local f = "all_to_all_single"
+  T.check_tensor(output, f, "output")
+  local rows = output:dim() > 0 and output:size(1) or 0
+  local r = loom.no_grad(a2a, f, input, output_splits, input_splits, mesh, mesh_dim, rows)
+  -- checked after the exchange, which every rank joins: a wrong output on
+  -- one rank fails there without leaving the others waiting
+  if not (r:size() == output:size()) then
+    T.argerror(f, "output", "a tensor of size " .. tostring(r:size()) .. " (the rows output_splits gives)",
+               "one of size " .. tostring(output:size()), 2)
+  end
+  loom.no_grad(output.copy_, output, r)
+  return output
+end
+
+-- Differentiable collectives returning new tensors that autograd records,
+-- as torch.distributed._functional_collectives (and nn.functional).
+M.functional = {}
+
+-- functional.all_to_all_single(input, output_splits, input_splits, mesh, mesh_dim):
+-- the rows from every rank of the group, concatenated in rank order; its
+-- gradient is the reverse exchange (the splits swapped). Both splits or
+-- neither (even), as PyTorch's.
+function M.functional.all_to_all_single(input, output_splits, input_splits, mesh, mesh_dim)
+  local f = "functional.all_to_all_single"
+  if (output_splits == nil) ~= (input_splits == nil) then
+    error(f .. ": output_splits and input_splits are given together or both nil (even), got only "
+          .. (output_splits == nil and "input_splits" or "output_splits"), 2)
+  end
+  return a2a(f, input, output_splits, input_splits, mesh, mesh_dim)
+end
+
+---------------------------------------------------------------------------
 -- point-to-point: peers are ranks of the group (coordinates on mesh_dim;
 -- world ranks without a mesh), 0-based like src in broadcast.
 
