@@ -18,8 +18,9 @@ local CATEGORIES = {}
 for c in ("L Lu Ll Lt Lm Lo M Mn Mc Me N Nd Nl No P Pc Pd Ps Pe Pi Pf Po S Sm Sc Sk So Z Zs Zl Zp C Cc Cf Co Cn Cs")
     :gmatch("%S+") do CATEGORIES[c] = true end
 
--- Oniguruma's \s is White_Space: PCRE2's \s (tab to CR, the Z categories) and U+0085
-local SPACE_IN_CLASS = "\\s\\x{85}"
+-- Oniguruma's \s is White_Space: tab to CR, U+0085 and the Z categories
+-- (PCRE2's own \s differs: it lacks U+0085 and holds U+180E)
+local SPACE_IN_CLASS = "\\t-\\r\\x{85}\\p{Z}"
 
 -- pairs that Unicode case folding makes of one character (ß -> ss, ﬁ -> fi, ...)
 local MULTI_FOLDS = { "ss", "ff", "fi", "fl", "st" }
@@ -36,7 +37,11 @@ local function escape(p, i, in_class, caseless)
   if c == "" then refuse(p, i, "a trailing backslash") end
   if caseless and not c:match("[%p ]") then refuse(p, i, "\\" .. c .. " under (?i)") end
   if c == "t" or c == "n" or c == "r" or c == "f" then return "\\" .. c, i + 2, "char" end
-  if c == "d" or c == "D" then return "\\" .. c, i + 2, "class" end
+  if c == "d" then return in_class and "\\p{Nd}" or "[\\p{Nd}]", i + 2, "class" end
+  if c == "D" then
+    if in_class then refuse(p, i, "\\D inside a class") end
+    return "\\P{Nd}", i + 2, "class"
+  end
   if c == "s" then return in_class and SPACE_IN_CLASS or "[" .. SPACE_IN_CLASS .. "]", i + 2, "class" end
   if c == "S" then
     if in_class then refuse(p, i, "\\S inside a class") end

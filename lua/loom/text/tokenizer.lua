@@ -196,9 +196,10 @@ function M.from_json(j)
     self.tokens[a.id] = a.content
     self.token_to_id[a.content] = a.id
     if a.special then self.special[a.content] = true end
-    if a.normalized then
+    if a.normalized then   -- matched, and spelled (id_to_token, decode), as the normalizer writes it
       local n = self.normalize and self.normalize(a.content) or a.content
       if n ~= "" then normalized[#normalized + 1] = { content = n, id = a.id, lstrip = a.lstrip, rstrip = a.rstrip } end
+      self.tokens[a.id] = n
     else
       raw[#raw + 1] = a
     end

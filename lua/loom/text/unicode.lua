@@ -35,11 +35,25 @@ local buf, buf_n = nil, 0
 -- normalize(s, form) -> s in NFC / NFD / NFKC / NFKD. Text of code points
 -- below U+0300 only (no byte from 0xCC up) is already NFC and NFD: it is
 -- returned as it is, without a call.
+local TBASE = "\225\134\167"   -- U+11A7
+
 function M.normalize(s, form)
   local opts = FORMS[form]
   if not opts then error("unicode.normalize: form: expected NFC, NFD, NFKC or NFKD, got " .. tostring(form), 2) end
   if (form == "NFC" or form == "NFD") and not s:find("[\204-\255]") then return s end
   if #s == 0 then return s end
+  -- utf8proc 2.8 composes a Hangul LV syllable with U+11A7, which is not a
+  -- trailing consonant (those are U+11A8..U+11C2), and drops it; U+11A7 is a
+  -- starter that composes with nothing, so the text is normalized around it
+  if bit.band(opts, COMPOSE) ~= 0 and s:find(TBASE, 1, true) then
+    local out, i = {}, 1
+    while true do
+      local t = s:find(TBASE, i, true)
+      out[#out + 1] = M.normalize(s:sub(i, (t or #s + 1) - 1), form)
+      if not t then return table.concat(out, TBASE) end
+      i = t + 3
+    end
+  end
   local L = utf8proc()
   local n = L.loom_utf8proc_decompose(s, #s, buf, buf_n, opts)
   if n > buf_n then   -- a decomposition is longer than its text in code points: ask again with room
