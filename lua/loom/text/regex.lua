@@ -21,6 +21,7 @@ int loom_pcre2_match(const loom_pcre2_code *, const char *, size_t, size_t, uint
   asm("pcre2_match_8");
 size_t *loom_pcre2_get_ovector_pointer(loom_pcre2_match_data *) asm("pcre2_get_ovector_pointer_8");
 int loom_pcre2_get_error_message(int, uint8_t *, size_t) asm("pcre2_get_error_message_8");
+size_t loom_pcre2_get_startchar(loom_pcre2_match_data *) asm("pcre2_get_startchar_8");
 ]]
 
 local UTF, UCP, MULTILINE, JIT_COMPLETE, NO_UTF_CHECK, NOMATCH = 0x00080000, 0x00020000, 0x00000400, 1, 0x40000000, -1
@@ -80,8 +81,8 @@ end
 
 function Regex:fail(rc, s, from, to, pos)
   if rc >= UTF_ERRORS_FROM and rc <= UTF_ERRORS_TO then
-    error(string.format("Tokenizer: the text is not valid UTF-8 (byte %d of a piece of %d bytes: %s)",
-                        tonumber(self.ov[0]) - from + 1, to - from, message(rc)), 0)
+    error(string.format("Tokenizer: the text is not valid UTF-8 (byte %d of %d: %s)",
+                        tonumber(lib.loom_pcre2_get_startchar(self.md)) + 1, #s, message(rc)), 0)
   end
   local what = LIMITS[rc] and "reached PCRE2's limit" or "failed"
   error(string.format("Tokenizer: the regex %q %s on a piece of %d bytes (at its byte %d): %s",

@@ -19,7 +19,6 @@ local C = lib.C
 
 local M = {}
 local MAX_FILE = 256 * 2 ^ 20   -- a tokenizer.json larger than this is refused
-local NULL = F.NULL
 
 local Tokenizer = {}
 Tokenizer.__index = Tokenizer
