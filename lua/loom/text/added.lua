@@ -49,6 +49,7 @@ end
 function Matcher:split(s, fn)
   local n, pos, done = #s, 1, 1   -- pos: where the search goes on; done: what is already passed on
   local class, root = self.class, self.root
+  if n == 0 then return end
   while class and pos <= n do
     local i = s:find(class, pos)
     if not i then break end

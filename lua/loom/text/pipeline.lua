@@ -158,10 +158,6 @@ local function fold(list, behavior)
 end
 
 local function split_piece(st, text, a, b, emit)
-  if st.behavior == "Isolated" then   -- the common case: every match and gap, at once
-    st.split:matches(text, a, b, function(x, y) if y > x then emit(x, y) end end)
-    return
-  end
   local list = {}
   st.split:matches(text, a, b, function(x, y, m)
     if st.invert then m = not m end
@@ -181,6 +177,10 @@ function M.pieces(pt, text, first)
       if st.replace then text = plain_replace(text, " ", st.replace) end
       if st.prefix and (first or not st.first_only) and text:sub(1, #st.prefix) ~= st.prefix then text = st.prefix .. text end
       starts, stops = { 0 }, { #text }
+    elseif st.behavior == "Isolated" then   -- the common case: every match and gap, at once
+      local ns, ne = {}, {}
+      for i = 1, #starts do st.split:isolated(text, starts[i], stops[i], ns, ne) end
+      starts, stops = ns, ne
     else
       local ns, ne = {}, {}
       local function emit(a, b) ns[#ns + 1], ne[#ne + 1] = a, b end

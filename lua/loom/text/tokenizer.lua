@@ -245,15 +245,18 @@ function Tokenizer:encode(text, opts)
   opts = opts or {}
   self.validate:check_utf8(text)
   local out = {}
+  local cur, cur_first   -- the normalized segment between added tokens, and whether it starts the text
+  local function normalized_piece(x, y, e)
+    if e then out[#out + 1] = e.id
+    else encode_piece(self, (x == 1 and y == #cur) and cur or cur:sub(x, y), cur_first and x == 1, out) end
+  end
+  -- HF matches the raw tokens in the text, normalizes what lies between, then matches the normalized tokens
   self.match_raw:split(text, function(a, b, e)
     if e then out[#out + 1] = e.id return end
-    local seg = text:sub(a, b)
-    if self.normalize then seg = self.normalize(seg) end
-    local first = a == 1
-    self.match_normalized:split(seg, function(x, y, ne)
-      if ne then out[#out + 1] = ne.id
-      else encode_piece(self, seg:sub(x, y), first and x == 1, out) end
-    end)
+    cur = (a == 1 and b == #text) and text or text:sub(a, b)
+    if self.normalize then cur = self.normalize(cur) end
+    cur_first = a == 1
+    self.match_normalized:split(cur, normalized_piece)
   end)
   if self.post and opts.add_special_tokens ~= false then out = self.post(out) end
   return out
