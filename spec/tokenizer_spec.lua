@@ -126,9 +126,9 @@ describe("Tokenizer", function()
     local function rand(n) rnd = (rnd * 1103515245 + 12345) % 2 ^ 31 return rnd % n + 1 end
     local bits = { "0", "9", "-", '"', "}", "]", ",", "null", "1e9", "\\u2581", " ", "[", "{" }
     local loaded, refused = 0, 0
-    for _, kind in ipairs { "gpt2", "llama2", "llama3", "metaspace" } do
+    for _, kind in ipairs(FAMILIES) do
       local src = read(DIR .. kind .. ".json")
-      for i = 1, 40 do
+      for i = 1, 25 do
         local s = i % 3 == 0 and src:sub(1, rand(#src)) or nil
         if not s then
           local pos = rand(#src)
@@ -138,8 +138,9 @@ describe("Tokenizer", function()
         if ok then
           local ok2, t = pcall(Tokenizer.from_json, j)
           if ok2 then
-            local ids = t:encode("Hello w\xc3\xb6rld \xe6\x9d\xb1 <|endoftext|> ab  \n x")
-            t:decode(ids)
+            -- a vocabulary that lost a character's token (and has no unk) refuses the text by name
+            local ok3, ids = pcall(t.encode, t, "Hello w\xc3\xb6rld \xe6\x9d\xb1 <|endoftext|> ab  \n x")
+            if ok3 then t:decode(ids) else assert.truthy(tostring(ids):find("^Tokenizer: .* is not in the vocabulary"), tostring(ids)) end
             loaded = loaded + 1
           else
             assert.truthy(tostring(t):find("^Tokenizer: "), tostring(t))

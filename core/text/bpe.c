@@ -8,6 +8,7 @@
  * leftmost first among equals, until no pair has a merge: the same order as
  * tokenizers' word.rs (a min-heap of (rank, position), stale entries
  * skipped), so the ids are the same. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "../tensor/tensor.h"   /* lm_error, lm_fnv1a */
@@ -205,7 +206,10 @@ static int64_t initial_symbols(const lm_bpe *b, const char *s, size_t n, sym *ou
       if (unk_len && !b->fuse_unk) out[k++] = (sym){ b->unk_id, 0, 0, unk_len };
       unk_len = (unk_len && b->fuse_unk ? unk_len : 0) + (int32_t)len;
     } else {
-      lm_error("lm_bpe_encode: a symbol is not in the vocabulary and the model has no unk token");
+      char hex[4 * 4 + 1] = "";
+      for (size_t j = 0; j < len && j < 4; j++) snprintf(hex + 4 * j, 5, "\\x%02x", (unsigned char)s[i + j]);
+      lm_error("lm_bpe_encode: the character \"%s\" is not in the vocabulary (nor its bytes' <0xXX> tokens) "
+               "and the model has no unk_token", hex);
       return -1;
     }
     i += len;
