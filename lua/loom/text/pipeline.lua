@@ -100,7 +100,7 @@ function M.pretokenizer(j)
       for i, x in ipairs(F.need(s, "pretokenizers", "array", path)) do add(x, path .. ".pretokenizers[" .. i .. "]") end
     elseif t == "ByteLevel" then
       pt.byte_level = true
-      if F.get(s, "add_prefix_space", "boolean", path, true) then
+      if F.need(s, "add_prefix_space", "boolean", path) then   -- required, as HF reads it
         if #pt.steps > 0 then unsupported("a ByteLevel pre-tokenizer with add_prefix_space after another one:", s, path) end
         pt.steps[#pt.steps + 1] = { prefix = " " }
       end
