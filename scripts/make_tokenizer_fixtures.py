@@ -104,6 +104,12 @@ TEXTS = [
     "def f(x):\n\treturn x**2  # square\n\n\nclass A:\n    pass\r\n",
     "https://example.com/path?q=1&r=2#frag user@mail.org ~/dir/file.txt",
     "a\tb\u00adc\u2060d\U0001f1e8\U0001f1f3\U0001f3f3\ufe0f\u200d\U0001f308",
+    # letters, digits and marks Unicode assigned after 14.0 (PCRE2 10.42's tables; HF's Oniguruma has 16.0):
+    # CJK Extension H, Kawi, Garay, Cyrillic modifier letters, new emoji; Dives Akuru's composition (13.0)
+    "x\U00031350\U00031351y \U00011F04\U00011F05\U00011F50\U00011F51 \U00010D50\U00010D70 \U0001E030's "
+    "\U0001FAE8\U0001FA77 12\U00011F52 \U00011935\U00011930 a\u0CF3b",
+    # marks that HF's NFC tables (about Unicode 9) do not reorder and utf8proc's (15.0) do
+    "a\u0301\u0c3c b\u1df6\u0301 \U00011910\U0001193e\U00011943 \u0d15\u0301\u0d3b",
 ]
 
 # Qwen2.5's added tokens (ids after the vocabulary), special or not, as published

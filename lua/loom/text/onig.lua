@@ -3,12 +3,14 @@
 -- matches the same text, or refuses it naming the construct. Only what both
 -- engines read the same way (checked against HF tokenizers 0.23) passes:
 --   literals, escaped punctuation, \t \n \r \f, \xHH (ASCII), \x{H..},
---   \uHHHH, \d \D, \s \S (Oniguruma's \s holds U+0085: added here),
---   \p{..} \P{..} of general categories, classes [..] [^..] with ranges,
+--   \uHHHH, \d \D (Nd), \s \S (White_Space; PCRE2's own \s differs),
+--   \p{..} \P{..} of general categories (with the code points assigned after
+--   PCRE2's Unicode 14.0 as Oniguruma classes them, for texts that hold one:
+--   loom.text.unicode_newer), classes [..] [^..] with ranges,
 --   groups ( ) (?: ) (?i: ) (?i) (?= ) (?! ) (?<= ) (?<! ) (?> ),
 --   quantifiers ? * + {n} {n,} {n,m}, lazy and possessive, |, . ^ $ \A \z \Z.
 -- Refused: \w \b \h \v \R \X \K \G, back-references, named groups, other
--- inline options, scripts in \p{}, nested classes and && (Oniguruma's set
+-- inline options, scripts and Cn in \p{}, nested classes and && (Oniguruma's set
 -- operations), {,n} and {n}? / {n,m}+ (read otherwise by Ruby syntax), and
 -- under (?i) anything but ASCII literals without a multi-character case fold
 -- (Oniguruma's (?i:ss) matches "ß", PCRE2's does not).
@@ -27,33 +29,55 @@ local SPACE_IN_CLASS = "\\t-\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}
 -- pairs that Unicode case folding makes of one character (ß -> ss, ﬁ -> fi, ...)
 local MULTI_FOLDS = { "ss", "ff", "fi", "fl", "st" }
 
+-- the categories of the code points assigned after Unicode 14.0 (PCRE2
+-- 10.42's version) as HF's Oniguruma (Unicode 16.0) has them
+local NEWER = require("loom.text.unicode_newer").categories
+
+-- the ranges of those code points in category name (L: Lu, Ll, Lt, Lm, Lo; Lu: itself)
+local function newer_ranges(name)
+  local out = {}
+  for cat, list in pairs(NEWER) do
+    if cat == name or cat:sub(1, 1) == name then
+      for _, r in ipairs(list) do out[#out + 1] = string.format("\\x{%X}-\\x{%X}", r[1], r[2]) end
+    end
+  end
+  table.sort(out)
+  return table.concat(out)
+end
+
 local function refuse(pattern, pos, what)
   error(string.format("Tokenizer: the regex %q: %s at offset %d is read differently by HF's Oniguruma and PCRE2 "
                       .. "(or not at all); loom refuses the tokenizer rather than give other ids", pattern, what, pos - 1), 0)
 end
 
 -- one escape at pattern[i] == "\\": returns the PCRE2 text, the next index
--- and what it is ("class" for a set, "char" for one character)
-local function escape(p, i, in_class, caseless)
+-- and what it is ("class" for a set, "char" for one character). newer: the
+-- property classes take the code points Unicode assigned after 14.0 too.
+local function escape(p, i, in_class, caseless, newer)
   local c = p:sub(i + 1, i + 1)
   if c == "" then refuse(p, i, "a trailing backslash") end
   if caseless and not c:match("[%p ]") then refuse(p, i, "\\" .. c .. " under (?i)") end
   if c == "t" or c == "n" or c == "r" or c == "f" then return "\\" .. c, i + 2, "char" end
-  if c == "d" then return in_class and "\\p{Nd}" or "[\\p{Nd}]", i + 2, "class" end
-  if c == "D" then
-    if in_class then refuse(p, i, "\\D inside a class") end
-    return "\\P{Nd}", i + 2, "class"
+  local name, len
+  if c == "d" or c == "D" then name, len = "Nd", 2
+  elseif c == "p" or c == "P" then
+    name = p:match("^{([^}]*)}", i + 2)
+    if not name then refuse(p, i, "\\" .. c .. " without {name}") end
+    if not CATEGORIES[name] then refuse(p, i, "\\" .. c .. "{" .. name .. "} (only general categories are read)") end
+    if name == "C" or name == "Cn" then refuse(p, i, "\\" .. c .. "{" .. name .. "} (unassigned code points: the engines' Unicode versions differ)") end
+    len = #name + 4
+  end
+  if name then   -- a general category, and the code points newer than PCRE2's tables that Oniguruma puts in it
+    local extra = newer and newer_ranges(name) or ""
+    local positive = c == "d" or c == "p"
+    if in_class and not positive then refuse(p, i, "\\" .. c .. (c == "P" and "{" .. name .. "}" or "") .. " inside a class") end
+    if in_class then return "\\p{" .. name .. "}" .. extra, i + len, "class" end
+    return (positive and "[" or "[^") .. "\\p{" .. name .. "}" .. extra .. "]", i + len, "class"
   end
   if c == "s" then return in_class and SPACE_IN_CLASS or "[" .. SPACE_IN_CLASS .. "]", i + 2, "class" end
   if c == "S" then
     if in_class then refuse(p, i, "\\S inside a class") end
     return "[^" .. SPACE_IN_CLASS .. "]", i + 2, "class"
-  end
-  if c == "p" or c == "P" then
-    local name = p:match("^{([^}]*)}", i + 2)
-    if not name then refuse(p, i, "\\" .. c .. " without {name}") end
-    if not CATEGORIES[name] then refuse(p, i, "\\" .. c .. "{" .. name .. "} (only general categories are read)") end
-    return "\\" .. c .. "{" .. name .. "}", i + 3 + #name + 1, "class"
   end
   if c == "x" then
     local hex = p:match("^{(%x+)}", i + 2)
@@ -77,7 +101,7 @@ local function escape(p, i, in_class, caseless)
 end
 
 -- a class [...] at pattern[i] == "[": returns the PCRE2 text and the next index
-local function class(p, i, caseless)
+local function class(p, i, caseless, newer)
   if caseless then refuse(p, i, "a class under (?i)") end
   local out, j = { "[" }, i + 1
   if p:sub(j, j) == "^" then out[2] = "^" j = j + 1 end
@@ -89,7 +113,7 @@ local function class(p, i, caseless)
     if c == "[" then refuse(p, j, "[ inside a class (a nested set)") end
     if c == "&" and p:sub(j + 1, j + 1) == "&" then refuse(p, j, "&& inside a class (an intersection)") end
     if c == "\\" then
-      local s, nj = escape(p, j, true, false)
+      local s, nj = escape(p, j, true, false, newer)
       out[#out + 1] = s
       j = nj
     else
@@ -99,10 +123,12 @@ local function class(p, i, caseless)
   end
 end
 
--- translate(pattern) -> the PCRE2 pattern (compiled with UTF, UCP and
--- MULTILINE: Ruby's ^ and $ are line anchors), or a Lua error naming the
--- construct loom cannot read as HF does
-function M.translate(p)
+-- translate(pattern, newer) -> the PCRE2 pattern (compiled with UTF, UCP
+-- and MULTILINE: Ruby's ^ and $ are line anchors), or a Lua error naming
+-- the construct loom cannot read as HF does. newer: the \p{..} classes hold
+-- the code points assigned after Unicode 14.0 as Oniguruma classes them
+-- (a longer pattern, for the texts that have such characters)
+function M.translate(p, newer)
   local out, i, n = { "(*LF)" }, 1, #p
   local groups = {}        -- one entry per open group: was the scope caseless before it
   local caseless = false
@@ -110,11 +136,11 @@ function M.translate(p)
   while i <= n do
     local c = p:sub(i, i)
     if c == "\\" then
-      local s, ni, kind = escape(p, i, false, caseless)
+      local s, ni, kind = escape(p, i, false, caseless, newer)
       out[#out + 1] = s
       i, last = ni, kind
     elseif c == "[" then
-      local s, ni = class(p, i, caseless)
+      local s, ni = class(p, i, caseless, newer)
       out[#out + 1] = s
       i, last = ni, "class"
     elseif c == "(" then

@@ -42,14 +42,15 @@ function M.pattern(j, path)
 end
 
 -- replace(matcher, s, content): each match of s replaced by content
-local function replace(m, s, content)
+local function replace(m, s, content, newer)
   local out = {}
-  m:matches(s, 0, #s, function(a, b, is_match) out[#out + 1] = is_match and content or s:sub(a + 1, b) end)
+  m:matches(s, 0, #s, function(a, b, is_match) out[#out + 1] = is_match and content or s:sub(a + 1, b) end, newer)
   return table.concat(out)
 end
 M.replace = replace
 
--- normalizer(json, path) -> fn(text) -> text, or nil
+-- normalizer(json, path) -> fn(text, newer) -> text, or nil (newer: the
+-- text holds code points newer than PCRE2's Unicode tables, see loom.text.regex)
 function M.normalizer(j, path)
   path = path or "normalizer"
   if j == nil or j == NULL then return nil end
@@ -60,7 +61,7 @@ function M.normalizer(j, path)
     for i, n in ipairs(F.array(F.need(j, "normalizers", "array", path), path .. ".normalizers")) do
       fns[#fns + 1] = M.normalizer(n, path .. ".normalizers[" .. i .. "]")
     end
-    return function(s) for _, f in ipairs(fns) do s = f(s) end return s end
+    return function(s, newer) for _, f in ipairs(fns) do s = f(s, newer) end return s end
   elseif t == "NFC" or t == "NFD" or t == "NFKC" or t == "NFKD" then
     return function(s) return unicode.normalize(s, t) end
   elseif t == "Prepend" then
@@ -70,7 +71,7 @@ function M.normalizer(j, path)
     local m, lit = M.pattern(j.pattern, path .. ".pattern")
     local to = F.need(j, "content", "string", path)
     if lit then return function(s) return plain_replace(s, lit, to) end end
-    return function(s) return replace(m, s, to) end
+    return function(s, newer) return replace(m, s, to, newer) end
   elseif t == "Strip" then
     local left, right = F.get(j, "strip_left", "boolean", path, false), F.get(j, "strip_right", "boolean", path, false)
     return function(s)
@@ -157,20 +158,21 @@ local function fold(list, behavior)
   return out
 end
 
-local function split_piece(st, text, a, b, emit)
+local function split_piece(st, text, a, b, emit, newer)
   local list = {}
   st.split:matches(text, a, b, function(x, y, m)
     if st.invert then m = not m end
     list[#list + 1] = { x, y, m }
-  end)
+  end, newer)
   for _, p in ipairs(fold(list, st.behavior)) do
     if p[2] > p[1] then emit(p[1], p[2]) end
   end
 end
 
--- pieces(pt, text, first) -> text', starts, stops (0-based, stop exclusive)
--- first: the segment starts the input (Metaspace's "first" scheme)
-function M.pieces(pt, text, first)
+-- pieces(pt, text, first, newer) -> text', starts, stops (0-based, stop
+-- exclusive). first: the segment starts the input (Metaspace's "first"
+-- scheme); newer: it holds code points newer than PCRE2's Unicode tables
+function M.pieces(pt, text, first, newer)
   local starts, stops = { 0 }, { #text }
   for _, st in ipairs(pt.steps) do
     if not st.split then
@@ -179,12 +181,12 @@ function M.pieces(pt, text, first)
       starts, stops = { 0 }, { #text }
     elseif st.behavior == "Isolated" then   -- the common case: every match and gap, at once
       local ns, ne = {}, {}
-      for i = 1, #starts do st.split:isolated(text, starts[i], stops[i], ns, ne) end
+      for i = 1, #starts do st.split:isolated(text, starts[i], stops[i], ns, ne, newer) end
       starts, stops = ns, ne
     else
       local ns, ne = {}, {}
       local function emit(a, b) ns[#ns + 1], ne[#ne + 1] = a, b end
-      for i = 1, #starts do split_piece(st, text, starts[i], stops[i], emit) end
+      for i = 1, #starts do split_piece(st, text, starts[i], stops[i], emit, newer) end
       starts, stops = ns, ne
     end
   end

@@ -69,9 +69,14 @@ local function compile(pattern, shown)
 end
 
 -- from_onig(pattern) -> a regex matching what Oniguruma's would
+-- (and, when its classes change for them, the regex for texts holding code
+-- points newer than PCRE2's Unicode tables: r.newer)
 local function from_onig(pattern)
   if type(pattern) ~= "string" then error("regex: pattern: expected a string, got " .. type(pattern), 2) end
-  return compile(onig.translate(pattern), pattern)
+  local plain, newer = onig.translate(pattern, false), onig.translate(pattern, true)
+  local r = compile(plain, pattern)
+  if newer ~= plain then r.newer = compile(newer, pattern) end
+  return r
 end
 
 local function char_len(s, i)   -- the length of the UTF-8 character at 0-based i
@@ -94,7 +99,8 @@ end
 -- order, covering it: HF's find_matches, with Oniguruma's iteration (an
 -- empty match right after the previous match is skipped by one character;
 -- empty matches are passed on). The first search checks that s is valid UTF-8.
-function Regex:matches(s, from, to, fn)
+function Regex:matches(s, from, to, fn, newer)
+  if newer and self.newer then return self.newer:matches(s, from, to, fn) end
   local L, ov = lib, self.ov   -- s itself is passed: a pointer cast from it would not keep it alive
   local pos, flags, prev, last_end = from, 0, from, -1
   while pos <= to do
@@ -117,7 +123,8 @@ end
 
 -- isolated(s, from, to, starts, stops): appends the non-empty pieces of
 -- matches(), HF's "Isolated" split, to starts and stops (the hot path: no closure)
-function Regex:isolated(s, from, to, starts, stops)
+function Regex:isolated(s, from, to, starts, stops, newer)
+  if newer and self.newer then return self.newer:isolated(s, from, to, starts, stops) end
   local L, ov, n = lib, self.ov, #starts
   local pos, flags, prev, last_end = from, 0, from, -1
   while pos <= to do
@@ -138,11 +145,12 @@ function Regex:isolated(s, from, to, starts, stops)
   if prev < to then n = n + 1 starts[n], stops[n] = prev, to end
 end
 
--- check_utf8(s): a Lua error when s is not valid UTF-8 (one search of a
--- pattern that matches at once: PCRE2 checks the whole subject first)
-function Regex:check_utf8(s)
+-- search(s): whether the regex matches in s; a Lua error when s is not
+-- valid UTF-8 (PCRE2 checks the whole subject first)
+function Regex:search(s)
   local rc = lib.loom_pcre2_match(self.code, s, #s, 0, 0, self.md, nil)
   if rc < 0 and rc ~= NOMATCH then self:fail(rc, s, 0, #s, 0) end
+  return rc >= 0
 end
 
 -- a literal pattern (HF's {"String": ...}) with the same matches()
@@ -170,4 +178,13 @@ end
 
 local function literal(s) return setmetatable({ pattern = s }, Literal) end
 
-return { compile = compile, from_onig = from_onig, literal = literal }
+-- newer_than_tables(s): whether s holds a code point PCRE2's Unicode tables
+-- (14.0) lack, for which from_onig's regexes have r.newer; a Lua error when
+-- s is not valid UTF-8 (one search: PCRE2 checks the whole text first)
+local unassigned
+local function newer_than_tables(s)
+  unassigned = unassigned or compile("\\p{Cn}")
+  return unassigned:search(s)
+end
+
+return { compile = compile, from_onig = from_onig, literal = literal, newer_than_tables = newer_than_tables }

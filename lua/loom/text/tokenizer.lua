@@ -216,14 +216,13 @@ function M.from_json(j)
     if not self.tokens[pad + 1] then F.fail("padding.pad_id", "an id of the vocabulary or an added token", pad) end
   end
   self.pad_id = pad and pad + 1 or self.token_to_id["<pad>"]
-  self.validate = regex.compile("\\A")   -- checks a text's UTF-8 once, up front
   return self
 end
 
 -- the model's ids of a normalized, token-free piece of text into out
 local buf, buf_n = nil, 0
-local function encode_piece(self, seg, first, out)
-  local text, starts, stops = pipeline.pieces(self.pre, seg, first)
+local function encode_piece(self, seg, first, out, newer)
+  local text, starts, stops = pipeline.pieces(self.pre, seg, first, newer)
   if #text == 0 then return end
   local longest = 0
   for i = 1, #starts do longest = math.max(longest, stops[i] - starts[i]) end
@@ -243,18 +242,20 @@ end
 function Tokenizer:encode(text, opts)
   if type(text) ~= "string" then error("Tokenizer:encode: text: expected a string, got " .. type(text), 2) end
   opts = opts or {}
-  self.validate:check_utf8(text)
+  -- (the text's UTF-8 checked once, up front; a text holding code points newer than PCRE2's
+  -- Unicode tables runs the regexes that class them as HF's Oniguruma does)
+  local newer = regex.newer_than_tables(text)
   local out = {}
   local cur, cur_first   -- the normalized segment between added tokens, and whether it starts the text
   local function normalized_piece(x, y, e)
     if e then out[#out + 1] = e.id
-    else encode_piece(self, (x == 1 and y == #cur) and cur or cur:sub(x, y), cur_first and x == 1, out) end
+    else encode_piece(self, (x == 1 and y == #cur) and cur or cur:sub(x, y), cur_first and x == 1, out, newer) end
   end
   -- HF matches the raw tokens in the text, normalizes what lies between, then matches the normalized tokens
   self.match_raw:split(text, function(a, b, e)
     if e then out[#out + 1] = e.id return end
     cur = (a == 1 and b == #text) and text or text:sub(a, b)
-    if self.normalize then cur = self.normalize(cur) end
+    if self.normalize then cur = self.normalize(cur, newer) end
     cur_first = a == 1
     self.match_normalized:split(cur, normalized_piece)
   end)

@@ -35,25 +35,40 @@ local buf, buf_n = nil, 0
 -- normalize(s, form) -> s in NFC / NFD / NFKC / NFKD. Text of code points
 -- below U+0300 only (no byte from 0xCC up) is already NFC and NFD: it is
 -- returned as it is, without a call.
-local TBASE = "\225\134\167"   -- U+11A7
+-- The code points that HF's NFC (older tables, about Unicode 9) neither
+-- reorders nor composes while utf8proc (Unicode 15.0) does: marks added
+-- since, U+11930 (Dives Akuru's composition, 13.0), and U+11A7 (utf8proc 2.8
+-- composes it into a Hangul syllable, dropping it, though the trailing
+-- consonants are U+11A8..U+11C2). A text holding one is normalized in parts
+-- with each of them alone, as HF in effect does (to it they are starters
+-- with no composition). scripts/make_unicode_newer.py found them.
+local isolate
+local function isolated_chars()
+  if isolate then return isolate end
+  local class = {}
+  for _, r in ipairs(require("loom.text.unicode_newer").nfc_isolate) do
+    class[#class + 1] = string.format("\\x{%X}-\\x{%X}", r[1], r[2])
+  end
+  isolate = require("loom.text.regex").compile("[" .. table.concat(class) .. "]")
+  return isolate
+end
+
+local normalize_one
 
 function M.normalize(s, form)
   local opts = FORMS[form]
   if not opts then error("unicode.normalize: form: expected NFC, NFD, NFKC or NFKD, got " .. tostring(form), 2) end
   if (form == "NFC" or form == "NFD") and not s:find("[\204-\255]") then return s end
+  if #s == 0 or not s:find("[\223-\255]") then return normalize_one(s, opts) end   -- (below U+07C0: none of them)
+  local out = {}
+  isolated_chars():matches(s, 0, #s, function(a, b, is_match)
+    out[#out + 1] = is_match and s:sub(a + 1, b) or normalize_one(s:sub(a + 1, b), opts)
+  end)
+  return table.concat(out)
+end
+
+function normalize_one(s, opts)
   if #s == 0 then return s end
-  -- utf8proc 2.8 composes a Hangul LV syllable with U+11A7, which is not a
-  -- trailing consonant (those are U+11A8..U+11C2), and drops it; U+11A7 is a
-  -- starter that composes with nothing, so the text is normalized around it
-  if bit.band(opts, COMPOSE) ~= 0 and s:find(TBASE, 1, true) then
-    local out, i = {}, 1
-    while true do
-      local t = s:find(TBASE, i, true)
-      out[#out + 1] = M.normalize(s:sub(i, (t or #s + 1) - 1), form)
-      if not t then return table.concat(out, TBASE) end
-      i = t + 3
-    end
-  end
   local L = utf8proc()
   local n = L.loom_utf8proc_decompose(s, #s, buf, buf_n, opts)
   if n > buf_n then   -- a decomposition is longer than its text in code points: ask again with room
