@@ -28,7 +28,13 @@ Kinds:
   phi3       Phi-3: the Llama 2 layout with Phi-3's chat tokens (rstrip)
   gemma      Gemma: Replace(" " -> "▁"), Split(" ", MergedWithPrevious),
              byte fallback, <start_of_turn>/<end_of_turn>, user-defined tokens
-Ids in <kind>.expected.json are HF's (0-based); loom's are one more.
+  sentencepiece  transformers 5's layout for a SentencePiece model of no known
+             family: Replace regexes (extra whitespace, the dummy prefix),
+             Metaspace, a Split of the user-defined pieces, ignore_merges
+Ids in <kind>.expected.json are HF's (0-based); loom's are one more. (The
+SentencePiece-style vocabularies differ a little from run to run: HF's
+trainer breaks ties of its limited alphabet in hash order; the ids are
+HF's for the vocabulary written beside them.)
 regex.expected.json: pieces of real tokenizers' regexes (Oniguruma, as HF
 runs them) on the same texts, for loom's PCRE2 translation.
 """
@@ -292,6 +298,30 @@ def gemma():
     return tok
 
 
+def sentencepiece():
+    """transformers 5's SpmConverter.build_tokenizer_from_spm_proto layout (a SentencePiece
+    model with user-defined pieces, remove_extra_whitespaces, legacy): Replace regexes in
+    the normalizer, Metaspace + a Split of the user-defined pieces, ignore_merges"""
+    import re
+    tok = sp_bpe(None, None, ["<unk>", "<s>", "</s>"])
+    j = json.loads(tok.to_str())
+    user_defined = ["<table>", "\t\t", "▁▁", "#1"]
+    j["model"]["ignore_merges"] = True
+    j["normalizer"] = {"type": "Sequence", "normalizers": [
+        {"type": "Replace", "pattern": {"Regex": r"\A +| +\z"}, "content": ""},
+        {"type": "Replace", "pattern": {"Regex": " {2,}"}, "content": " "},
+        {"type": "Replace", "pattern": {"String": " "}, "content": "▁"},
+        {"type": "Replace", "pattern": {"Regex": "\\A▁"}, "content": "▁▁"}]}
+    j["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "always", "split": False},
+        {"type": "Split", "pattern": {"Regex": "|".join(re.escape(p) for p in sorted(user_defined, key=len, reverse=True))},
+         "behavior": "Isolated", "invert": False}]}
+    tok = Tokenizer.from_str(json.dumps(j))
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    return tok
+
+
 REGEXES = {"gpt2": GPT2_REGEX, "llama3": LLAMA3_REGEX, "qwen2": QWEN2_REGEX, "qwen35": QWEN35_REGEX,
            "o200k": O200K_REGEX, "deepseek": DEEPSEEK_REGEX, "digits": r"\p{N}{1,3}",
            "spm_user_defined": "|".join(__import__("re").escape(p) for p in ["<table>", "\t\t", "▁▁", "#1"]),
@@ -316,7 +346,7 @@ def main():
     kinds = [("gpt2", gpt2), ("llama3", llama3), ("llama2", llama2), ("metaspace", metaspace),
              ("qwen2", lambda: qwen(QWEN25_ADDED[:3])), ("qwen3", lambda: qwen(QWEN3_ADDED)),
              ("qwen35", lambda: qwen(QWEN3_ADDED[:3], QWEN35_REGEX)), ("olmo2", olmo2), ("mistral", mistral),
-             ("phi3", phi3), ("gemma", gemma)]
+             ("phi3", phi3), ("gemma", gemma), ("sentencepiece", sentencepiece)]
     for name, make in kinds:
         tok = make()
         tok.save(os.path.join(OUT, name + ".json"), pretty=False)

@@ -2,7 +2,8 @@
 -- Hugging Face's `tokenizers` gave (scripts/make_tokenizer_fixtures.py
 -- wrote them; no Python runs here): tokenizers trained locally in the layout
 -- of each family (GPT-2, Llama 3, Llama 2, Metaspace, Qwen2/2.5, Qwen3,
--- Qwen3.5, OLMo 2, Mistral v0.3, Phi-3, Gemma) over ASCII, accented, CJK,
+-- Qwen3.5, OLMo 2, Mistral v0.3, Phi-3, Gemma, transformers' generic
+-- SentencePiece layout) over ASCII, accented, CJK,
 -- RTL, emoji, code, combining marks NFC composes, zero-width joiners, digit
 -- runs and special-token strings inside text; ids are HF's + 1.
 local loom = require("loom")
@@ -19,7 +20,8 @@ local function plus1(ids)
   return out
 end
 
-local FAMILIES = { "gpt2", "llama3", "llama2", "metaspace", "qwen2", "qwen3", "qwen35", "olmo2", "mistral", "phi3", "gemma" }
+local FAMILIES = { "gpt2", "llama3", "llama2", "metaspace", "qwen2", "qwen3", "qwen35", "olmo2", "mistral", "phi3", "gemma",
+                   "sentencepiece" }
 local ROUND_TRIP = { gpt2 = true, llama3 = true, llama2 = true, metaspace = true, olmo2 = true }
 
 for _, kind in ipairs(FAMILIES) do

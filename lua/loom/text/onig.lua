@@ -20,10 +20,10 @@ local CATEGORIES = {}
 for c in ("L Lu Ll Lt Lm Lo M Mn Mc Me N Nd Nl No P Pc Pd Ps Pe Pi Pf Po S Sm Sc Sk So Z Zs Zl Zp C Cc Cf Co Cn Cs")
     :gmatch("%S+") do CATEGORIES[c] = true end
 
--- Oniguruma's \s is White_Space: tab to CR, U+0085 and the separators Z
--- (PCRE2's own \s differs: it lacks U+0085 and holds U+180E). Spelled as
--- the code points (White_Space has not changed since Unicode 6.3): PCRE2's
--- JIT runs a list of ranges faster than a property lookup
+-- Oniguruma's \s is White_Space: tab to CR, U+0085 and the separators Z.
+-- PCRE2's own \s (UCP) is that and U+180E (checked over every code point):
+-- the fast pattern keeps \s, the exact one (for a text holding U+180E)
+-- spells White_Space out (it has not changed since Unicode 6.3)
 local SPACE_IN_CLASS = "\\t-\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
 
 -- pairs that Unicode case folding makes of one character (ß -> ss, ﬁ -> fi, ...)
@@ -71,13 +71,17 @@ local function escape(p, i, in_class, caseless, newer)
     local extra = newer and newer_ranges(name) or ""
     local positive = c == "d" or c == "p"
     if in_class and not positive then refuse(p, i, "\\" .. c .. (c == "P" and "{" .. name .. "}" or "") .. " inside a class") end
+    if extra == "" then return "\\" .. (c == "d" and "p" or c == "D" and "P" or c) .. "{" .. name .. "}", i + len, "class" end
     if in_class then return "\\p{" .. name .. "}" .. extra, i + len, "class" end
     return (positive and "[" or "[^") .. "\\p{" .. name .. "}" .. extra .. "]", i + len, "class"
   end
-  if c == "s" then return in_class and SPACE_IN_CLASS or "[" .. SPACE_IN_CLASS .. "]", i + 2, "class" end
+  if c == "s" then
+    if not newer then return "\\s", i + 2, "class" end
+    return in_class and SPACE_IN_CLASS or "[" .. SPACE_IN_CLASS .. "]", i + 2, "class"
+  end
   if c == "S" then
     if in_class then refuse(p, i, "\\S inside a class") end
-    return "[^" .. SPACE_IN_CLASS .. "]", i + 2, "class"
+    return newer and "[^" .. SPACE_IN_CLASS .. "]" or "\\S", i + 2, "class"
   end
   if c == "x" then
     local hex = p:match("^{(%x+)}", i + 2)
@@ -123,11 +127,12 @@ local function class(p, i, caseless, newer)
   end
 end
 
--- translate(pattern, newer) -> the PCRE2 pattern (compiled with UTF, UCP
+-- translate(pattern, exact) -> the PCRE2 pattern (compiled with UTF, UCP
 -- and MULTILINE: Ruby's ^ and $ are line anchors), or a Lua error naming
--- the construct loom cannot read as HF does. newer: the \p{..} classes hold
--- the code points assigned after Unicode 14.0 as Oniguruma classes them
--- (a longer pattern, for the texts that have such characters)
+-- the construct loom cannot read as HF does. exact: the \p{..} classes hold
+-- the code points assigned after Unicode 14.0 as Oniguruma classes them,
+-- and \s is White_Space spelled out (a slower pattern, for the texts that
+-- hold such a character or U+180E; the fast one is the same on the others)
 function M.translate(p, newer)
   local out, i, n = { "(*LF)" }, 1, #p
   local groups = {}        -- one entry per open group: was the scope caseless before it

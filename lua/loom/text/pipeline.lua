@@ -173,6 +173,7 @@ end
 -- exclusive). first: the segment starts the input (Metaspace's "first"
 -- scheme); newer: it holds code points newer than PCRE2's Unicode tables
 function M.pieces(pt, text, first, newer)
+  if text == "" then return text, {}, {} end   -- (HF prepends nothing to an empty piece)
   local starts, stops = { 0 }, { #text }
   for _, st in ipairs(pt.steps) do
     if not st.split then

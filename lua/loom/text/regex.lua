@@ -179,11 +179,11 @@ end
 local function literal(s) return setmetatable({ pattern = s }, Literal) end
 
 -- newer_than_tables(s): whether s holds a code point PCRE2's Unicode tables
--- (14.0) lack, for which from_onig's regexes have r.newer; a Lua error when
+-- (14.0) lack, or U+180E, for which from_onig's regexes have r.newer; a Lua error when
 -- s is not valid UTF-8 (one search: PCRE2 checks the whole text first)
 local unassigned
 local function newer_than_tables(s)
-  unassigned = unassigned or compile("\\p{Cn}")
+  unassigned = unassigned or compile("[\\p{Cn}\\x{180E}]")   -- (and U+180E, which PCRE2's \\s holds)
   return unassigned:search(s)
 end
 

@@ -238,6 +238,17 @@ local function encode_piece(self, seg, first, out, newer)
   end
 end
 
+-- the ids of a text between raw added tokens into out: HF normalizes it,
+-- then finds the normalized added tokens in it, then the model encodes the rest
+local function encode_segment(self, seg, first, out, newer)
+  if self.normalize then seg = self.normalize(seg, newer) end
+  local norm = self.match_normalized
+  if not (norm.class and seg:find(norm.class)) then return encode_piece(self, seg, first, out, newer) end
+  norm:split(seg, function(x, y, e)
+    if e then out[#out + 1] = e.id else encode_piece(self, seg:sub(x, y), first and x == 1, out, newer) end
+  end)
+end
+
 -- encode(text, {add_special_tokens = true}) -> a Lua table of 1-based ids
 function Tokenizer:encode(text, opts)
   if type(text) ~= "string" then error("Tokenizer:encode: text: expected a string, got " .. type(text), 2) end
@@ -246,19 +257,14 @@ function Tokenizer:encode(text, opts)
   -- Unicode tables runs the regexes that class them as HF's Oniguruma does)
   local newer = regex.newer_than_tables(text)
   local out = {}
-  local cur, cur_first   -- the normalized segment between added tokens, and whether it starts the text
-  local function normalized_piece(x, y, e)
-    if e then out[#out + 1] = e.id
-    else encode_piece(self, (x == 1 and y == #cur) and cur or cur:sub(x, y), cur_first and x == 1, out, newer) end
+  local raw = self.match_raw
+  if raw.class and text:find(raw.class) then
+    raw:split(text, function(a, b, e)
+      if e then out[#out + 1] = e.id else encode_segment(self, text:sub(a, b), a == 1, out, newer) end
+    end)
+  else   -- (most texts: no added token can start in them)
+    encode_segment(self, text, true, out, newer)
   end
-  -- HF matches the raw tokens in the text, normalizes what lies between, then matches the normalized tokens
-  self.match_raw:split(text, function(a, b, e)
-    if e then out[#out + 1] = e.id return end
-    cur = (a == 1 and b == #text) and text or text:sub(a, b)
-    if self.normalize then cur = self.normalize(cur, newer) end
-    cur_first = a == 1
-    self.match_normalized:split(cur, normalized_piece)
-  end)
   if self.post and opts.add_special_tokens ~= false then out = self.post(out) end
   return out
 end
