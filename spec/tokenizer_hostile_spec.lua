@@ -115,6 +115,18 @@ describe("tokenizer.json read loosely", function()
     assert.same({ 3, 1 }, tok:encode("aba"))
   end)
 
+  it("decodes as HF's decoders do (tokenizers 0.23's outputs)", function()
+    local decoder = require("loom.text.decoder").decoder
+    local fallback = decoder({ type = "Sequence", decoders = { { type = "ByteFallback" }, { type = "Fuse" } } })
+    assert.equal("\u{e9}\nx<0x4g>", fallback({ "<0xc3>", "<0xA9>", "<0x+A>", "x", "<0x4g>" }))
+    assert.equal("\u{fffd}\u{fffd}a", fallback({ "<0xE6>", "<0x9D>", "a" }))   -- a cut character: one U+FFFD a byte
+    local meta = decoder({ type = "Metaspace", replacement = "\u{2581}", prepend_scheme = "always" })
+    assert.equal("a b ", meta({ "\u{2581}\u{2581}a", "\u{2581}b\u{2581}" }))   -- every ▁ of the first token goes
+    local bytes = decoder({ type = "ByteLevel", add_prefix_space = false, trim_offsets = false, use_regex = false })
+    assert.equal("a\u{fffd}\26<tool call> x\u{fffd}", bytes({ "a", "\u{e6}", "\u{11a}", "<tool call>", "\u{120}x", "\u{ff}" }))
+    assert.equal("a b", decoder(nil)({ "a", "b" }))   -- no decoder: joined with spaces
+  end)
+
   it("finds thousands of added tokens in a long text in one pass (it searched once per token per match)", function()
     local j = cjson.decode(read("spec/fixtures/tokenizers/gpt2.json"))
     local base_id, parts = 2000, {}

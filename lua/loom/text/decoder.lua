@@ -66,9 +66,9 @@ local function byte_fallback(toks)
     else for _ = 1, #bytes do out[#out + 1] = "\239\191\189" end end
     bytes = {}
   end
-  for _, t in ipairs(toks) do
-    local hex = #t == 6 and t:match("^<0x(%x%x)>$")
-    if hex and hex:upper() == hex then bytes[#bytes + 1] = string.char(tonumber(hex, 16))
+  for _, t in ipairs(toks) do   -- <0xAB>, as HF parses it (Rust's from_str_radix: either case, or "+A")
+    local hex = #t == 6 and (t:match("^<0x(%x%x)>$") or t:match("^<0x%+(%x)>$"))
+    if hex then bytes[#bytes + 1] = string.char(tonumber(hex, 16))
     else flush() out[#out + 1] = t end
   end
   flush()
