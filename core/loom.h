@@ -375,6 +375,8 @@ int lm_bpe_add_merge(lm_bpe *b, int32_t left, int32_t right, int32_t merged, int
  * unk_id (-1: none, an error); ignore_merges: a piece in the vocabulary is
  * one token (Llama 3) */
 int lm_bpe_set_options(lm_bpe *b, int32_t byte_level, int32_t ignore_merges, int32_t unk_id, const int32_t *byte_ids);
+/* fuse_unk: consecutive unknown characters make one unk */
+int lm_bpe_set_fuse_unk(lm_bpe *b, int32_t fuse_unk);
 /* one pre-tokenized piece, text[start, stop), into out[cap] (cap >= stop -
  * start suffices): the count, -1 on error. (The whole text and offsets, so
  * that a Lua string passes as it is and stays alive during the call.) */

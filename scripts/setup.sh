@@ -8,6 +8,7 @@ pkgs=(build-essential cmake pkg-config luajit libluajit-5.1-dev lua-busted luaro
       lua-dkjson lua-argparse lua-filesystem
       lua-check   # luacheck, the suite's lint (scripts/lint.sh)
       libpcre2-dev lua-cjson   # tokenizers: PCRE2 for the pre-tokenizers' regexes (FFI), cjson for tokenizer.json
+      libutf8proc2   # tokenizers: NFC/NFKC normalizers and White_Space (lua/loom/text/unicode.lua, FFI)
       libreadline8   # the REPL's line editing, history and completion (lua/loom/repl/readline.lua)
       libopenblas-dev libopenmpi-dev openmpi-bin gnuplot-nox valgrind
       python3)   # only for the benchmarks' PyTorch baseline script (cli_spec runs its --help)

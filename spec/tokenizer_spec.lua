@@ -1,9 +1,11 @@
 -- tokenizer_spec.lua: loom's tokenizers from tokenizer.json against the ids
 -- Hugging Face's `tokenizers` gave (scripts/make_tokenizer_fixtures.py
--- wrote them; no Python runs here): four tokenizers trained locally (GPT-2
--- byte-level, Llama 3 regex + byte-level, Llama 2 SentencePiece style with
--- byte fallback, Metaspace) over ASCII, accented, CJK, emoji and
--- whitespace-heavy texts, special and added tokens; ids are HF's + 1.
+-- wrote them; no Python runs here): tokenizers trained locally in the layout
+-- of each family (GPT-2, Llama 3, Llama 2, Metaspace, Qwen2/2.5, Qwen3,
+-- Qwen3.5, OLMo 2, Mistral v0.3, Phi-3, Gemma, transformers' generic
+-- SentencePiece layout) over ASCII, accented, CJK,
+-- RTL, emoji, code, combining marks NFC composes, zero-width joiners, digit
+-- runs and special-token strings inside text; ids are HF's + 1.
 local loom = require("loom")
 local cjson = require("cjson")
 local Tokenizer = loom.data.Tokenizer
@@ -18,13 +20,17 @@ local function plus1(ids)
   return out
 end
 
-for _, kind in ipairs { "gpt2", "llama3", "llama2", "metaspace" } do
+local FAMILIES = { "gpt2", "llama3", "llama2", "metaspace", "qwen2", "qwen3", "qwen35", "olmo2", "mistral", "phi3", "gemma",
+                   "sentencepiece" }
+local ROUND_TRIP = { gpt2 = true, llama3 = true, llama2 = true, metaspace = true, olmo2 = true }
+
+for _, kind in ipairs(FAMILIES) do
   describe("Tokenizer " .. kind, function()
     local tok = Tokenizer.from_file(DIR .. kind .. ".json")
     local expected = cjson.decode(read(DIR .. kind .. ".expected.json"))
 
     it("encodes every text to HF's ids (+1)", function()
-      assert.is_true(#expected.cases >= 10)
+      assert.is_true(#expected.cases >= 30)
       for _, c in ipairs(expected.cases) do
         assert.same(plus1(c.ids), tok:encode(c.text), "text: " .. c.text)
       end
@@ -37,17 +43,19 @@ for _, kind in ipairs { "gpt2", "llama3", "llama2", "metaspace" } do
       end
     end)
 
-    -- except where HF does not either: its Metaspace decoder drops one
-    -- leading space, and gpt2's <mask> (lstrip) and <sep> (rstrip) take the
-    -- whitespace beside them
-    it("round-trips the texts", function()
+    -- except where HF does not either: its Metaspace decoder drops the
+    -- first token's ▁, gpt2's <mask> (lstrip) and <sep> (rstrip) take the
+    -- whitespace beside them (and NFC, unk and the SentencePiece
+    -- normalizers change text: those families are checked by HF's decodes)
+    if ROUND_TRIP[kind] then it("round-trips the texts", function()
       for _, c in ipairs(expected.cases) do
         local back = tok:decode(tok:encode(c.text, { add_special_tokens = false }), { skip_special_tokens = false })
         local want = (kind == "metaspace" and c.text:sub(1, 1) == " ") and c.text:sub(2) or c.text
         if kind == "gpt2" and c.text:find("<mask>", 1, true) then want = c.decoded_special end
-        assert.equal(want, back)
+        -- (Llama 2's normalizer prepends ▁ to the text after </s>, as HF's does)
+        if not (kind == "llama2" and c.text:find("</s>", 1, true)) then assert.equal(want, back) end
       end
-    end)
+    end) end
 
     it("batch-encodes with right padding and an attention mask", function()
       local b = expected.batch
@@ -97,7 +105,7 @@ describe("Tokenizer", function()
     for _, c in ipairs {   -- what the file holds, what the error says
       { read(DIR .. "gpt2.json"):sub(1, 5000), "is not JSON" },
       { '{"model": {"type": "Unigram", "vocab": []}}', "Unigram is not supported" },
-      { '{"model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": ["a b"]}}', "merge 1 (a b) is out of the vocabulary" },
+      { '{"model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": ["a b"]}}', "model.merges[1]: the merge (a b) is out of the vocabulary" },
       { '{"model": {"type": "BPE", "vocab": {"a": -3}, "merges": []}}', "expected an id" },
     } do
       write(path, c[1])
@@ -120,9 +128,9 @@ describe("Tokenizer", function()
     local function rand(n) rnd = (rnd * 1103515245 + 12345) % 2 ^ 31 return rnd % n + 1 end
     local bits = { "0", "9", "-", '"', "}", "]", ",", "null", "1e9", "\\u2581", " ", "[", "{" }
     local loaded, refused = 0, 0
-    for _, kind in ipairs { "gpt2", "llama2", "llama3", "metaspace" } do
+    for _, kind in ipairs(FAMILIES) do
       local src = read(DIR .. kind .. ".json")
-      for i = 1, 40 do
+      for i = 1, 25 do
         local s = i % 3 == 0 and src:sub(1, rand(#src)) or nil
         if not s then
           local pos = rand(#src)
@@ -132,8 +140,9 @@ describe("Tokenizer", function()
         if ok then
           local ok2, t = pcall(Tokenizer.from_json, j)
           if ok2 then
-            local ids = t:encode("Hello w\xc3\xb6rld \xe6\x9d\xb1 <|endoftext|> ab  \n x")
-            t:decode(ids)
+            -- a vocabulary that lost a character's token (and has no unk) refuses the text by name
+            local ok3, ids = pcall(t.encode, t, "Hello w\xc3\xb6rld \xe6\x9d\xb1 <|endoftext|> ab  \n x")
+            if ok3 then t:decode(ids) else assert.truthy(tostring(ids):find("^Tokenizer: .* is not in the vocabulary"), tostring(ids)) end
             loaded = loaded + 1
           else
             assert.truthy(tostring(t):find("^Tokenizer: "), tostring(t))

@@ -8,6 +8,7 @@
  * leftmost first among equals, until no pair has a merge: the same order as
  * tokenizers' word.rs (a min-heap of (rank, position), stale entries
  * skipped), so the ids are the same. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "../tensor/tensor.h"   /* lm_error, lm_fnv1a */
@@ -19,7 +20,7 @@ struct lm_bpe {
   pair_slot *pairs; size_t pair_cap, n_pairs;
   str_slot *strs; size_t str_cap, n_strs;
   char *arena; size_t arena_len, arena_cap;
-  int32_t n_vocab, byte_level, ignore_merges, unk_id;
+  int32_t n_vocab, byte_level, ignore_merges, unk_id, fuse_unk;
   int32_t byte_ids[256];    /* byte fallback: the id of <0xXX>, -1 if none */
 };
 
@@ -130,9 +131,8 @@ int lm_bpe_add_merge(lm_bpe *b, int32_t left, int32_t right, int32_t merged, int
   uint64_t key = pair_key(left, right);
   size_t mask = b->pair_cap - 1, i = mix(key) & mask;
   while (b->pairs[i].key && b->pairs[i].key != key) i = (i + 1) & mask;
-  if (b->pairs[i].key == key) return 0;   /* the first (lowest) rank stays, as in tokenizers */
-  b->pairs[i] = (pair_slot){ key, rank, merged };
-  b->n_pairs++;
+  if (b->pairs[i].key != key) b->n_pairs++;
+  b->pairs[i] = (pair_slot){ key, rank, merged };   /* a pair given twice: the last rank, as in tokenizers' map */
   return 0;
 }
 
@@ -147,6 +147,8 @@ int lm_bpe_set_options(lm_bpe *b, int32_t byte_level, int32_t ignore_merges, int
   }
   return 0;
 }
+
+int lm_bpe_set_fuse_unk(lm_bpe *b, int32_t fuse_unk) { b->fuse_unk = fuse_unk != 0; return 0; }
 
 /* ---- one piece ---- */
 typedef struct { int32_t id, prev, next, len; } sym;
@@ -182,30 +184,37 @@ static cand heap_pop(cand *h, int64_t *n) {
 static int utf8_len(unsigned char c) { return c < 0x80 ? 1 : c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1; }
 
 /* the first symbols: bytes, or characters with byte fallback; -1 when a
- * symbol has no id and there is no unk */
+ * symbol has no id and there is no unk. As tokenizers' merge_word: an
+ * unknown character whose bytes all have <0xXX> tokens becomes those (an
+ * unk waiting to be written stays waiting: it lands after them, as there);
+ * otherwise an unk, fused with the unk before it under fuse_unk. */
 static int64_t initial_symbols(const lm_bpe *b, const char *s, size_t n, sym *out) {
   int64_t k = 0;
+  int32_t unk_len = 0;   /* > 0: an unk waiting, covering that many bytes */
   for (size_t i = 0; i < n;) {
     size_t len = b->byte_level ? 1 : (size_t)utf8_len((unsigned char)s[i]);
     if (i + len > n) len = n - i;
     int32_t id = find_str(b, s + i, len);
+    int fallback = id < 0 && !b->byte_level;
+    for (size_t j = 0; fallback && j < len; j++) fallback = b->byte_ids[(unsigned char)s[i + j]] >= 0;
     if (id >= 0) {
+      if (unk_len) { out[k++] = (sym){ b->unk_id, 0, 0, unk_len }; unk_len = 0; }
       out[k++] = (sym){ id, 0, 0, (int32_t)len };
-    } else if (!b->byte_level && b->byte_ids[(unsigned char)s[i]] >= 0) {
-      for (size_t j = 0; j < len; j++) {
-        int32_t bid = b->byte_ids[(unsigned char)s[i + j]];
-        if (bid < 0) bid = b->unk_id;
-        if (bid < 0) { lm_error("lm_bpe_encode: a byte has no fallback token and there is no unk"); return -1; }
-        out[k++] = (sym){ bid, 0, 0, 1 };
-      }
+    } else if (fallback) {
+      for (size_t j = 0; j < len; j++) out[k++] = (sym){ b->byte_ids[(unsigned char)s[i + j]], 0, 0, 1 };
     } else if (b->unk_id >= 0) {
-      out[k++] = (sym){ b->unk_id, 0, 0, (int32_t)len };
+      if (unk_len && !b->fuse_unk) out[k++] = (sym){ b->unk_id, 0, 0, unk_len };
+      unk_len = (unk_len && b->fuse_unk ? unk_len : 0) + (int32_t)len;
     } else {
-      lm_error("lm_bpe_encode: a symbol is not in the vocabulary and the model has no unk token");
+      char hex[4 * 4 + 1] = "";
+      for (size_t j = 0; j < len && j < 4; j++) snprintf(hex + 4 * j, 5, "\\x%02x", (unsigned char)s[i + j]);
+      lm_error("lm_bpe_encode: the character \"%s\" is not in the vocabulary (nor its bytes' <0xXX> tokens) "
+               "and the model has no unk_token", hex);
       return -1;
     }
     i += len;
   }
+  if (unk_len) out[k++] = (sym){ b->unk_id, 0, 0, unk_len };
   for (int64_t i = 0; i < k; i++) { out[i].prev = (int32_t)i - 1; out[i].next = i + 1 < k ? (int32_t)i + 1 : -1; }
   return k;
 }

@@ -1,20 +1,24 @@
 -- tokenizer.lua: Hugging Face tokenizers from their tokenizer.json: BPE
--- models, byte-level (GPT-2, Llama 3) or SentencePiece style with byte
--- fallback (Llama 2), their added and special tokens, encode, decode and
--- batch encode with padding. Ids are 1-based, as every index in loom: the
--- id of tokenizer.json plus one.
+-- models, byte-level (GPT-2, Llama 3, Qwen2/2.5/3, OLMo 2) or SentencePiece
+-- style with byte fallback (Llama 2, Mistral, Phi-3, Gemma), their added
+-- and special tokens, encode, decode and batch encode with padding. Ids are
+-- 1-based, as every index in loom: the id of tokenizer.json plus one.
 --
--- The JSON is read by lua-cjson, the pre-tokenizers' regexes run in PCRE2
--- (loom.text.regex) and the merge loop in C (core/text/bpe.c).
+-- The JSON is read by lua-cjson and checked field by field (loom.text.fields),
+-- the normalizers run in utf8proc (loom.text.unicode), the pre-tokenizers'
+-- regexes in PCRE2 (loom.text.regex), the merge loop in C (core/text/bpe.c).
 local ffi = require("ffi")
 local cjson = require("cjson")
+local F = require("loom.text.fields")
 local pipeline = require("loom.text.pipeline")
+local decoder = require("loom.text.decoder")
+local added = require("loom.text.added")
+local regex = require("loom.text.regex")
 local lib = require("loom.lib")
 local C = lib.C
 
 local M = {}
 local MAX_FILE = 256 * 2 ^ 20   -- a tokenizer.json larger than this is refused
-local NULL = cjson.null
 
 local Tokenizer = {}
 Tokenizer.__index = Tokenizer
@@ -22,33 +26,8 @@ M.Tokenizer = Tokenizer
 
 local function fail(msg) error("Tokenizer: " .. msg, 0) end
 
--- GPT-2's byte <-> printable character map (bytes_to_unicode): tokens of a
--- byte-level vocabulary are spelled in these characters
-local unicode_to_byte
-local function byte_map()
-  if unicode_to_byte then return unicode_to_byte end
-  unicode_to_byte = {}
-  local n = 0
-  for b = 0, 255 do
-    local keep = (b >= 33 and b <= 126) or (b >= 161 and b <= 172) or (b >= 174 and b <= 255)
-    local cp = keep and b or 256 + n
-    if not keep then n = n + 1 end
-    local ch = cp < 0x80 and string.char(cp) or string.char(0xC0 + math.floor(cp / 64), 0x80 + cp % 64)
-    unicode_to_byte[ch] = string.char(b)
-  end
-  return unicode_to_byte
-end
-
--- the raw bytes of a byte-level token, or nil when it has other characters
-local function byte_level_bytes(tok)
-  local map, out = byte_map(), {}
-  for ch in tok:gmatch("[%z\1-\127\194-\244][\128-\191]*") do
-    local b = map[ch]
-    if not b then return nil end
-    out[#out + 1] = b
-  end
-  return table.concat(out)
-end
+-- (lua-cjson decodes {} and [] alike: an empty object passes for an empty array and back)
+local json = cjson
 
 local function read_json(path)
   if type(path) ~= "string" then
@@ -65,62 +44,131 @@ local function read_json(path)
   end
   local s = f:read("*a")
   f:close()
-  local ok, j = pcall(cjson.decode, s)
+  local ok, j = pcall(json.decode, s)
   if not ok then error("Tokenizer.from_file: " .. path .. " is not JSON: " .. tostring(j), 3) end
   return j
 end
 
-local function check_id(id, what)
+local function check_id(id, path)
   if type(id) ~= "number" or id < 0 or id % 1 ~= 0 or id >= C.LM_BPE_MAX_VOCAB then
-    fail(string.format("%s: expected an id in [0, %d), got %s", what, C.LM_BPE_MAX_VOCAB,
-                       type(id) == "string" and string.format("the string %q", id) or tostring(id)))
+    F.fail(path, string.format("an id in [0, %d)", C.LM_BPE_MAX_VOCAB), id)
   end
   return id
 end
 
--- the BPE model into C: tokens as raw bytes, merges as (left, right, merged)
+-- the merges as pairs of strings: ["a b", ...] or [["a", "b"], ...], as HF reads them
+local function read_merges(m)
+  local merges = F.get(m, "merges", "array", "model", {})
+  local out = {}
+  for rank, mg in ipairs(merges) do
+    local a, b
+    if type(mg) == "string" then
+      a, b = mg:match("^([^ ]*) ([^ ]*)$")
+    elseif F.is_array(mg) and #mg == 2 and type(mg[1]) == "string" and type(mg[2]) == "string" then
+      a, b = mg[1], mg[2]
+    end
+    if not a then F.fail("model.merges[" .. rank .. "]", "\"left right\" (one space) or [\"left\", \"right\"]", mg) end
+    out[rank] = { a, b }
+  end
+  return out
+end
+
+-- the BPE model into C: tokens as raw bytes (byte-level: through GPT-2's
+-- map; tokens outside it can never be made and are left out), merges as
+-- (left, right, merged)
 local function build_model(self, m, byte_level)
-  if type(m) ~= "table" or m.type ~= "BPE" then
-    fail("the model " .. tostring(type(m) == "table" and m.type or m) .. " is not supported (loom reads BPE models)")
+  F.object(m, "model")
+  local mtype = F.get(m, "type", "string", "model", "BPE")
+  if mtype ~= "BPE" then fail("model: the model " .. mtype .. " is not supported (loom reads BPE models)") end
+  for _, k in ipairs { "continuing_subword_prefix", "end_of_word_suffix" } do
+    local v = F.get(m, k, "string", "model", "")   -- "" (Qwen2's layout) is the same as none
+    if v ~= "" then fail("model." .. k .. ": BPE models with a " .. k .. " (" .. v .. ") are not supported") end
   end
-  for _, k in ipairs { "continuing_subword_prefix", "end_of_word_suffix", "dropout" } do
-    if m[k] ~= nil and m[k] ~= NULL then fail("BPE models with " .. k .. " are not supported") end
-  end
-  if type(m.vocab) ~= "table" then fail("model.vocab: expected an object") end
-  local n = 0
-  for tok, id in pairs(m.vocab) do
-    check_id(id, "model.vocab[" .. tok .. "]")
+  local dropout = F.get(m, "dropout", "number", "model", 0)
+  if dropout ~= 0 then fail("model.dropout: BPE dropout (" .. dropout .. ") is random and not supported; set it to null") end
+  local vocab = F.need(m, "vocab", "object", "model")
+  local byte_fallback = F.get(m, "byte_fallback", "boolean", "model", false)
+  local fuse_unk = F.get(m, "fuse_unk", "boolean", "model", false)
+  local ignore_merges = F.get(m, "ignore_merges", "boolean", "model", false)
+  local unk_token = F.get(m, "unk_token", "string", "model")
+  local merges = read_merges(m)
+  local n, owner = 0, {}
+  for tok, id in pairs(vocab) do
+    check_id(id, "model.vocab[" .. string.format("%q", tok) .. "]")
+    if owner[id] then
+      fail(string.format("model.vocab: %q and %q share the id %d", owner[id], tok, id))
+    end
+    owner[id] = tok
     n = math.max(n, id + 1)
   end
+  self.vocab, self.owner = vocab, owner
   for _, a in ipairs(self.added) do n = math.max(n, a.id) end
+  if n == 0 then fail("model.vocab: the vocabulary is empty") end
   self.vocab_size = n
   local bpe = C.lm_bpe_new(n)
   if bpe == nil then fail(ffi.string(C.lm_last_error())) end
   self.bpe = ffi.gc(bpe, C.lm_bpe_free)
-  local pieces, byte_ids = {}, ffi.new("int32_t[256]", -1)
+  local byte_ids = ffi.new("int32_t[256]")
   for i = 0, 255 do byte_ids[i] = -1 end
-  for tok, id in pairs(m.vocab) do
-    local raw = byte_level and byte_level_bytes(tok) or tok
-    if raw ~= "" and C.lm_bpe_add_token(self.bpe, raw, #raw, id) ~= 0 then fail(ffi.string(C.lm_last_error())) end
-    pieces[id + 1] = raw
-    local hex = not byte_level and m.byte_fallback and tok:match("^<0x(%x%x)>$")
-    if hex then byte_ids[tonumber(hex, 16)] = id end
+  for tok, id in pairs(vocab) do
+    local raw = tok
+    if byte_level then raw = decoder.byte_level_bytes(tok) end
+    if raw and raw ~= "" and C.lm_bpe_add_token(self.bpe, raw, #raw, id) ~= 0 then
+      fail("model.vocab[" .. string.format("%q", tok) .. "]: " .. ffi.string(C.lm_last_error()))
+    end
+    local hex = byte_fallback and #tok == 6 and tok:match("^<0x(%x%x)>$")
+    if hex and hex == hex:upper() then byte_ids[tonumber(hex, 16)] = id end   -- HF looks up <0x%02X>
   end
-  local merges = m.merges or {}
-  if type(merges) ~= "table" then fail("model.merges: expected an array") end
   for rank, mg in ipairs(merges) do
-    local a, b
-    if type(mg) == "string" then a, b = mg:match("^(.-) (.*)$")
-    elseif type(mg) == "table" then a, b = mg[1], mg[2] end
-    local l, r = m.vocab[a or false], m.vocab[b or false]
-    local merged = a and b and m.vocab[a .. b]
-    if not (l and r and merged) then fail("merge " .. rank .. " (" .. tostring(a) .. " " .. tostring(b) .. ") is out of the vocabulary") end
+    local a, b = mg[1], mg[2]
+    local l, r, merged = vocab[a], vocab[b], vocab[a .. b]
+    if not (l and r and merged) then
+      fail(string.format("model.merges[%d]: the merge (%s %s) is out of the vocabulary", rank, a, b))
+    end
     if C.lm_bpe_add_merge(self.bpe, l, r, merged, rank - 1) ~= 0 then fail(ffi.string(C.lm_last_error())) end
   end
-  local unk = (m.unk_token ~= nil and m.unk_token ~= NULL) and m.vocab[m.unk_token] or -1
-  C.lm_bpe_set_options(self.bpe, byte_level and 1 or 0, m.ignore_merges == true and 1 or 0, unk,
-                       m.byte_fallback and byte_ids or nil)
-  self.pieces = pieces   -- 1-based id -> what it decodes to (before the decoder)
+  local unk = -1
+  if unk_token then
+    unk = vocab[unk_token]
+    if not unk then fail(string.format("model.unk_token: %q is not in the vocabulary", unk_token)) end
+  end
+  C.lm_bpe_set_options(self.bpe, byte_level and 1 or 0, ignore_merges and 1 or 0, unk, byte_fallback and byte_ids or nil)
+  C.lm_bpe_set_fuse_unk(self.bpe, fuse_unk and 1 or 0)
+end
+
+-- the added tokens, checked against the vocabulary: one that is in it keeps
+-- its id, one that is not takes an id of its own
+local function read_added(self, j)
+  local list = F.get(j, "added_tokens", "array", "tokenizer.json", {})
+  local by_content, by_id = {}, {}
+  for i, a in ipairs(list) do
+    local path = "added_tokens[" .. i .. "]"
+    F.object(a, path)
+    local content = F.need(a, "content", "string", path)
+    if content == "" then F.fail(path .. ".content", "a non-empty string", content) end
+    local id = check_id(a.id, path .. ".id")
+    local special = F.get(a, "special", "boolean", path, false)
+    local e = { id = id + 1, content = content, special = special,
+                lstrip = F.get(a, "lstrip", "boolean", path, false), rstrip = F.get(a, "rstrip", "boolean", path, false),
+                normalized = F.get(a, "normalized", "boolean", path, not special) }
+    if F.get(a, "single_word", "boolean", path, false) then fail(path .. ": single_word added tokens are not supported") end
+    if by_content[content] then fail(string.format("%s: the token %q is added twice", path, content)) end
+    if by_id[id] then fail(string.format("%s: %q and %q share the id %d", path, by_id[id], content, id)) end
+    by_content[content], by_id[id] = e, content
+    self.added[#self.added + 1] = e
+  end
+end
+
+local function check_added(self)
+  for i, a in ipairs(self.added) do
+    local in_vocab, owner = self.vocab[a.content], self.owner[a.id - 1]
+    if in_vocab and in_vocab ~= a.id - 1 then
+      fail(string.format("added_tokens[%d]: %q has the id %d, but the vocabulary gives it %d", i, a.content, a.id - 1, in_vocab))
+    end
+    if owner and owner ~= a.content then
+      fail(string.format("added_tokens[%d]: the id %d of %q is the vocabulary's token %q", i, a.id - 1, a.content, owner))
+    end
+  end
 end
 
 -- from_file(path) -> tokenizer (path: a tokenizer.json, or a model's
@@ -131,55 +179,50 @@ function M.from_file(path)
 end
 
 function M.from_json(j)
-  if type(j) ~= "table" then fail("expected a tokenizer.json object") end
+  if not F.is_object(j) then F.fail("tokenizer.json", "an object", j) end
   local self = setmetatable({ added = {}, token_to_id = {} }, Tokenizer)
-  for i, a in ipairs(j.added_tokens or {}) do
-    if type(a) ~= "table" or type(a.content) ~= "string" or a.content == "" then fail("added_tokens[" .. i .. "]: expected {id, content}") end
-    if a.single_word == true then fail("added token " .. a.content .. ": single_word is not supported") end
-    local e = { id = check_id(a.id, "added_tokens[" .. i .. "].id") + 1, content = a.content, special = a.special == true,
-                lstrip = a.lstrip == true, rstrip = a.rstrip == true }
-    self.added[#self.added + 1] = e
-  end
+  read_added(self, j)
   self.normalize = pipeline.normalizer(j.normalizer)
   self.pre = pipeline.pretokenizer(j.pre_tokenizer)
+  self.dec = decoder.decoder(j.decoder)
   build_model(self, j.model, self.pre.byte_level)
-  for _, a in ipairs(self.added) do
-    self.pieces[a.id] = a.content
-    self.token_to_id[a.content] = a.id
-  end
-  for tok, id in pairs(j.model.vocab) do self.token_to_id[tok] = self.token_to_id[tok] or id + 1 end
+  check_added(self)
+  self.tokens = {}   -- 1-based id -> its token string (HF's spelling)
+  for tok, id in pairs(self.vocab) do self.tokens[id + 1] = tok self.token_to_id[tok] = id + 1 end
   self.special = {}
-  for _, a in ipairs(self.added) do if a.special then self.special[a.id] = true end end
-  self.post = pipeline.post_processor(j.post_processor)
-  self.dec = pipeline.decoder(j.decoder)
-  local pad = j.padding ~= NULL and type(j.padding) == "table" and j.padding.pad_id
+  local raw, normalized = {}, {}
+  for _, a in ipairs(self.added) do
+    self.tokens[a.id] = a.content
+    self.token_to_id[a.content] = a.id
+    if a.special then self.special[a.content] = true end
+    if a.normalized then   -- matched, and spelled (id_to_token, decode), as the normalizer writes it
+      local n = self.normalize and self.normalize(a.content) or a.content
+      if n ~= "" then normalized[#normalized + 1] = { content = n, id = a.id, lstrip = a.lstrip, rstrip = a.rstrip } end
+      self.tokens[a.id] = n
+    else
+      raw[#raw + 1] = a
+    end
+  end
+  -- HF matches the tokens that are not normalized in the raw text, the others in the normalized pieces
+  self.match_raw, self.match_normalized = added.new(raw), added.new(normalized)
+  self.post = pipeline.post_processor(j.post_processor, function(id, path)
+    check_id(id, path)
+    if not self.tokens[id + 1] then F.fail(path, "an id of the vocabulary or an added token", id) end
+    return id
+  end)
+  local pad = F.is_object(j.padding) and j.padding.pad_id
+  if pad ~= nil and pad ~= false then
+    check_id(pad, "padding.pad_id")
+    if not self.tokens[pad + 1] then F.fail("padding.pad_id", "an id of the vocabulary or an added token", pad) end
+  end
   self.pad_id = pad and pad + 1 or self.token_to_id["<pad>"]
-  -- added tokens, longest first, for splitting the input on them
-  self.split_on = {}
-  for _, a in ipairs(self.added) do self.split_on[#self.split_on + 1] = a end
-  table.sort(self.split_on, function(x, y) return #x.content > #y.content end)
   return self
 end
 
--- the next added token in text at or after i: start, stop, id (leftmost,
--- then longest); lstrip / rstrip take the (ASCII) whitespace beside it
-local function next_added(self, text, i)
-  local best_a, best_b, best
-  for _, a in ipairs(self.split_on) do
-    local s, e = text:find(a.content, i, true)
-    if s and (not best_a or s < best_a) then best_a, best_b, best = s, e, a end
-  end
-  if not best then return nil end
-  if best.lstrip then while best_a > i and text:find("^%s", best_a - 1) do best_a = best_a - 1 end end
-  if best.rstrip then while text:find("^%s", best_b + 1) do best_b = best_b + 1 end end
-  return best_a, best_b, best.id
-end
-
--- the model's ids of a segment of plain text (between added tokens) into out
+-- the model's ids of a normalized, token-free piece of text into out
 local buf, buf_n = nil, 0
-local function encode_segment(self, seg, first, out)
-  if self.normalize then seg = self.normalize(seg) end
-  local text, starts, stops = pipeline.pieces(self.pre, seg, first)
+local function encode_piece(self, seg, first, out, newer)
+  local text, starts, stops = pipeline.pieces(self.pre, seg, first, newer)
   if #text == 0 then return end
   local longest = 0
   for i = 1, #starts do longest = math.max(longest, stops[i] - starts[i]) end
@@ -195,18 +238,32 @@ local function encode_segment(self, seg, first, out)
   end
 end
 
+-- the ids of a text between raw added tokens into out: HF normalizes it,
+-- then finds the normalized added tokens in it, then the model encodes the rest
+local function encode_segment(self, seg, first, out, newer)
+  if self.normalize then seg = self.normalize(seg, newer) end
+  local norm = self.match_normalized
+  if not (norm.class and seg:find(norm.class)) then return encode_piece(self, seg, first, out, newer) end
+  norm:split(seg, function(x, y, e)
+    if e then out[#out + 1] = e.id else encode_piece(self, seg:sub(x, y), first and x == 1, out, newer) end
+  end)
+end
+
 -- encode(text, {add_special_tokens = true}) -> a Lua table of 1-based ids
 function Tokenizer:encode(text, opts)
   if type(text) ~= "string" then error("Tokenizer:encode: text: expected a string, got " .. type(text), 2) end
   opts = opts or {}
-  local out, i, first = {}, 1, true
-  while i <= #text do
-    local a, b, id = next_added(self, text, i)
-    local stop = (a or #text + 1) - 1
-    if stop >= i then encode_segment(self, text:sub(i, stop), first, out) end
-    if not a then break end
-    out[#out + 1] = id
-    i, first = b + 1, false
+  -- (the text's UTF-8 checked once, up front; a text holding code points newer than PCRE2's
+  -- Unicode tables runs the regexes that class them as HF's Oniguruma does)
+  local newer = regex.newer_than_tables(text)
+  local out = {}
+  local raw = self.match_raw
+  if raw.class and text:find(raw.class) then
+    raw:split(text, function(a, b, e)
+      if e then out[#out + 1] = e.id else encode_segment(self, text:sub(a, b), a == 1, out, newer) end
+    end)
+  else   -- (most texts: no added token can start in them)
+    encode_segment(self, text, true, out, newer)
   end
   if self.post and opts.add_special_tokens ~= false then out = self.post(out) end
   return out
@@ -223,20 +280,13 @@ end
 function Tokenizer:decode(ids, opts)
   ids = as_list(ids, "Tokenizer:decode")
   local skip = not (opts and opts.skip_special_tokens == false)
-  local d, parts = self.dec, {}
+  local toks = {}
   for i, id in ipairs(ids) do
-    local piece = self.pieces[id]
-    if piece == nil then error(string.format("Tokenizer:decode: ids[%d] = %s is not a token id", i, tostring(id)), 2) end
-    if not (skip and self.special[id]) then
-      local hex = d.byte_fallback and piece:match("^<0x(%x%x)>$")
-      if hex then piece = string.char(tonumber(hex, 16))
-      elseif d.replace then piece = pipeline.plain_replace(piece, d.replace[1], d.replace[2]) end
-      parts[#parts + 1] = piece
-    end
+    local tok = self.tokens[id]
+    if tok == nil then error(string.format("Tokenizer:decode: ids[%d] = %s is not a token id", i, tostring(id)), 2) end
+    if not (skip and self.special[tok]) then toks[#toks + 1] = tok end
   end
-  local s = table.concat(parts)
-  for _ = 1, d.strip_start do if s:sub(1, 1) == " " then s = s:sub(2) end end
-  return s
+  return self.dec(toks)
 end
 
 -- encode_batch(texts, {padding = "longest"|"max_length", max_length,
@@ -270,7 +320,8 @@ function Tokenizer:encode_batch(texts, opts)
   return ids, mask
 end
 
-function Tokenizer:id_to_token(id) return self.pieces[id] end
+-- the token string of a 1-based id (HF's spelling: Ġ for a byte-level space)
+function Tokenizer:id_to_token(id) return self.tokens[id] end
 function Tokenizer:get_vocab_size() return self.vocab_size end
 
 return M
