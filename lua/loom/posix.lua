@@ -42,6 +42,8 @@ void *loom_malloc(size_t n) asm("malloc");
 void loom_free(void *p) asm("free");
 char *loom_strdup(const char *s) asm("strdup");
 int loom_fputs(const char *s, loom_FILE *f) asm("fputs");
+struct loom_winsize { unsigned short row, col, xpixel, ypixel; };
+int loom_ioctl_winsize(int fd, unsigned long req, struct loom_winsize *w) asm("ioctl");
 ]]
 
 local M = {}

@@ -16,8 +16,7 @@ local function columns()
   if n and n >= 20 then return n end
   local ok, w = pcall(function()
     local ffi = require("ffi")
-    pcall(ffi.cdef, "struct loom_winsize { unsigned short row, col, xpixel, ypixel; };"
-                    .. "int loom_ioctl_winsize(int fd, unsigned long req, struct loom_winsize *w) asm(\"ioctl\");")
+    require("loom.posix")   -- loom_ioctl_winsize
     local ws = ffi.new("struct loom_winsize")
     if ffi.C.loom_ioctl_winsize(1, 0x5413, ws) == 0 and ws.col >= 20 then return ws.col end   -- TIOCGWINSZ
     return nil
