@@ -48,6 +48,12 @@ FAMILIES = {
     "phi3": dict(model_type="phi3", sliding_window=6, tie_word_embeddings=False, pad_token_id=0),
     "gemma": dict(model_type="gemma", head_dim=16, tie_word_embeddings=True),
     "olmo2": dict(model_type="olmo2", tie_word_embeddings=False),
+    # mixtures of experts, their router's load-balancing loss in the loss
+    "mixtral": dict(model_type="mixtral", sliding_window=6, tie_word_embeddings=False, num_local_experts=4,
+                    num_experts_per_tok=2, output_router_logits=True, router_aux_loss_coef=0.02),
+    "qwen3_moe": dict(model_type="qwen3_moe", head_dim=8, tie_word_embeddings=False, num_experts=4,
+                      num_experts_per_tok=2, moe_intermediate_size=24, norm_topk_prob=True, output_router_logits=True,
+                      router_aux_loss_coef=0.02),
 }
 
 
@@ -66,22 +72,53 @@ def build(name, spec):
     return model.eval()
 
 
+def saved_names(model, tensors):
+    """name -> tensor in the names and layout save_pretrained writes: a
+    mixture of experts' fused gate_up_proj (E, 2I, H) and down_proj as one
+    tensor per expert (Mixtral under block_sparse_moe, w1/w3/w2; Qwen3-MoE
+    gate_proj/up_proj/down_proj)"""
+    mixtral = model.config.model_type == "mixtral"
+    out = {}
+    for name, t in tensors.items():
+        if ".mlp.experts.gate_up_proj" in name or ".mlp.experts.down_proj" in name:
+            base = name.split(".mlp.experts.")[0] + (".block_sparse_moe.experts." if mixtral else ".mlp.experts.")
+            half = t.shape[1] // 2
+            for e in range(t.shape[0]):
+                if name.endswith("gate_up_proj"):
+                    out[base + "%d.%s.weight" % (e, "w1" if mixtral else "gate_proj")] = t[e, :half].clone()
+                    out[base + "%d.%s.weight" % (e, "w3" if mixtral else "up_proj")] = t[e, half:].clone()
+                else:
+                    out[base + "%d.%s.weight" % (e, "w2" if mixtral else "down_proj")] = t[e].clone()
+        elif mixtral and ".mlp.gate." in name:
+            out[name.replace(".mlp.gate.", ".block_sparse_moe.gate.")] = t
+        else:
+            out[name] = t
+    return out
+
+
 def reference(model, vocab):
     g = torch.Generator().manual_seed(2)
     ids = torch.randint(3, vocab, (2, 12), generator=g)          # no pad/bos/eos ids inside
     targets = torch.randint(0, vocab, (2, 12), generator=g)
     out = {"ids": ids, "targets": targets}
-    logits = model(ids).logits
+    moe = getattr(model.config, "output_router_logits", False)
+    res = model(ids, output_router_logits=True) if moe else model(ids)
+    logits = res.logits
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).double(), targets.reshape(-1))
+    if moe:   # the router's load-balancing loss, as transformers adds it with labels
+        from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+        experts = getattr(model.config, "num_local_experts", None) or model.config.num_experts
+        aux = load_balancing_loss_func(res.router_logits, experts, model.config.num_experts_per_tok)
+        loss = loss + model.config.router_aux_loss_coef * aux.double()
     loss.backward()
     out["logits"] = logits.detach().float()
     out["loss"] = loss.detach().reshape(1)
-    for name, p in model.named_parameters():
-        out["grad." + name] = p.grad.detach().clone()
+    for name, p in saved_names(model, {n: p.grad.detach().clone() for n, p in model.named_parameters()}).items():
+        out["grad." + name] = p
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), eps=1e-3, weight_decay=0.1)
     opt.step()
-    for name, p in model.named_parameters():
-        out["step." + name] = p.detach().clone()
+    for name, p in saved_names(model, {n: p.detach().clone() for n, p in model.named_parameters()}).items():
+        out["step." + name] = p
     return out
 
 
@@ -93,7 +130,9 @@ def main():
         model.save_pretrained(d)
         prompt = torch.randint(3, model.config.vocab_size, (1, 5), generator=torch.Generator().manual_seed(3))
         with torch.no_grad():
-            greedy = model.generate(prompt, do_sample=False, max_new_tokens=8)
+            kw = {"output_router_logits": False} if getattr(model.config, "output_router_logits", False) else {}
+            greedy = model.generate(prompt, do_sample=False, max_new_tokens=8, **kw)
+            greedy = greedy if torch.is_tensor(greedy) else greedy.sequences
         ref = reference(model, model.config.vocab_size)
         ref["prompt"], ref["greedy"] = prompt, greedy
         save_file({k: v.contiguous() for k, v in ref.items()}, os.path.join(d, "reference.safetensors"))

@@ -16,4 +16,12 @@ describe("train.lua --init-from a model family", function()
                               { { 4, "--pp 2 --cp 2" }, { 4, "--tp 2 --dp 2 --fsdp --sequence-parallel" } })
     end)
   end
+  -- mixtures of experts with the router's loss (each TP rank routes every token)
+  for _, name in ipairs { "mixtral", "qwen3_moe" } do
+    it(name .. " fine-tunes alike in one process and at TP=2 + SP", function()
+      sys.matches_one_process("--init-from " .. FIX .. name .. " --steps 4 --seq 16 --batch 8 --lr 1e-2 --warmup 0 "
+                              .. "--eval-every 100 --eval-iters 1 --sample 0 --quiet --run-dir none", 4,
+                              { { 2, "--tp 2 --sequence-parallel" } })
+    end)
+  end
 end)

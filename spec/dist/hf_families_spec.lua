@@ -13,7 +13,7 @@ local H = require("support.tp")
 local hf = loom.models.hf
 
 local FIX = "spec/fixtures/families/"
-local FAMILIES = { "llama3", "qwen2", "qwen3", "mistral", "phi3", "gemma", "olmo2" }
+local FAMILIES = { "llama3", "qwen2", "qwen3", "mistral", "phi3", "gemma", "olmo2", "mixtral", "qwen3_moe" }
 local mesh = H.world_mesh()
 
 local function rel(a, b)
@@ -26,6 +26,8 @@ local function train_step(model, ref, lp)
   local loss
   local function fb()
     loss = loom.F.cross_entropy(model(ref.ids + 1), ref.targets + 1)
+    local aux = model:aux_loss()   -- (the experts' load-balancing loss)
+    if aux then loss = loss + aux end
     loss:backward()
   end
   if lp then require("loom.parallel").loss_parallel(fb) else fb() end

@@ -74,7 +74,7 @@ end
 -- name_map(model, [names of the file]) -> map, patterns of ignorable names
 function M.name_map(model, file_names)
   local arch = arch_of(model, "hf.name_map")
-  if arch == "llama" then return require("loom.models.hf_llama").name_map(model.config) end
+  if arch == "llama" then return require("loom.models.hf_llama").name_map(model.config, file_names) end
   local prefix = "transformer."
   if file_names and file_names["wte.weight"] and not file_names["transformer.wte.weight"] then prefix = "" end
   return gpt2_map(model.config, prefix)

@@ -18,6 +18,8 @@ local INT_LIMITS = {
   num_key_value_heads = 65536, intermediate_size = 2 ^ 24, max_position_embeddings = 2 ^ 26, head_dim = 2 ^ 16,
   n_positions = 2 ^ 26, n_embd = 2 ^ 20, n_layer = 10000, n_head = 65536, n_inner = 2 ^ 24,
   sliding_window = 2 ^ 26, original_max_position_embeddings = 2 ^ 26,
+  num_local_experts = 65536, num_experts = 65536, num_experts_per_tok = 65536, moe_intermediate_size = 2 ^ 24,
+  decoder_sparse_step = 10000,
 }
 
 local function fail(p, fmt, ...) error("hf.read_config: " .. p .. ": " .. string.format(fmt, ...), 0) end

@@ -13,6 +13,10 @@
 --            sqrt(hidden), an explicit head_dim, tied embeddings
 --   olmo2    norms after attention and feed-forward, RMSNorm of the whole
 --            q and k projections
+--   mixtral  Mistral with a mixture of experts in every layer
+--   qwen3_moe  Qwen3 with a mixture of experts in every layer
+-- The experts come one HF tensor per expert (as transformers saves them),
+-- or fused as transformers 5 holds them (experts.gate_up_proj, down_proj).
 -- HF's q_proj and k_proj rows are permuted per head for its rotate_half
 -- RoPE; loom's RoPE pairs interleaved rows as Meta's code does, so each
 -- head of q and k (and their biases and per-row norm weights) is
@@ -27,6 +31,8 @@ local KINDS = {
   phi3 = { arch = "Phi3ForCausalLM", fused = true, window = true },
   gemma = { arch = "GemmaForCausalLM", norm_offset = 1, act = "gelu_tanh", embed_scale = true },
   olmo2 = { arch = "Olmo2ForCausalLM", qk_norm = "proj", post_norm = true },
+  mixtral = { arch = "MixtralForCausalLM", window = true, moe = "mixtral" },
+  qwen3_moe = { arch = "Qwen3MoeForCausalLM", qk_norm = "head", window_flag = true, moe = "qwen3_moe" },
 }
 M.KINDS = KINDS
 
@@ -67,6 +73,32 @@ local function window_of(kind, h, F, fail)
   return w
 end
 
+-- the mixture of experts of a config (loom.models.transformer's moe):
+-- experts, top_k, their width, Qwen3-MoE's norm_topk_prob (Mixtral always
+-- renormalises), the load-balancing loss's coefficient when the config
+-- asks for the router's loss (output_router_logits); dense layers among
+-- the sparse ones and router noise refused
+local function moe_of(kind, h, F, fail)
+  if kind.moe == "mixtral" then
+    if set(h.router_jitter_noise) and h.router_jitter_noise ~= 0 then fail("router_jitter_noise is not supported") end
+  else
+    if set(h.decoder_sparse_step) and F.int("decoder_sparse_step") ~= 1 then
+      fail("decoder_sparse_step %s: dense layers among the sparse ones are a layer pattern loom lacks", tostring(h.decoder_sparse_step))
+    end
+    if type(h.mlp_only_layers) == "table" and #h.mlp_only_layers > 0 then
+      fail("mlp_only_layers: dense layers among the sparse ones are a layer pattern loom lacks")
+    end
+  end
+  local mixtral = kind.moe == "mixtral"
+  local coef = F.real("router_aux_loss_coef", 0.001, -1, 1e6)
+  -- (transformers 5 writes num_local_experts for Qwen3-MoE too)
+  return { experts = F.int(set(h.num_local_experts) and "num_local_experts" or "num_experts"),
+           top_k = F.int("num_experts_per_tok"),
+           hidden = F.int(mixtral and "intermediate_size" or "moe_intermediate_size"),
+           norm_topk_prob = mixtral or h.norm_topk_prob == true,
+           aux_loss_coef = h.output_router_logits == true and math.max(coef, 0) or 0 }
+end
+
 -- read(model_type, h, p, R) -> loom.models.transformer config of the HF
 -- config h (from file p). R: hf_config's readers ({fields, fail, shown, rope}).
 function M.read(model_type, h, p, R)
@@ -93,6 +125,10 @@ function M.read(model_type, h, p, R)
               norm_offset = kind.norm_offset, post_norm = kind.post_norm or nil,
               sliding_window = window_of(kind, h, F, fail), model_type = model_type }
   if kind.embed_scale then c.embed_scale = math.sqrt(dim) end
+  if kind.moe then
+    c.moe = moe_of(kind, h, F, fail)
+    if c.moe.top_k > c.moe.experts then fail("num_experts_per_tok %d exceeds the experts, %d", c.moe.top_k, c.moe.experts) end
+  end
   for _, k in ipairs { "bos_token_id", "eos_token_id", "pad_token_id" } do
     if type(h[k]) == "number" then c[k] = h[k] end
   end
@@ -103,13 +139,37 @@ end
 -- name maps: loom FQN -> {hf = name, shape = the HF tensor's full shape,
 -- slice = {dim, start} (HF coordinates), heads = head_dim}
 
-function M.name_map(c)
+-- the name map entries of layer prefix l's mixture of experts (h: its HF
+-- prefix), per-expert tensors or transformers 5's fused ones (file_names
+-- says which the file holds)
+local function moe_entries(put, kind, c, l, h, file_names)
+  local m, E = c.moe, c.moe.experts
+  local base = h .. (kind.moe == "mixtral" and "block_sparse_moe." or "mlp.")
+  local F = m.hidden or c.ffn_dim
+  if file_names and file_names[h .. "mlp.experts.gate_up_proj"] then   -- fused, as transformers 5 holds them
+    put(l .. "feed_forward.gate.weight", h .. "mlp.gate.weight", { E, c.dim })
+    put(l .. "feed_forward.experts.w1", h .. "mlp.experts.gate_up_proj", { E, 2 * F, c.dim }, { slice = { 2, 0 } })
+    put(l .. "feed_forward.experts.w3", h .. "mlp.experts.gate_up_proj", { E, 2 * F, c.dim }, { slice = { 2, F } })
+    put(l .. "feed_forward.experts.w2", h .. "mlp.experts.down_proj", { E, c.dim, F })
+    return
+  end
+  put(l .. "feed_forward.gate.weight", base .. "gate.weight", { E, c.dim })
+  local names = kind.moe == "mixtral" and { w1 = "w1", w2 = "w2", w3 = "w3" }
+                or { w1 = "gate_proj", w2 = "down_proj", w3 = "up_proj" }
+  for w, hname in pairs(names) do
+    local list = {}
+    for e = 0, E - 1 do list[e + 1] = base .. "experts." .. e .. "." .. hname .. ".weight" end
+    put(l .. "feed_forward.experts." .. w, list[1], w == "w2" and { c.dim, F } or { F, c.dim }, { experts = list })
+  end
+end
+
+function M.name_map(c, file_names)
   local kind = KINDS[c.model_type or "llama"]
   local m, hd = {}, c.head_dim or c.dim / c.n_heads
   local q, kv, f = c.n_heads * hd, c.n_kv_heads * hd, c.ffn_dim
   local function put(fqn, hf, shape, opts)
     opts = opts or {}
-    m[fqn] = { hf = hf, shape = shape, heads = opts.heads, slice = opts.slice }
+    m[fqn] = { hf = hf, shape = shape, heads = opts.heads, slice = opts.slice, experts = opts.experts }
   end
   put("tok_embeddings.weight", "model.embed_tokens.weight", { c.vocab_size, c.dim })
   put("norm.weight", "model.norm.weight", { c.dim })
@@ -139,9 +199,12 @@ function M.name_map(c)
       put(a .. "wq.weight", h .. "self_attn.q_proj.weight", { q, c.dim }, { heads = hd })
       put(a .. "wk.weight", h .. "self_attn.k_proj.weight", { kv, c.dim }, { heads = hd })
       put(a .. "wv.weight", h .. "self_attn.v_proj.weight", { kv, c.dim })
-      put(l .. "feed_forward.w1.weight", h .. "mlp.gate_proj.weight", { f, c.dim })
-      put(l .. "feed_forward.w3.weight", h .. "mlp.up_proj.weight", { f, c.dim })
+      if not c.moe then
+        put(l .. "feed_forward.w1.weight", h .. "mlp.gate_proj.weight", { f, c.dim })
+        put(l .. "feed_forward.w3.weight", h .. "mlp.up_proj.weight", { f, c.dim })
+      end
     end
+    if c.moe then moe_entries(put, kind, c, l, h, file_names) end
     if c.qkv_bias then
       put(a .. "wq.bias", h .. "self_attn.q_proj.bias", { q }, { heads = hd })
       put(a .. "wk.bias", h .. "self_attn.k_proj.bias", { kv }, { heads = hd })
@@ -155,7 +218,7 @@ function M.name_map(c)
       put(a .. "k_norm.weight", h .. "self_attn.k_norm.weight", { kv }, { heads = hd })
     end
     put(a .. "wo.weight", h .. "self_attn.o_proj.weight", { c.dim, q })
-    put(l .. "feed_forward.w2.weight", h .. "mlp.down_proj.weight", { c.dim, f })
+    if not c.moe then put(l .. "feed_forward.w2.weight", h .. "mlp.down_proj.weight", { c.dim, f }) end
   end
   -- in the file but not parameters: RoPE buffers of old checkpoints; a tied head
   local ignore = { "^model%.layers%.%d+%.self_attn%.rotary_emb%.inv_freq$" }
@@ -179,6 +242,17 @@ function M.write(c)
               tie_word_embeddings = c.tie_embeddings, bos_token_id = c.bos_token_id, eos_token_id = c.eos_token_id,
               pad_token_id = c.pad_token_id }
   if mt ~= "qwen2" then h.attention_bias = false end
+  local m = c.moe
+  if m and mt == "mixtral" then
+    h.num_local_experts, h.intermediate_size = m.experts, m.hidden
+  elseif m then
+    h.num_experts, h.moe_intermediate_size, h.norm_topk_prob = m.experts, m.hidden, m.norm_topk_prob
+    h.decoder_sparse_step, h.mlp_only_layers = 1, {}
+  end
+  if m then
+    h.num_experts_per_tok, h.output_router_logits = m.top_k, (m.aux_loss_coef or 0) > 0
+    h.router_aux_loss_coef = (m.aux_loss_coef or 0) > 0 and m.aux_loss_coef or 0.001
+  end
   if kind.window then h.sliding_window = c.sliding_window or require("dkjson").null end
   if kind.window_flag then h.use_sliding_window = false end
   return h

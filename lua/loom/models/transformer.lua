@@ -12,6 +12,10 @@
 --   post_norm         norms after attention and feed-forward, not before (OLMo 2)
 --   sliding_window    a query sees the last sliding_window keys (Mistral, Phi-3)
 --   rope_scaling      Llama 3.1's frequency scaling ({rope_type = "llama3", ...})
+--   moe               a mixture of experts for every feed-forward (Mixtral,
+--                     Qwen3-MoE): {experts, top_k, hidden, norm_topk_prob,
+--                     aux_loss_coef} (loom.nn.MoE); the model's aux_loss()
+--                     is the load-balancing loss over all its layers
 -- Attention and the feed-forward take their per-rank head counts and widths
 -- from their weights' local shapes, so the same code runs once tensor
 -- parallelism has sharded those weights.
@@ -26,7 +30,7 @@ local DEFAULTS = { vocab_size = 65, dim = 128, n_layers = 4, n_heads = 4, multip
                    norm_eps = 1e-5, rope_theta = 10000, dropout = 0, tie_embeddings = false, qkv_bias = false,
                    norm_offset = 0, act = "silu", post_norm = false }
 local OPTIONAL = { n_kv_heads = true, ffn_dim = true, head_dim = true, qk_norm = true, embed_scale = true,
-                   sliding_window = true, rope_scaling = true,
+                   sliding_window = true, rope_scaling = true, moe = true,
                    -- what a Hugging Face checkpoint said, kept for saving it back (loom.models.hf)
                    model_type = true, bos_token_id = true, eos_token_id = true, pad_token_id = true }
 
@@ -51,6 +55,14 @@ function M.config(cfg)
     fail("sliding_window expects a positive integer, got %s", tostring(c.sliding_window))
   end
   c.ffn_dim = c.ffn_dim or c.multiple_of * math.ceil(math.floor(2 * 4 * c.dim / 3) / c.multiple_of)
+  if c.moe ~= nil then
+    local m = c.moe
+    if type(m) ~= "table" then fail("moe expects {experts, top_k, hidden, norm_topk_prob, aux_loss_coef}, got %s", tostring(m)) end
+    for _, k in ipairs { "experts", "top_k" } do
+      if type(m[k]) ~= "number" or m[k] < 1 or m[k] % 1 ~= 0 then fail("moe.%s expects a positive integer, got %s", k, tostring(m[k])) end
+    end
+    if m.top_k > m.experts then fail("moe.top_k (%d) exceeds moe.experts (%d)", m.top_k, m.experts) end
+  end
   return c
 end
 
@@ -98,6 +110,14 @@ function FeedForward:forward(x)
   return self.w2(F.swiglu(self.w1(x), self.w3(x)))
 end
 
+-- the feed-forward of a block: gated MLP, or a mixture of experts
+local function feed_forward(c)
+  if not c.moe then return FeedForward(c) end
+  local m = c.moe
+  return nn.MoE { dim = c.dim, hidden = m.hidden or c.ffn_dim, experts = m.experts, top_k = m.top_k,
+                  norm_topk_prob = m.norm_topk_prob ~= false }
+end
+
 local Block = nn.Module:extend("TransformerBlock")
 M.TransformerBlock = Block
 function Block:__init(c)
@@ -105,7 +125,7 @@ function Block:__init(c)
   self.attention_norm = norm(c, c.dim)
   self.attention = Attention(c)
   self.ffn_norm = norm(c, c.dim)
-  self.feed_forward = FeedForward(c)
+  self.feed_forward = feed_forward(c)
   if c.dropout > 0 then
     self.attention_dropout = nn.Dropout(c.dropout)
     self.ffn_dropout = nn.Dropout(c.dropout)
@@ -166,6 +186,18 @@ function Transformer:forward(ids, cache)
   return self:head(blocks.run_layers(self.layers, self:embed(ids), cache, t, cos, sin))
 end
 
+-- aux_loss() -> the mixture of experts' load-balancing loss of the last
+-- forward over all the layers (transformers' load_balancing_loss_func of
+-- the router logits), times moe.aux_loss_coef; nil for a dense model or a
+-- coefficient of 0 (the training loop adds it to the loss)
+function Transformer:aux_loss()
+  local m = self.config.moe
+  if not m or not m.aux_loss_coef or m.aux_loss_coef == 0 then return nil end
+  local logits = {}
+  for i, layer in self.layers:ipairs() do logits[i] = layer.feed_forward.router_logits end
+  return require("loom.nn.moe").load_balancing_loss(logits, m.experts, m.top_k) * m.aux_loss_coef
+end
+
 -- generate(ids, {max_new_tokens, temperature, top_k, top_p, seed, ...}):
 -- see loom.models.generate (a KV cache; greedy unless sampling is asked)
 Transformer.generate = blocks.generate
@@ -185,13 +217,21 @@ function M.new(cfg) return Transformer(cfg) end
 function M.tp_plan(opts, model)
   local qk = model and model.config.qk_norm
   local qk_norms = { "layers.*.attention.q_norm", "layers.*.attention.k_norm" }
+  -- (a mixture of experts runs whole on each rank: tensor parallelism
+  -- cuts the attention; expert parallelism, not TP, cuts the experts)
+  local moe = model and model.config.moe
+  local colwise = { "layers.*.attention.wq", "layers.*.attention.wk", "layers.*.attention.wv" }
+  local rowwise = { "layers.*.attention.wo" }
+  if not moe then
+    colwise[#colwise + 1], colwise[#colwise + 2] = "layers.*.feed_forward.w1", "layers.*.feed_forward.w3"
+    rowwise[#rowwise + 1] = "layers.*.feed_forward.w2"
+  end
   return blocks.tp_plan({
-    colwise = { "layers.*.attention.wq", "layers.*.attention.wk", "layers.*.attention.wv",
-                "layers.*.feed_forward.w1", "layers.*.feed_forward.w3" },
-    rowwise = { "layers.*.attention.wo", "layers.*.feed_forward.w2" },
+    colwise = colwise, rowwise = rowwise,
     embedding = "tok_embeddings", output = "output",
     norms = { "layers.*.attention_norm", "layers.*.ffn_norm", "norm" },
-    gathered = { ["layers.*.attention"] = 3, ["layers.*.feed_forward"] = 1 },   -- (x, cos, sin) and (x)
+    gathered = { ["layers.*.attention"] = 3, ["layers.*.feed_forward"] = not moe and 1 or nil },   -- (x, cos, sin) and (x)
+    whole = moe and { "layers.*.feed_forward" } or nil,
     head_norms = qk == "head" and qk_norms or nil, proj_norms = qk == "proj" and qk_norms or nil,
     residual_norms = model and model.config.post_norm and { "layers.*.attention_norm", "layers.*.ffn_norm" } or nil,
   }, opts, model and { { "n_heads", model.config.n_heads }, { "n_kv_heads", model.config.n_kv_heads } })

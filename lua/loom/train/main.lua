@@ -18,7 +18,12 @@ local M = {}
 -- trace would keep: docs/architecture.md.)
 local function forward_loss(run, x, y, backward)
   if run.pp_sched then return L.pipeline_loss(run.pp_sched, x, y, backward, run.w, run.dist) end
-  return loom.F.cross_entropy(run.model(x), y)
+  local loss = loom.F.cross_entropy(run.model(x), y)
+  -- a mixture of experts' load-balancing loss, as transformers adds it (of
+  -- this rank's tokens under data or context parallelism, as its Trainer)
+  local aux = run.model.aux_loss and run.model:aux_loss()
+  if aux then loss = loss + aux end
+  return loss
 end
 local function loss_of(run, x, y, backward)
   local loss
@@ -95,6 +100,10 @@ local function setup(o, given, root, resumed)
     run.family, run.cfg = cli.user("train.lua", "--init-from", M_model.from_hf, init, o, vocab)
   else
     run.family, run.cfg = M_model.from_flags(o, vocab)
+  end
+  if w.pp > 1 and run.cfg.moe and (run.cfg.moe.aux_loss_coef or 0) > 0 then
+    error("train.lua: --pp: the experts' load-balancing loss spans every layer's router, which a pipeline cuts; "
+          .. "train this model without --pp or with its config's output_router_logits false", 0)
   end
   run.model, run.pred = cli.user("train.lua", "the model at this layout (" .. L.describe(w, o) .. ")",
                                  M_model.build, o, run.family, run.cfg, w)
