@@ -154,12 +154,21 @@ static void submit(lm_emu::launch_info &l, std::function<void()> &&run) {
   enqueue(0, std::move(w));
 }
 static void launch_failed(int e) { fail((cudaError_t)e); }
+/* a block the caching allocator hands out, poisoned on the legacy stream */
+static void poison_block(void *p, size_t n) {
+  work w;
+  w.what = "poisoning a block the caching allocator hands out";
+  w.blocks.push_back(block_of(p));
+  w.run = [p, n] { lm_emu_poison(p, n); };
+  enqueue(0, std::move(w));
+}
 __attribute__((constructor)) static void install_checks() {
   lm_emu::launch_check = check_launch;
   lm_emu::pointer_check = check_pointer;
   lm_emu::word_check = check_word;
   lm_emu::submit = submit;
   lm_emu::launch_error = launch_failed;
+  lm_emu::poison_block = poison_block;
 }
 } // namespace lm_rt
 

@@ -16,8 +16,8 @@
  * ldmatrix waits only for the lanes whose values it needs (ldmatrix reads
  * each row when its lane arrives), so it orders no other memory access of
  * the warp, as on a GPU without __syncwarp. Shared memory is poisoned
- * (0xFF bytes: NaN in every float dtype) for every block, static as well
- * as dynamic, and the dynamic part ends at a page no access may touch.
+ * (poison.h: NaN in every float dtype) for every block, static as well as
+ * dynamic, and the dynamic part ends at a page no access may touch.
  *
  * What it checks: the kernels' index arithmetic, masks, loops, barriers
  * between phases, and the host code around them. What it cannot: the
@@ -46,6 +46,7 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+#include "poison.h"
 
 /* one block runs at a time: a static is its shared memory; all of them sit
  * in one section, which every block starts with poisoned */
@@ -66,7 +67,6 @@ struct Thread {
   int state;
 };
 static const size_t STACK = 64 << 10, PAGE = 4096;
-static const unsigned char POISON = 0xFF; /* NaN in f32, f64, bf16 and f16; -1 in the integers */
 inline std::vector<Thread> threads;
 /* maps len bytes whose first (or last) page no access may touch */
 static inline char *map_guarded(size_t len, bool guard_last) {
@@ -106,9 +106,10 @@ inline uint32_t arrived[1024], consumed[1024]; /* loose: collectives each thread
 inline long barriers;             /* opened, for the report */
 inline uint64_t progress;         /* loose: deposits and reads made (a yielding lane that moved on) */
 
-/* the schedule's settings, from the environment once */
+/* the schedule's settings, from the environment once (test_emu.cpp
+ * changes them between its cases) */
 struct settings { uint64_t seed; bool loose; };
-static inline const settings &config() {
+static inline settings &config() {
   static settings s = [] {
     const char *e = getenv("LOOM_EMU_SEED"), *l = getenv("LOOM_EMU_LOOSE_WARPS");
     return settings{e && *e ? strtoull(e, NULL, 10) : 1, l && *l == '1'};
@@ -137,7 +138,8 @@ struct launch_info {
   std::vector<const void *> blocks;
   int fault;
 };
-/* The emulated runtime's hooks (unset: none, and a launch runs at once).
+/* The emulated runtime's hooks (unset: none, and a launch runs at once;
+ * poison_block: alloc.cu's blocks are not poisoned).
  * launch_check answers 0 for a launch it takes, or the error (cudaError_t)
  * that the launch leaves as the last error instead; pointer_check looks at
  * a pointer argument (device memory of the current device, mapped host
@@ -149,6 +151,9 @@ inline void (*pointer_check)(const void *p, launch_info &);
 inline void (*word_check)(uint64_t w, launch_info &);
 inline void (*submit)(launch_info &, std::function<void()> &&work);
 inline void (*launch_error)(int e);
+/* poisons n bytes of device memory at p, stream-ordered (alloc.cu: every
+ * block the caching allocator hands out) */
+inline void (*poison_block)(void *p, size_t n);
 } // namespace lm_emu
 
 inline dim3 threadIdx, blockIdx, blockDim, gridDim;
@@ -415,8 +420,8 @@ void run_grid(void (*kernel)(P...), const std::tuple<P...> &params, dim3 grid, d
     for (unsigned y = 0; y < grid.y; y++)
       for (unsigned x = 0; x < grid.x; x++) {
         blockIdx = dim3(x, y, z);
-        memset(dynamic_smem, POISON, dyn);
-        if (statics) memset(__start_lm_emu_shared, POISON, statics);
+        lm_emu_poison(dynamic_smem, dyn);
+        if (statics) lm_emu_poison(__start_lm_emu_shared, statics);
         run_block(block);
       }
   body = nullptr;

@@ -1,7 +1,7 @@
 /* memory.cpp: emulated device memory. Each allocation is a mapping of its
  * own, recorded with its device, between two pages no access may touch,
  * and ending exactly where the second begins (cudaMalloc's 256-byte
- * alignment at the start). It is born poisoned (0xFF bytes: NaN in every
+ * alignment at the start). It is born poisoned (poison.h: NaN in every
  * float dtype) and closed (PROT_NONE): only the work that runs on the
  * device (stream.cpp) opens the blocks it was given, so host code that
  * dereferences device memory faults (fault.cpp names it). A copy checks
@@ -11,6 +11,7 @@
  * device memory of its own device (device.cpp). A device holds
  * LOOM_EMU_MEMORY_MIB (80 GiB when unset). */
 #include "runtime.h"
+#include "poison.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,7 +22,6 @@
 
 namespace lm_rt {
 static const size_t PAGE = 4096;
-static const unsigned char POISON = 0xFF;
 /* a mapping: [guard page][data pages][guard page], the allocation ending
  * with the data pages */
 struct block { size_t size; int device; char *map; size_t data_len; };
@@ -87,7 +87,7 @@ static void *map_block(size_t n, char **map, size_t *len) {
   mprotect(a, PAGE, PROT_NONE), mprotect(a + PAGE + *len, PAGE, PROT_NONE);
   *map = a;
   char *p = a + PAGE + *len - span(n);
-  memset(p, POISON, span(n)); /* garbage, as fresh device memory is: a read before a write shows */
+  lm_emu_poison(p, span(n)); /* garbage, as fresh device memory is: a read before a write shows */
   return p;
 }
 static void unmap_block(char *map, size_t len) { munmap(map, len + 2 * PAGE); }
@@ -282,7 +282,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind
     w.run = [dst, src, n] { memmove(dst, src, n); };
   }
   bool to_pageable = !db && !pinned(dst, n);
-  if (!db && !to_pageable) memset(dst, POISON, n);
+  if (!db && !to_pageable) lm_emu_poison(dst, n);
   enqueue(s, std::move(w));
   if (to_pageable) {
     count(C_SYNC_D2H);
