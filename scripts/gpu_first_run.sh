@@ -5,8 +5,10 @@
 # here, then carry build/ and .gpu/ there:
 #   cmake -S . -B build -DLOOM_CUDA=ON -DCMAKE_BUILD_TYPE=Release && cmake --build build -j2
 #   ../shared/tools/gpu-bundle          # .gpu/: LuaJIT, OpenBLAS, OpenMPI, busted
-#   scripts/gpu_first_run.sh --check    # everything it needs is here
+#   scripts/gpu_first_run.sh --check    # everything it needs is here, and what to carry
 # and on the GPU machine, from the project root: scripts/gpu_first_run.sh
+# (what travels: .gpu/, build/libloom.so, build/kernels/cuda/test_cuda_fragments
+# and the checkout; the rest of build/ is objects the run does not need)
 # Every step has a timeout (the whole fits in 10 minutes), runs even when an
 # earlier one failed, and writes one line to the report file (then the tail
 # of each failed step's output); a summary is printed. The CUDA specs run
@@ -28,7 +30,7 @@ while [ $# -gt 0 ]; do
     --check) mode=check ;;
     --report) report=$2; shift ;;
     --build) build=$2; shift ;;
-    -h|--help) sed -n 2,20p "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "gpu_first_run: unknown argument $1 (see --help)"; exit 2 ;;
   esac
   shift
@@ -74,9 +76,10 @@ missing=()
 [ -f "$lib" ] && ! grep -qa cublasLtMatmul "$lib" && missing+=("a CUDA backend in $build/libloom.so (configure with -DLOOM_CUDA=ON)")
 [ -x "$frag" ] || missing+=("$build/kernels/cuda/test_cuda_fragments (the same build)")
 if [ "$mode" = check ]; then
-  command -v luajit >/dev/null || [ -f .gpu/env.sh ] || missing+=(".gpu/ (../shared/tools/gpu-bundle)")
+  [ -f .gpu/env.sh ] || missing+=(".gpu/ (../shared/tools/gpu-bundle: the GPU machine has no LuaJIT, OpenBLAS, OpenMPI)")
   if [ ${#missing[@]} -gt 0 ]; then printf 'gpu_first_run: missing: %s\n' "${missing[@]}"; exit 1; fi
-  echo "gpu_first_run: ready: $build/ and $( [ -d .gpu ] && echo ".gpu/ " )are here; carry them to the GPU machine"
+  carry=(".gpu" "$build/libloom.so" "$build/kernels/cuda/test_cuda_fragments")
+  echo "gpu_first_run: ready; carry to the GPU machine, beside the checkout: ${carry[*]} ($(du -csh "${carry[@]}" | tail -1 | cut -f1))"
   exit 0
 fi
 [ -f .gpu/env.sh ] && source .gpu/env.sh
