@@ -1,4 +1,4 @@
-/* fragments.cu: the first thing to run on a GPU: the warp tile products of
+/* test_fragments.cu: the first thing to run on a GPU: the warp tile products of
  * tile.cuh (mma.sync m16n8k16 and ldmatrix for bf16 and f16, the FMA twin
  * for f32; A @ B^T and A @ B) and lm_tile_store, one warp per product,
  * against a double reference on the host. Every attention kernel stands on
@@ -8,7 +8,7 @@
  * test_cuda_fragments, the first step of scripts/gpu_first_run.sh; built by
  * kernels/emu as test_emu_fragments (the same source under emu.h), which
  * must pass too. Prints "test_fragments: N passed, N failed". */
-#include "../tile.cuh"
+#include "../cuda/tile.cuh"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
