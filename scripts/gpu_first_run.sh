@@ -1,113 +1,134 @@
 #!/usr/bin/env bash
-# gpu_first_run.sh: the checks to run, in order, the first time loom meets a
-# GPU (nothing in loom has been measured on hardware since the last H100
-# session; see docs/devices.md). Each step runs to the end even when an
-# earlier one failed (except the build), its output goes into one report
-# file, and a summary is printed. The CUDA specs run with LOOM_EXPECT_GPU=1,
-# so a backend that cannot load fails them instead of skipping.
-# Usage: scripts/gpu_first_run.sh [--dry-run] [--report FILE] [--build DIR]
-#   --dry-run  list the steps and exit 0 (what runs on a machine without a GPU)
+# gpu_first_run.sh: the checks to run, fastest and most telling first, the
+# first time loom meets a GPU, sized for a lease of about 15 minutes of
+# device time (docs/devices.md). Nothing is built on the GPU machine: build
+# here, then carry build/ and .gpu/ there:
+#   cmake -S . -B build -DLOOM_CUDA=ON -DCMAKE_BUILD_TYPE=Release && cmake --build build -j2
+#   ../shared/tools/gpu-bundle          # .gpu/: LuaJIT, OpenBLAS, OpenMPI, busted
+#   scripts/gpu_first_run.sh --check    # everything it needs is here, and what to carry
+# and on the GPU machine, from the project root: scripts/gpu_first_run.sh
+# (what travels: .gpu/, build/libloom.so, build/kernels/cuda/test_cuda_fragments
+# and the checkout; the rest of build/ is objects the run does not need)
+# Every step has a timeout (the whole fits in 10 minutes), runs even when an
+# earlier one failed, and writes one line to the report file (then the tail
+# of each failed step's output); a summary is printed. The CUDA specs run
+# with LOOM_EXPECT_GPU=1, so a backend that cannot load fails, never skips.
+# Usage: scripts/gpu_first_run.sh [--dry-run] [--check] [--report FILE] [--build DIR]
+#   --dry-run  list the steps with their timeouts, then "total: N s"; exit 0
+#   --check    check that what the run needs was built here; exit 0 or 1
 # Exit: 0 when every step passed (or was skipped, saying why), 1 when one
-# failed, 2 when there is no GPU here.
+# failed, 2 when there is no GPU here or the build is missing.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-dry=0
-report="gpu_first_run-$(date -u +%Y%m%dT%H%M%SZ).md"
-build=build-gpu
+mode=run
+report="gpu_first_run-$(date -u +%Y%m%dT%H%M%SZ).txt"
+build=build
 while [ $# -gt 0 ]; do
   case "$1" in
-    --dry-run) dry=1 ;;
+    --dry-run) mode=dry ;;
+    --check) mode=check ;;
     --report) report=$2; shift ;;
     --build) build=$2; shift ;;
-    -h|--help) sed -n 2,13p "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "gpu_first_run: unknown argument $1 (see --help)"; exit 2 ;;
   esac
   shift
 done
 
 lib="$root/$build/libloom.so"
+frag="$root/$build/kernels/cuda/test_cuda_fragments"
 specs="luajit scripts/run_specs.lua -o plainTerminal"
-fused="spec/cuda_fused_spec.lua"
-# name | command: the steps, in the order a person should look at them
+san="compute-sanitizer --error-exitcode 99 --print-limit 20"
+# seconds | name | command: in the order a person should read them
 steps=(
-  "build with -DLOOM_CUDA=ON|cmake -S . -B $build -DLOOM_CUDA=ON -DCMAKE_BUILD_TYPE=Release && cmake --build $build -j\"\$(nproc)\""
-  "linked libraries (ldd: cudart, cublas, cublasLt, nccl, nothing missing)|ldd $lib | tee /dev/stderr | grep -q 'not found' && exit 1; for l in cudart cublas cublasLt nccl; do ldd $lib | grep -q \"lib\$l\" || { echo \"lib\$l is not linked\"; exit 1; }; done"
-  "loom.show_config() sees cuda:0|luajit -e 'local s = require(\"loom\").show_config(); assert(s:find(\"cuda:0\"), \"show_config lists no cuda:0\")'"
-  "static resources of the kernels (scripts/check_cuda_resources.sh)|bash scripts/check_cuda_resources.sh --quiet"
-  "emulated CUDA device (scripts/test_emu.sh)|if [ -x scripts/test_emu.sh ] || [ -f scripts/test_emu.sh ]; then bash scripts/test_emu.sh; else echo 'SKIP: scripts/test_emu.sh is not in this tree'; fi"
-  "CUDA specs (fail, never skip, with LOOM_EXPECT_GPU=1)|$specs spec/cuda_spec.lua spec/cuda_skip_spec.lua spec/module_to_spec.lua spec/cuda_streams_spec.lua"
-  "compute-sanitizer memcheck over spec/cuda_spec.lua|compute-sanitizer --tool memcheck --error-exitcode 99 $specs spec/cuda_spec.lua"
-  "compute-sanitizer racecheck over the fused specs|compute-sanitizer --tool racecheck --error-exitcode 99 $specs $fused"
-  "compute-sanitizer synccheck over the fused specs|compute-sanitizer --tool synccheck --error-exitcode 99 $specs $fused"
-  "compute-sanitizer initcheck over the fused specs|compute-sanitizer --tool initcheck --error-exitcode 99 $specs $fused"
-  "op parity, every op against the CPU (spec/cuda_parity_spec.lua)|$specs spec/cuda_parity_spec.lua"
-  "fused kernels against the CPU (spec/cuda_fused_spec.lua)|$specs $fused"
-  "20 steps of bf16 training, GPU against CPU (loss within 2e-2 each step)|d=\$(mktemp -d) && for dev in cpu cuda; do luajit examples/train.lua --device \$dev --dtype bf16 --steps 20 --eval-every 1000 --sample 0 --quiet --log \$d/\$dev.jsonl || exit 1; done && CPU_LOG=\$d/cpu.jsonl GPU_LOG=\$d/cuda.jsonl luajit -e 'package.path = \"spec/?.lua;\" .. package.path; local sys = require \"support.sys\"; local a, b = sys.losses(os.getenv(\"CPU_LOG\")), sys.losses(os.getenv(\"GPU_LOG\")); assert(#a == 20 and #b == 20, \"expected 20 logged steps\"); local worst = 0; for i = 1, 20 do worst = math.max(worst, math.abs(a[i] - b[i]) / a[i]) end; print((\"worst relative loss gap %.4f (cpu %.4f, cuda %.4f at step 20)\"):format(worst, a[20], b[20])); assert(worst < 2e-2)'"
-  "tensor parallelism on 2 GPUs over NCCL (spec/dist/cuda_tp_spec.lua)|n=\$(nvidia-smi -L | wc -l); if [ \"\$n\" -lt 2 ]; then echo \"SKIP: \$n GPU(s), TP needs 2\"; else scripts/loomrun -n 2 --quiet-others scripts/run_specs.lua -o plainTerminal spec/dist/cuda_tp_spec.lua; fi"
-  "benchmarks against PyTorch on this GPU (scripts/bench_gpu.lua --quick)|if [ -f scripts/bench_gpu.lua ]; then luajit scripts/bench_gpu.lua --quick; else echo 'SKIP: no scripts/bench_gpu.lua'; fi"
+  "10|libraries (ldd: cudart, cublas, cublasLt, nccl; nothing missing)|ldd $lib | grep -q 'not found' && { ldd $lib; exit 1; }; for l in cudart cublas cublasLt nccl; do ldd $lib | grep -q \"lib\$l\" || { echo \"lib\$l is not linked\"; exit 1; }; done; nvidia-smi -L"
+  "20|mma.sync and ldmatrix fragments of the tile products ($build/kernels/cuda/test_cuda_fragments)|$frag"
+  "15|loom.show_config() sees cuda:0|luajit -e 'local s = require(\"loom\").show_config(); assert(s:find(\"cuda:0\"), \"show_config lists no cuda:0\")'"
+  "45|CUDA specs (spec/cuda_spec.lua, cuda_skip, module_to, cuda_streams, device_check)|$specs spec/cuda_spec.lua spec/cuda_skip_spec.lua spec/module_to_spec.lua spec/cuda_streams_spec.lua spec/device_check_spec.lua"
+  "45|op parity, every op against the CPU (spec/cuda_parity_spec.lua)|$specs spec/cuda_parity_spec.lua"
+  "75|fused kernels against the CPU, f32, bf16, f16 (spec/cuda_fused_spec.lua)|$specs spec/cuda_fused_spec.lua"
+  "60|train.lua, 20 bf16 steps on the GPU against the CPU (loss within 2e-2 each step)|d=\$(mktemp -d) && for dev in cpu cuda; do luajit examples/train.lua --device \$dev --dtype bf16 --steps 20 --eval-every 1000 --sample 0 --quiet --log \$d/\$dev.jsonl || exit 1; done && CPU_LOG=\$d/cpu.jsonl GPU_LOG=\$d/cuda.jsonl luajit -e 'package.path = \"spec/?.lua;\" .. package.path; local sys = require \"support.sys\"; local a, b = sys.losses(os.getenv(\"CPU_LOG\")), sys.losses(os.getenv(\"GPU_LOG\")); assert(#a == 20 and #b == 20, \"expected 20 logged steps\"); local worst = 0; for i = 1, 20 do worst = math.max(worst, math.abs(a[i] - b[i]) / a[i]) end; print((\"worst relative loss gap %.4f (cpu %.4f, cuda %.4f at step 20)\"):format(worst, a[20], b[20])); assert(worst < 2e-2)'"
+  "20|NCCL in one process: collectives on a 1-rank mesh, no CUDA error left (scripts/gpu_smoke.lua --nccl)|luajit scripts/gpu_smoke.lua --nccl"
+  "45|tensor parallelism on 2 GPUs over NCCL (spec/dist/cuda_tp_spec.lua)|n=\$(nvidia-smi -L | wc -l); if [ \"\$n\" -lt 2 ]; then echo \"SKIP: \$n GPU, TP needs 2\"; else scripts/loomrun -n 2 --quiet-others scripts/run_specs.lua -o plainTerminal spec/dist/cuda_tp_spec.lua; fi"
+  "60|compute-sanitizer memcheck, every kernel on reduced shapes (scripts/gpu_smoke.lua --ops)|$san --tool memcheck luajit scripts/gpu_smoke.lua --ops"
+  "40|compute-sanitizer racecheck, one small attention case|$san --tool racecheck luajit scripts/gpu_smoke.lua --attention"
+  "30|compute-sanitizer synccheck, one small attention case|$san --tool synccheck luajit scripts/gpu_smoke.lua --attention"
+  "120|benchmarks: GEMM against cuBLAS (torch.matmul), attention against PyTorch SDPA, a train step against PyTorch eager|luajit scripts/bench_gpu.lua --quick --sizes 4096,8192 --seqs 1024 --models small"
 )
+total=0
+for s in "${steps[@]}"; do total=$((total + ${s%%|*})); done
 
-if [ "$dry" -eq 1 ]; then
-  echo "gpu_first_run: --dry-run: the steps, in order (report: $report, build: $build):"
+if [ "$mode" = dry ]; then
+  echo "gpu_first_run: --dry-run: the steps, in order, each with its timeout (report: $report, build: $build):"
   i=0
-  for s in "${steps[@]}"; do i=$((i + 1)); printf "  %2d. %s\n" "$i" "${s%%|*}"; done
+  for s in "${steps[@]}"; do
+    i=$((i + 1)); rest=${s#*|}
+    printf "  %2d. %4s s  %s\n" "$i" "${s%%|*}" "${rest%%|*}"
+  done
+  echo "total: $total s"
   exit 0
 fi
 
+# what the run needs, built here beforehand
+missing=()
+[ -f "$lib" ] || missing+=("$build/libloom.so (cmake -S . -B $build -DLOOM_CUDA=ON && cmake --build $build)")
+[ -f "$lib" ] && ! grep -qa cublasLtMatmul "$lib" && missing+=("a CUDA backend in $build/libloom.so (configure with -DLOOM_CUDA=ON)")
+[ -x "$frag" ] || missing+=("$build/kernels/cuda/test_cuda_fragments (the same build)")
+if [ "$mode" = check ]; then
+  [ -f .gpu/env.sh ] || missing+=(".gpu/ (../shared/tools/gpu-bundle: the GPU machine has no LuaJIT, OpenBLAS, OpenMPI)")
+  if [ ${#missing[@]} -gt 0 ]; then printf 'gpu_first_run: missing: %s\n' "${missing[@]}"; exit 1; fi
+  carry=(".gpu" "$build/libloom.so" "$build/kernels/cuda/test_cuda_fragments")
+  echo "gpu_first_run: ready; carry to the GPU machine, beside the checkout: ${carry[*]} ($(du -csh "${carry[@]}" | tail -1 | cut -f1))"
+  exit 0
+fi
+[ -f .gpu/env.sh ] && source .gpu/env.sh
+if [ ${#missing[@]} -gt 0 ]; then
+  printf 'gpu_first_run: missing: %s\n' "${missing[@]}"
+  echo "gpu_first_run: build them before the lease (see --help); nothing is built here"
+  exit 2
+fi
 gpus=$(nvidia-smi -L 2>/dev/null || true)
-[ -n "$gpus" ] || gpus=$(ls /proc/driver/nvidia/gpus 2>/dev/null || true)
 if [ -z "$gpus" ]; then
-  echo "gpu_first_run: no GPU here (nvidia-smi lists none, /proc/driver/nvidia/gpus is empty): nothing to run." \
-       "scripts/gpu_first_run.sh --dry-run lists the steps."
+  echo "gpu_first_run: no GPU here (nvidia-smi lists none): nothing to run; --dry-run lists the steps."
   exit 2
 fi
 
 export LOOM_EXPECT_GPU=1 LOOM_LIBRARY="$lib"
 {
-  echo "# loom: first run on a GPU"
-  echo
-  echo "- date: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), host $(hostname), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
-  echo "- GPUs: $(echo "$gpus" | tr '\n' ';')"
-  echo "- driver: $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)"
-  echo "- CPU: $(lscpu 2>/dev/null | grep 'Model name' | sed 's/.*: *//')"
-  echo
+  echo "loom: first run on a GPU: $(date -u '+%Y-%m-%d %H:%M:%S UTC'), host $(hostname), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+  echo "GPUs: $(echo "$gpus" | tr '\n' ';') driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)"
+  echo "CPU: $(lscpu 2>/dev/null | grep 'Model name' | sed 's/.*: *//')"
 } >"$report"
 
 results=()
+details=$(mktemp)
 fails=0
 i=0
+start=$(date +%s)
 for s in "${steps[@]}"; do
   i=$((i + 1))
-  name=${s%%|*}
-  cmd=${s#*|}
-  echo "[$i/${#steps[@]}] $name"
+  limit=${s%%|*}; rest=${s#*|}; name=${rest%%|*}; cmd=${rest#*|}
+  echo "[$i/${#steps[@]}] $name (at most $limit s)"
   out=$(mktemp)
   t0=$(date +%s)
-  bash -c "$cmd" >"$out" 2>&1
+  timeout --kill-after=5 "$limit" bash -c "$cmd" >"$out" 2>&1
   rc=$?
   secs=$(( $(date +%s) - t0 ))
-  if [ $rc -eq 0 ] && grep -q '^SKIP:' "$out"; then status=SKIP
+  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then status=TIMEOUT; fails=$((fails + 1))
+  elif [ $rc -eq 0 ] && grep -q '^SKIP:' "$out"; then status=SKIP
   elif [ $rc -eq 0 ]; then status=PASS
   else status=FAIL; fails=$((fails + 1)); fi
-  results+=("$(printf '%-4s %4ss  %2d. %s' "$status" "$secs" "$i" "$name")")
-  {
-    echo "## $i. $name: $status (exit $rc, ${secs}s)"
-    echo
-    echo '```'
-    echo "\$ $cmd"
-    tail -n 80 "$out"
-    echo '```'
-    echo
-  } >>"$report"
+  line=$(printf '%-7s %4ss of %4ss  %2d. %s' "$status" "$secs" "$limit" "$i" "$name")
+  results+=("$line")
+  echo "$line" >>"$report"
+  echo "  $line"
+  # every step's last lines (the figures of the benchmarks, the errors of a failure)
+  { echo; echo "== $i. $name: $status (exit $rc)"; tail -n "$([ "$status" = PASS ] && echo 12 || echo 60)" "$out"; } >>"$details"
   rm -f "$out"
-  if [ $i -eq 1 ] && [ $rc -ne 0 ]; then
-    echo "gpu_first_run: the build failed; the other steps need it (see $report)"
-    break
-  fi
 done
-
-{ echo "## Summary"; echo; printf '    %s\n' "${results[@]}"; } >>"$report"
+{ echo; echo "total: $(( $(date +%s) - start )) s of at most $total s"; cat "$details"; } >>"$report"
+rm -f "$details"
 echo
 echo "gpu_first_run: summary ($report):"
 printf '  %s\n' "${results[@]}"

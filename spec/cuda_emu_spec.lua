@@ -173,16 +173,26 @@ describe("the emulated CUDA device", function()
     loom.C.cudaGetLastError()
   end)
 
-  it("refuses a host pointer handed to a kernel, with a Lua error", function()
-    local x = loom.ones({ 4 })
-    -- a CPU tensor's memory passed off as cuda:0's (the Lua view of the struct is const)
-    local dev = ffi.cast("int8_t *", ffi.cast("const char *", ffi.cast("const lm_tensor *", x))
-                         + ffi.offsetof("lm_tensor", "device_"))
-    dev[0] = loom.C.LM_CUDA0
-    local ok, err = pcall(function() return x + 1 end)
-    dev[0] = loom.C.LM_CPU
-    assert.is_false(ok)
-    assert.truthy(tostring(err):find("illegal memory access", 1, true), tostring(err))
-    assert.equal(4, (loom.ones({ 4 }):to("cuda") + 0):sum():item()) -- and the device goes on
+  -- a GPU finds a bad address only when the kernel runs, and the error is
+  -- sticky: the context is lost, every later call fails (a child process)
+  it("faults a kernel given a host pointer when it runs, and every later call fails (sticky)", function()
+    local rc, out = sys.luajit([[
+      local loom, ffi = require("loom"), require("ffi")
+      local x = loom.ones({ 4 })
+      -- a CPU tensor's memory passed off as cuda:0's (the Lua view of the struct is const)
+      local dev = ffi.cast("int8_t *", ffi.cast("const char *", ffi.cast("const lm_tensor *", x))
+                           + ffi.offsetof("lm_tensor", "device_"))
+      dev[0] = loom.C.LM_CUDA0
+      local queued = pcall(function() return x + 1 end)
+      dev[0] = loom.C.LM_CPU
+      local _, next_err = pcall(function() return (loom.ones({ 4 }):to("cuda") + 0):sum():item() end)
+      local _, later = pcall(function() return loom.ones({ 4 }):to("cuda") end)
+      io.write("queued=", tostring(queued), "\nnext=", tostring(next_err), "\nlater=", tostring(later), "\n")
+    ]])
+    assert.equal(0, rc, out)
+    assert.truthy(out:find("queued=true", 1, true), out)                -- the launch itself went out
+    assert.truthy(out:match("next=[^\n]*illegal memory access"), out)  -- the next wait finds the fault
+    assert.truthy(out:match("later=[^\n]*illegal memory access"), out) -- and the device stays lost
+    assert.truthy(out:find("was given 0x%x+, which is not device memory"), out)
   end)
 end)

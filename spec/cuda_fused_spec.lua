@@ -1,7 +1,8 @@
 -- cuda_fused_spec.lua: the ops that run on fused CUDA kernels (attention,
 -- cross entropy, softmax and norm backward, rope, the unary derivatives),
 -- forward and gradients, at the sizes where those kernels change path:
--- several tiles, rows longer than a block, head dims 64, 128, 192, 256, bf16.
+-- several tiles, rows longer than a block, head dims 64, 128, 192, 256, bf16
+-- and f16.
 -- The same op on the CPU is the ground truth; tolerances are |cuda - cpu| /
 -- |cpu| (support/cuda.lua: f32 2e-5, bf16 1e-2; attention in bf16 2e-2,
 -- its probabilities being rounded to bf16 before P V as in FlashAttention).
@@ -11,6 +12,10 @@ local G = require("support.cuda")
 local F = loom.F
 
 if G.skip(describe, it, "cuda fused kernels") then return end
+-- a device with 99 KiB of shared memory per block (sm_86/89; LOOM_EMU_ARCH):
+-- 16-bit tiles of D = 256 do not fit, and those calls compose
+local config = loom.show_config()
+local SMALL_SMEM = config:find("sm_86", 1, true) or config:find("sm_89", 1, true)
 
 -- forward and the gradients of the float inputs in `which` agree
 local function fw_bw(tol, f, inputs, which)
@@ -81,7 +86,8 @@ describe("cuda fused kernels", function()
   -- the output's columns. Causal, not, a bool mask and a float (H, L, S)
   -- bias; forward and dq/dk/dv against the composed CPU ops (f32 2e-5,
   -- bf16 2e-2). On the emulated device, forward and backward under bf16
-  -- autocast run no GEMM at all (so none in f32): the fused kernels.
+  -- autocast run no GEMM at all (so none in f32): the fused kernels (where
+  -- their tiles fit the device's shared memory: not D = 256 on sm_86/89).
   for _, dt in ipairs({ "f32", "bf16" }) do
     for _, D in ipairs({ 256, 192, 136, 200 }) do
       it(("attention %s, head dim %d: causal, not, masked (the fused kernels)"):format(dt, D), function()
@@ -98,7 +104,7 @@ describe("cuda fused kernels", function()
           fw_bw(tol, function(a, b, c, mk) return F.scaled_dot_product_attention(a, b, c, { attn_mask = mk }) end,
                 { q, k, v, m }, { true, true, true })
         end
-        if dt == "bf16" and loom.cuda.emu_counters then
+        if dt == "bf16" and loom.cuda.emu_counters and (D <= 192 or not SMALL_SMEM) then
           local qc, kc, vc = loom.randn({ B, H, L, D }, { device = "cuda" }):requires_grad_(true),
                              loom.randn({ B, H, S, D }, { device = "cuda" }):requires_grad_(true),
                              loom.randn({ B, H, S, D }, { device = "cuda" }):requires_grad_(true)
@@ -116,6 +122,42 @@ describe("cuda fused kernels", function()
       end)
     end
   end
+
+  -- f16: the f16 instantiations (mma.sync .f16, f16 tiles, stores) of the
+  -- forward and both backward kernels, D up to 128 and the column split of
+  -- D = 256, causal, not and masked; tolerance 5e-3 (P rounded to f16, 11
+  -- bits, before P V). Then the f16 rows: cross entropy, rms norm, rope.
+  it("attention f16, head dims 64, 128 and 256: causal, not, masked (the fused kernels)", function()
+    local B, H, L, S = 1, 2, 70, 100
+    local r = loom.rand({ L, S })
+    r:narrow(2, 1, 1):fill_(0) -- every row keeps its first key
+    for _, D in ipairs({ 64, 128, 256 }) do
+      local q, k, v = loom.randn({ B, H, L, D }):to("f16"), loom.randn({ B, H, S, D }):to("f16"), loom.randn({ B, H, S, D }):to("f16")
+      for _, causal in ipairs({ false, true }) do
+        fw_bw(5e-3, function(a, b, c) return F.scaled_dot_product_attention(a, b, c, { is_causal = causal }) end,
+              { q, k, v }, { true, true, true })
+      end
+      fw_bw(5e-3, function(a, b, c, mk) return F.scaled_dot_product_attention(a, b, c, { attn_mask = mk }) end,
+            { q, k, v, r:lt(0.7) }, { true, true, true })
+    end
+    if loom.cuda.emu_counters then -- the fused kernels ran: no GEMM
+      local q = loom.randn({ B, H, L, 64 }, { device = "cuda" }):to("f16")
+      local g0 = loom.cuda.emu_counters().gemms
+      F.scaled_dot_product_attention(q, q, q, { is_causal = true })
+      assert.equal(g0, loom.cuda.emu_counters().gemms, "f16 attention ran GEMMs (composed)")
+    end
+  end)
+
+  it("cross entropy, rms norm and rope in f16", function()
+    local x = (loom.randn({ 8, 5000 }) * 3):to("f16")
+    local t = loom.randint(1, 5001, { 8 }, { dtype = "i64" })
+    fw_bw(G.tol.f16, function(a, b) return F.cross_entropy(a, b, { label_smoothing = 0.1 }) end, { x, t }, { true })
+    local xr, w = loom.randn({ 130, 256 }):to("f16"), loom.randn({ 256 }):to("f16")
+    fw_bw(G.tol.f16, function(a, c) return F.rms_norm(a, { 256 }, c) end, { xr, w }, { true, true })
+    local cos, sin = F.rope_tables(64, 128)
+    fw_bw(G.tol.f16, function(a, c, d) return F.apply_rotary_emb(a, c, d) end,
+          { loom.randn({ 2, 64, 4, 128 }):to("f16"), cos, sin }, { true })
+  end)
 
   it("attention with a mask that drops every key of a row: zeros there, finite gradients", function()
     local q, k, v = loom.randn({ 1, 2, 40, 64 }), loom.randn({ 1, 2, 50, 64 }), loom.randn({ 1, 2, 50, 64 })

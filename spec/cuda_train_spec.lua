@@ -4,8 +4,10 @@
 -- under autocast with f32 accumulation; what differs is the order of the
 -- sums (cuBLAS against OpenBLAS, the fused kernels' reductions), which moved
 -- the losses by at most 4e-4 on the emulated device. Then the same on 2
--- ranks, tensor parallel over 2 GPUs (NCCL), against the CPU. Skips, saying
--- why, without a GPU (the emulated one counts: scripts/test_emu.sh).
+-- ranks, tensor parallel over 2 GPUs (NCCL), against the CPU. The GPU runs
+-- end with their sample (generation builds its ids on the model's device).
+-- Skips, saying why, without a GPU (the emulated one counts:
+-- scripts/test_emu.sh).
 local G = require("support.cuda")
 local sys = require("support.sys")
 
@@ -21,8 +23,10 @@ describe("examples/train.lua on cuda", function()
     local losses = {}
     for _, dev in ipairs({ "cpu", "cuda" }) do
       local log = dir .. "/" .. dev .. ".jsonl"
-      local rc, out = sys.sh(ARGS .. " --device " .. dev .. " --log " .. log)
+      local rc, out = sys.sh(ARGS .. " --device " .. dev .. " --log " .. log
+                             .. (dev == "cuda" and " --sample 20" or ""))
       assert.equal(0, rc, out)
+      if dev == "cuda" then assert.truthy(out:find("---- sample ----\n", 1, true), out) end
       losses[dev] = sys.losses(log)
     end
     sys.rmtree(dir)
@@ -52,8 +56,9 @@ describe("examples/train.lua on cuda", function()
     local rc, out = sys.sh(ARGS .. " --device cpu" .. extra .. "cpu.jsonl")
     assert.equal(0, rc, out)
     rc, out = sys.sh(ARGS:gsub("^luajit", "scripts/loomrun -n 2 --quiet-others") .. " --device cuda --tp 2"
-                     .. extra .. "tp.jsonl")
+                     .. " --sample 20" .. extra .. "tp.jsonl")
     assert.equal(0, rc, out)
+    assert.truthy(out:find("---- sample ----\n", 1, true), out)
     local want, got = sys.losses(dir .. "/cpu.jsonl"), sys.losses(dir .. "/tp.jsonl")
     sys.rmtree(dir)
     local worst = 0

@@ -10,6 +10,7 @@
 static cudaStream_t side; /* blocking stream: ordered after the default stream's work */
 
 static int cuda_fail(const char *what, cudaError_t e) {
+  cudaGetLastError(); /* clear it (a sticky error stays), so the next launch check is not failed by it */
   return lm_error("%s: CUDA error: %s", what, cudaGetErrorString(e));
 }
 static int nccl_fail(const char *what, ncclResult_t r) {
@@ -131,9 +132,15 @@ static int nccl_start(lm_work *w) {
   return e == cudaSuccess ? 0 : cuda_fail("nccl collective", e);
 }
 
+/* A query of an event not yet reached answers cudaErrorNotReady and, as
+ * CUDA does, leaves it as the last error: cleared here, or the next
+ * kernel's launch check (cudaGetLastError) would fail with it. */
 static int nccl_test(lm_work *w) {
   cudaError_t e = cudaEventQuery((cudaEvent_t)w->event);
-  if (e == cudaErrorNotReady) return 0;
+  if (e == cudaErrorNotReady) {
+    if (cudaPeekAtLastError() == cudaErrorNotReady) cudaGetLastError();
+    return 0;
+  }
   return e == cudaSuccess ? 1 : cuda_fail("nccl test", e);
 }
 

@@ -7,6 +7,20 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* every tensor argument on argument #1's device: an op never copies
+ * across devices (on a GPU a kernel given another device's memory, or the
+ * CPU's, faults; the CPU cannot read a GPU's) */
+static int check_devices(const lm_op_def *d, int nin, lm_tensor *const *in) {
+  for (int i = 1; i < nin; i++) {
+    if (in[i]->device_ == in[0]->device_) continue;
+    char here[32], there[32];
+    lm_device_name(in[i]->device_, here, sizeof here), lm_device_name(in[0]->device_, there, sizeof there);
+    return lm_error("%s: argument #%d is on %s, argument #1 on %s: an op never copies across devices "
+                    "(move one with :to())", d->name, i + 1, here, there);
+  }
+  return 0;
+}
+
 static int check_call(const lm_op_def *d, int nin, lm_tensor *const *in, const lm_attrs *a, int maxout) {
   if (d->nin >= 0 && nin != d->nin)
     return lm_error("%s: expected %d tensor arguments, got %d", d->name, d->nin, nin);
@@ -20,10 +34,8 @@ static int check_call(const lm_op_def *d, int nin, lm_tensor *const *in, const l
   for (int i = 0; i < nin; i++) {
     if (!in[i]) return lm_error("%s: argument #%d expected a tensor, got nil", d->name, i + 1);
     if (in[i]->freed) return lm_error("%s: argument #%d was freed (t:free())", d->name, i + 1);
-    if (in[i]->device_ != in[0]->device_)
-      return lm_error("%s: argument #%d is on another device than argument #1", d->name, i + 1);
   }
-  return 0;
+  return check_devices(d, nin, in);
 }
 
 /* ---- autocast: mixed precision per op, as PyTorch's ---- */

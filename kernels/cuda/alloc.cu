@@ -206,6 +206,12 @@ void *lm_cuda_alloc(size_t n) {
   d->stat[LM_MEM_ALLOCATED] += (int64_t)size;
   if (d->stat[LM_MEM_ALLOCATED] > d->stat[LM_MEM_PEAK]) d->stat[LM_MEM_PEAK] = d->stat[LM_MEM_ALLOCATED];
   pthread_mutex_unlock(&mu);
+#ifdef LOOM_CUDA_EMULATE
+  /* the emulated device: every block handed out holds NaN (kernels/emu/
+   * poison.h), stream-ordered as its reuse is, so a kernel that reads what
+   * no one wrote (on a GPU: the previous tensor's values) shows */
+  if (lm_emu::poison_block) lm_emu::poison_block(e->p, size);
+#endif
   return e->p;
 }
 

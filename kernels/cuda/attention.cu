@@ -124,7 +124,8 @@ static int attention(lm_tensor *o, lm_tensor *lse, const lm_tensor *q, const lm_
     typedef decltype(z) T;
     const int D = decltype(dim)::value;
     typedef FwdCfg<T, D> K;
-    LM_TRY(attn_smem(attn_fwd_kernel<T, D>, K::smem, "attention"));
+    int rc = attn_smem(attn_fwd_kernel<T, D>, K::smem, "attention");
+    if (rc < 0) return rc; /* LM_CUDA_UNSUPPORTED (the device has less shared memory): the op composes */
     unsigned blocks = (unsigned)(d.B * ((d.L + K::BR - 1) / K::BR) * K::NCOL);
     LM_LAUNCH(blocks, ATTN_THREADS, K::smem, attn_fwd_kernel<T, D>)(a);
     return lm_cuda_launched("attention");

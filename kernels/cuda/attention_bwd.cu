@@ -205,13 +205,15 @@ template <typename T, int D> static int attn_bwd_launch(BwdArgs &a) {
   LM_TRY(lm_cuda_launched("attention_bwd (dO . O)"));
   if ((a.dk || a.dv) && a.S > 0) {
     auto kernel = a.bias.p ? attn_dkdv_kernel<T, D, true> : attn_dkdv_kernel<T, D, false>;
-    LM_TRY(attn_smem(kernel, KV::smem, "attention_bwd"));
+    int rc = attn_smem(kernel, KV::smem, "attention_bwd");
+    if (rc < 0) return rc; /* LM_CUDA_UNSUPPORTED: the op composes (as LM_TRY's -1 would not let it) */
     unsigned blocks = (unsigned)(a.B * ((a.S + KV::BK - 1) / KV::BK) * KV::NCOL);
     LM_LAUNCH(blocks, ATTN_THREADS, KV::smem, kernel)(a);
     LM_TRY(lm_cuda_launched("attention_bwd (dk, dv)"));
   }
   if (a.dq) {
-    LM_TRY(attn_smem(attn_dq_kernel<T, D>, KQ::smem, "attention_bwd"));
+    int rc = attn_smem(attn_dq_kernel<T, D>, KQ::smem, "attention_bwd");
+    if (rc < 0) return rc;
     unsigned blocks = (unsigned)(a.B * ((a.L + KQ::BQ - 1) / KQ::BQ) * KQ::NCOL);
     LM_LAUNCH(blocks, ATTN_THREADS, KQ::smem, attn_dq_kernel<T, D>)(a);
     LM_TRY(lm_cuda_launched("attention_bwd (dq)"));

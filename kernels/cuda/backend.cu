@@ -12,9 +12,12 @@ int lm_cuda_fail(const char *what, cudaError_t e) {
   return lm_error("cuda: %s: %s", what, cudaGetErrorString(e));
 }
 
+/* cudaErrorNotReady is never a launch's error: a query (cudaEventQuery,
+ * cudaStreamQuery) left it as the last error, and whoever asked has its
+ * answer already; taking it for this launch's would fail a good launch. */
 int lm_cuda_launched(const char *kernel) {
   cudaError_t e = cudaGetLastError();
-  return e == cudaSuccess ? 0 : lm_cuda_fail(kernel, e);
+  return e == cudaSuccess || e == cudaErrorNotReady ? 0 : lm_cuda_fail(kernel, e);
 }
 
 /* ---- devices ---- */

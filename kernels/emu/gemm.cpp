@@ -92,6 +92,7 @@ bool on_device(const void *p, size_t n, const char *what) {
   return false;
 }
 
+void compute(const problem &p);
 cublasStatus_t run(const problem &p, cudaStream_t stream) {
   bool f64 = p.compute == CUBLAS_COMPUTE_64F || p.compute == CUBLAS_COMPUTE_64F_PEDANTIC;
   bool half = p.at == CUDA_R_16BF || p.at == CUDA_R_16F;
@@ -110,13 +111,30 @@ cublasStatus_t run(const problem &p, cudaStream_t stream) {
       (p.beta != 0 && !on_device(p.C, extent(p.m, p.n, p.ldc, p.batch, p.sc, p.ct), "C")) ||
       !on_device(p.D, extent(p.m, p.n, p.ldd, p.batch, p.sd, p.dt), "D"))
     return CUBLAS_STATUS_EXECUTION_FAILED;
+  if (lm_rt::sticky(lm_rt::current())) return CUBLAS_STATUS_EXECUTION_FAILED;
   int autocast = lm_set_autocast(-1);
   lm_set_autocast(autocast);
   if (p.at == CUDA_R_32F && autocast >= 0) lm_rt::count(lm_rt::C_F32_GEMM_AUTOCAST);
   lm_rt::count(lm_rt::C_GEMMS);
-  lm_rt::work(stream);
-  for (const void *q : {(const void *)p.A, (const void *)p.B, (const void *)p.D})
-    if (q) lm_rt::touch(stream, q);
+  lm_rt::work w;
+  char what[96];
+  snprintf(what, sizeof what, "cuBLAS GEMM (m %lld, n %lld, k %lld, batch %lld)", (long long)p.m, (long long)p.n,
+           (long long)p.k, (long long)p.batch);
+  w.what = what;
+  for (const void *q : {(const void *)p.A, (const void *)p.B, p.beta != 0 ? (const void *)p.C : NULL, (const void *)p.D}) {
+    const void *b = q ? lm_rt::block_of(q) : NULL;
+    bool have = !b;
+    for (const void *x : w.blocks) have = have || x == b;
+    if (!have) w.blocks.push_back(b);
+  }
+  w.run = [p] { compute(p); };
+  lm_rt::enqueue(stream, std::move(w));
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+/* the product, when it runs on the device */
+void compute(const problem &p) {
+  bool f64 = p.compute == CUBLAS_COMPUTE_64F || p.compute == CUBLAS_COMPUTE_64F_PEDANTIC;
   int as = type_size(p.at), bs = type_size(p.bt), cs = type_size(p.ct);
   bool round_tf32 = p.compute == CUBLAS_COMPUTE_32F_FAST_TF32;
   std::vector<double> a64, b64, c64;
@@ -150,7 +168,6 @@ cublasStatus_t run(const problem &p, cudaStream_t stream) {
         store(D + (i + j * p.ldd) * cs, p.dt, v);
       }
   }
-  return CUBLAS_STATUS_SUCCESS;
 }
 } // namespace
 

@@ -1,13 +1,19 @@
 /* nccl.cpp: the NCCL calls loom makes, over MPI. A communicator is an MPI
  * communicator of its ranks, made from the unique id (which names the world
  * rank that made it) by MPI_Comm_create_group, collective over its members
- * only, as ncclCommInitRank is. Calls between ncclGroupStart and
- * ncclGroupEnd are queued and run at ncclGroupEnd (sends and receives
- * posted first, so a group of them cannot deadlock), which returns the
- * first error. Reductions gather every rank's buffer and reduce in rank
- * order, so every rank gets the same bits; bf16/f16 reduce in f32 and round
- * once, f64 in f64. Buffers must be device memory of the communicator's
- * device; work is ordered on the stream given (stream.cpp). */
+ * only, as ncclCommInitRank is. Buffers must be device memory of the
+ * communicator's device.
+ *
+ * A call is asynchronous, as on a GPU: queued on its stream, it is posted
+ * (its send buffer staged once the stream's earlier work has run, then
+ * MPI's nonblocking call) when issued, and completes at its place in the
+ * stream, once its peers' data has come: only then is the receive buffer
+ * written, so an event recorded after it is not ready before (a query
+ * answers cudaErrorNotReady). Calls between ncclGroupStart and ncclGroupEnd
+ * are posted together at ncclGroupEnd (sends and receives first), which
+ * returns the first error. Reductions gather every rank's buffer and
+ * reduce in rank order, so every rank gets the same bits; bf16/f16 reduce
+ * in f32 and round once, f64 in f64. */
 #include "runtime.h"
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -15,6 +21,7 @@
 #include <nccl.h>
 #include <string.h>
 #include <functional>
+#include <memory>
 #include <vector>
 
 struct ncclComm {
@@ -26,8 +33,6 @@ namespace {
 const char MAGIC[8] = "loomemu";
 int made;                       /* unique ids this process made */
 thread_local int group_depth;
-struct queued { bool p2p; std::function<ncclResult_t(std::vector<MPI_Request> &)> run; };
-thread_local std::vector<queued> queue;
 
 /* NCCL's element types, X(type, C type), and type_size, load, store */
 #define NCCL_TYPES(X)                                                                                   \
@@ -55,37 +60,103 @@ double reduce_one(const char *all, size_t stride, int size, size_t i, ncclDataTy
   return acc;
 }
 
-/* checks a buffer and orders it on the stream; an error when it is not
- * memory of the communicator's device */
-ncclResult_t buffer(ncclComm_t c, const void *p, size_t count, ncclDataType_t t, cudaStream_t s, const char *what) {
+/* an error when a buffer is not memory of the communicator's device */
+ncclResult_t buffer(ncclComm_t c, const void *p, size_t count, ncclDataType_t t, const char *what) {
   size_t n = count * type_size(t);
-  if (!n) return ncclSuccess;
-  if (lm_rt::device_of(p, n) != c->device) {
-    lm_rt::note("%s: buffer %p of %zu bytes is not memory of the communicator's device cuda:%d", what, p, n,
-                c->device);
-    lm_rt::count(lm_rt::C_ERRORS);
-    return ncclInvalidArgument;
-  }
-  lm_rt::work(s); /* ordered on s first (a blocking stream: after the legacy stream's work) */
-  lm_rt::touch(s, p);
-  return ncclSuccess;
-}
-
-/* runs f now, or at ncclGroupEnd inside a group */
-ncclResult_t issue(ncclComm_t c, cudaStream_t s, bool p2p, std::function<ncclResult_t(std::vector<MPI_Request> &)> f) {
-  if (!c) return ncclInvalidArgument;
-  lm_rt::count(lm_rt::C_COLLECTIVES);
-  lm_rt::work(s);
-  if (group_depth > 0) {
-    queue.push_back(queued{p2p, f});
-    return ncclSuccess;
-  }
-  std::vector<MPI_Request> reqs;
-  ncclResult_t r = f(reqs);
-  if (!reqs.empty()) MPI_Waitall((int)reqs.size(), reqs.data(), MPI_STATUSES_IGNORE);
-  return r;
+  if (!n || lm_rt::device_of(p, n) == c->device) return ncclSuccess;
+  lm_rt::note("%s: buffer %p of %zu bytes is not memory of the communicator's device cuda:%d", what, p, n, c->device);
+  lm_rt::count(lm_rt::C_ERRORS);
+  return ncclInvalidArgument;
 }
 ncclResult_t mpi(int rc) { return rc == MPI_SUCCESS ? ncclSuccess : ncclSystemError; }
+
+/* a call in flight: its staged send buffer, its receive buffer, MPI's requests */
+struct flight {
+  std::vector<char> send, recv;
+  std::vector<MPI_Request> reqs;
+  ncclResult_t rc = ncclSuccess;
+};
+/* a call: what it stages (sn bytes at s), how it posts, how it finishes
+ * (the result into its receive buffer) */
+struct call {
+  const char *what;
+  cudaStream_t st;
+  bool p2p;
+  const void *s;
+  size_t sn;
+  void *r;
+  std::function<ncclResult_t(flight &)> post;
+  std::function<void(flight &)> finish;
+};
+thread_local std::vector<call> &group = *new std::vector<call>;
+
+const void *block_of(const void *p) { return p ? lm_rt::block_of(p) : NULL; }
+
+/* posts the calls (sends and receives first): each is staged and posted
+ * by work on its stream, which runs now with the stream's earlier work;
+ * then queues each one's completion; the first error */
+ncclResult_t launch(std::vector<call> &calls) {
+  std::vector<std::shared_ptr<flight>> f;
+  std::vector<cudaStream_t> used;
+  for (int pass = 0; pass < 2; pass++)
+    for (call &k : calls) {
+      if (k.p2p != (pass == 0)) continue;
+      auto fl = std::make_shared<flight>();
+      f.push_back(fl);
+      lm_rt::work w;
+      w.what = std::string(k.what) + " (posting)";
+      if (const void *b = block_of(k.s)) w.blocks.push_back(b);
+      const void *s = k.s;
+      size_t sn = k.sn;
+      auto post = k.post;
+      w.run = [fl, s, sn, post] {
+        fl->send.assign((const char *)s, (const char *)s + sn);
+        fl->rc = post(*fl);
+      };
+      lm_rt::enqueue(k.st, std::move(w));
+      bool seen = false;
+      for (cudaStream_t u : used) seen = seen || u == k.st;
+      if (!seen) used.push_back(k.st);
+    }
+  for (cudaStream_t u : used) lm_rt::drain(u);
+  ncclResult_t first = ncclSuccess;
+  size_t i = 0;
+  for (int pass = 0; pass < 2; pass++)
+    for (call &k : calls) {
+      if (k.p2p != (pass == 0)) continue;
+      auto fl = f[i++];
+      if (first == ncclSuccess) first = fl->rc;
+      lm_rt::work w;
+      w.what = k.what;
+      for (const void *b : {block_of(k.s), block_of(k.r)})
+        if (b && (w.blocks.empty() || w.blocks[0] != b)) w.blocks.push_back(b);
+      w.ready = [fl] {
+        int done = 0;
+        MPI_Testall((int)fl->reqs.size(), fl->reqs.data(), &done, MPI_STATUSES_IGNORE);
+        return done != 0;
+      };
+      auto finish = k.finish;
+      w.run = [fl, finish] {
+        MPI_Waitall((int)fl->reqs.size(), fl->reqs.data(), MPI_STATUSES_IGNORE);
+        if (finish && fl->rc == ncclSuccess) finish(*fl);
+      };
+      lm_rt::enqueue(k.st, std::move(w));
+    }
+  return first;
+}
+
+/* issues k now, or at ncclGroupEnd inside a group */
+ncclResult_t issue(ncclComm_t c, call k) {
+  if (!c) return ncclInvalidArgument;
+  if (lm_rt::sticky(c->device)) return ncclUnhandledCudaError;
+  lm_rt::count(lm_rt::C_COLLECTIVES);
+  if (group_depth > 0) {
+    group.push_back(std::move(k));
+    return ncclSuccess;
+  }
+  std::vector<call> one{std::move(k)};
+  return launch(one);
+}
 } // namespace
 
 extern "C" {
@@ -158,98 +229,91 @@ ncclResult_t ncclGroupStart() {
 ncclResult_t ncclGroupEnd() {
   if (group_depth == 0) return ncclInvalidUsage;
   if (--group_depth > 0) return ncclSuccess;
-  std::vector<queued> q;
-  q.swap(queue);
-  std::vector<MPI_Request> reqs;
-  ncclResult_t first = ncclSuccess;
-  for (int pass = 0; pass < 2; pass++) /* sends and receives posted first */
-    for (auto &op : q)
-      if (op.p2p == (pass == 0)) {
-        ncclResult_t r = op.run(reqs);
-        if (first == ncclSuccess) first = r;
-      }
-  if (!reqs.empty()) MPI_Waitall((int)reqs.size(), reqs.data(), MPI_STATUSES_IGNORE);
-  return first;
+  std::vector<call> q;
+  q.swap(group);
+  return launch(q);
 }
+
 
 ncclResult_t ncclAllReduce(const void *s, void *r, size_t count, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c,
                            cudaStream_t st) {
   if (!type_size(t) || op < 0 || op >= ncclNumOps) return ncclInvalidArgument;
-  if (!c || buffer(c, s, count, t, st, "ncclAllReduce") || buffer(c, r, count, t, st, "ncclAllReduce"))
-    return ncclInvalidArgument;
-  return issue(c, st, false, [=](std::vector<MPI_Request> &) {
-    size_t n = count * type_size(t);
-    std::vector<char> all(n * c->size);
-    ncclResult_t e = mpi(MPI_Allgather(s, (int)n, MPI_BYTE, all.data(), (int)n, MPI_BYTE, c->mpi));
-    for (size_t i = 0; e == ncclSuccess && i < count; i++)
-      store((char *)r + i * type_size(t), t, reduce_one(all.data(), n, c->size, i, t, op));
-    return e;
-  });
+  if (!c || buffer(c, s, count, t, "ncclAllReduce") || buffer(c, r, count, t, "ncclAllReduce")) return ncclInvalidArgument;
+  size_t n = count * type_size(t);
+  return issue(c, call{"ncclAllReduce", st, false, s, n, r, [=](flight &f) {
+    f.recv.resize(n * c->size), f.reqs.resize(1);
+    return mpi(MPI_Iallgather(f.send.data(), (int)n, MPI_BYTE, f.recv.data(), (int)n, MPI_BYTE, c->mpi, &f.reqs[0]));
+  }, [=](flight &f) {
+    for (size_t i = 0; i < count; i++) store((char *)r + i * type_size(t), t, reduce_one(f.recv.data(), n, c->size, i, t, op));
+  }});
 }
 ncclResult_t ncclBroadcast(const void *s, void *r, size_t count, ncclDataType_t t, int root, ncclComm_t c,
                            cudaStream_t st) {
   if (!type_size(t) || !c || root < 0 || root >= c->size) return ncclInvalidArgument;
-  if ((c->rank == root && buffer(c, s, count, t, st, "ncclBroadcast")) || buffer(c, r, count, t, st, "ncclBroadcast"))
+  if ((c->rank == root && buffer(c, s, count, t, "ncclBroadcast")) || buffer(c, r, count, t, "ncclBroadcast"))
     return ncclInvalidArgument;
-  return issue(c, st, false, [=](std::vector<MPI_Request> &) {
-    size_t n = count * type_size(t);
-    if (c->rank == root && s != r) memmove(r, s, n);
-    return mpi(MPI_Bcast(r, (int)n, MPI_BYTE, root, c->mpi));
-  });
+  size_t n = count * type_size(t);
+  bool mine = c->rank == root;
+  return issue(c, call{"ncclBroadcast", st, false, mine ? s : NULL, mine ? n : 0, r, [=](flight &f) {
+    if (!mine) f.send.resize(n);
+    f.reqs.resize(1);
+    return mpi(MPI_Ibcast(f.send.data(), (int)n, MPI_BYTE, root, c->mpi, &f.reqs[0]));
+  }, [=](flight &f) { if (n) memcpy(r, f.send.data(), n); }});
 }
 ncclResult_t ncclAllGather(const void *s, void *r, size_t count, ncclDataType_t t, ncclComm_t c, cudaStream_t st) {
   if (!type_size(t) || !c) return ncclInvalidArgument;
-  if (buffer(c, s, count, t, st, "ncclAllGather") || buffer(c, r, count * c->size, t, st, "ncclAllGather"))
+  if (buffer(c, s, count, t, "ncclAllGather") || buffer(c, r, count * c->size, t, "ncclAllGather"))
     return ncclInvalidArgument;
-  return issue(c, st, false, [=](std::vector<MPI_Request> &) {
-    size_t n = count * type_size(t);
-    std::vector<char> mine((const char *)s, (const char *)s + n); /* in place: s inside r */
-    return mpi(MPI_Allgather(mine.data(), (int)n, MPI_BYTE, r, (int)n, MPI_BYTE, c->mpi));
-  });
+  size_t n = count * type_size(t);
+  return issue(c, call{"ncclAllGather", st, false, s, n, r, [=](flight &f) {
+    f.recv.resize(n * c->size), f.reqs.resize(1);
+    return mpi(MPI_Iallgather(f.send.data(), (int)n, MPI_BYTE, f.recv.data(), (int)n, MPI_BYTE, c->mpi, &f.reqs[0]));
+  }, [=](flight &f) { if (n) memcpy(r, f.recv.data(), f.recv.size()); }});
 }
 ncclResult_t ncclReduceScatter(const void *s, void *r, size_t count, ncclDataType_t t, ncclRedOp_t op,
                                ncclComm_t c, cudaStream_t st) {
   if (!type_size(t) || !c || op < 0 || op >= ncclNumOps) return ncclInvalidArgument;
-  if (buffer(c, s, count * c->size, t, st, "ncclReduceScatter") || buffer(c, r, count, t, st, "ncclReduceScatter"))
+  if (buffer(c, s, count * c->size, t, "ncclReduceScatter") || buffer(c, r, count, t, "ncclReduceScatter"))
     return ncclInvalidArgument;
-  return issue(c, st, false, [=](std::vector<MPI_Request> &) {
-    size_t es = type_size(t), n = count * es * c->size;
-    std::vector<char> all(n * c->size);
-    ncclResult_t e = mpi(MPI_Allgather(s, (int)n, MPI_BYTE, all.data(), (int)n, MPI_BYTE, c->mpi));
-    for (size_t i = 0; e == ncclSuccess && i < count; i++)
-      store((char *)r + i * es, t, reduce_one(all.data(), n, c->size, c->rank * count + i, t, op));
-    return e;
-  });
+  size_t es = type_size(t), n = count * es * c->size;
+  return issue(c, call{"ncclReduceScatter", st, false, s, n, r, [=](flight &f) {
+    f.recv.resize(n * c->size), f.reqs.resize(1);
+    return mpi(MPI_Iallgather(f.send.data(), (int)n, MPI_BYTE, f.recv.data(), (int)n, MPI_BYTE, c->mpi, &f.reqs[0]));
+  }, [=](flight &f) {
+    for (size_t i = 0; i < count; i++)
+      store((char *)r + i * es, t, reduce_one(f.recv.data(), n, c->size, c->rank * count + i, t, op));
+  }});
 }
 ncclResult_t ncclReduce(const void *s, void *r, size_t count, ncclDataType_t t, ncclRedOp_t op, int root,
                         ncclComm_t c, cudaStream_t st) {
   if (!type_size(t) || !c || op < 0 || op >= ncclNumOps || root < 0 || root >= c->size) return ncclInvalidArgument;
-  if (buffer(c, s, count, t, st, "ncclReduce") || (c->rank == root && buffer(c, r, count, t, st, "ncclReduce")))
-    return ncclInvalidArgument;
-  return issue(c, st, false, [=](std::vector<MPI_Request> &) {
-    size_t n = count * type_size(t);
-    std::vector<char> all(c->rank == root ? n * c->size : 1);
-    ncclResult_t e = mpi(MPI_Gather(s, (int)n, MPI_BYTE, all.data(), (int)n, MPI_BYTE, root, c->mpi));
-    if (c->rank == root)
-      for (size_t i = 0; e == ncclSuccess && i < count; i++)
-        store((char *)r + i * type_size(t), t, reduce_one(all.data(), n, c->size, i, t, op));
-    return e;
-  });
+  bool mine = c->rank == root;
+  if (buffer(c, s, count, t, "ncclReduce") || (mine && buffer(c, r, count, t, "ncclReduce"))) return ncclInvalidArgument;
+  size_t n = count * type_size(t);
+  return issue(c, call{"ncclReduce", st, false, s, n, mine ? r : NULL, [=](flight &f) {
+    f.recv.resize(mine ? n * c->size : 1), f.reqs.resize(1);
+    return mpi(MPI_Igather(f.send.data(), (int)n, MPI_BYTE, f.recv.data(), (int)n, MPI_BYTE, root, c->mpi, &f.reqs[0]));
+  }, [=](flight &f) {
+    if (mine)
+      for (size_t i = 0; i < count; i++) store((char *)r + i * type_size(t), t, reduce_one(f.recv.data(), n, c->size, i, t, op));
+  }});
 }
 ncclResult_t ncclSend(const void *s, size_t count, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t st) {
   if (!type_size(t) || !c || peer < 0 || peer >= c->size) return ncclInvalidArgument;
-  if (buffer(c, s, count, t, st, "ncclSend")) return ncclInvalidArgument;
-  return issue(c, st, true, [=](std::vector<MPI_Request> &reqs) {
-    reqs.emplace_back();
-    return mpi(MPI_Isend(s, (int)(count * type_size(t)), MPI_BYTE, peer, 7, c->mpi, &reqs.back()));
-  });
+  if (buffer(c, s, count, t, "ncclSend")) return ncclInvalidArgument;
+  size_t n = count * type_size(t);
+  return issue(c, call{"ncclSend", st, true, s, n, NULL, [=](flight &f) {
+    f.reqs.resize(1);
+    return mpi(MPI_Isend(f.send.data(), (int)n, MPI_BYTE, peer, 7, c->mpi, &f.reqs[0]));
+  }, nullptr});
 }
 ncclResult_t ncclRecv(void *r, size_t count, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t st) {
   if (!type_size(t) || !c || peer < 0 || peer >= c->size) return ncclInvalidArgument;
-  if (buffer(c, r, count, t, st, "ncclRecv")) return ncclInvalidArgument;
-  return issue(c, st, true, [=](std::vector<MPI_Request> &reqs) {
-    reqs.emplace_back();
-    return mpi(MPI_Irecv(r, (int)(count * type_size(t)), MPI_BYTE, peer, 7, c->mpi, &reqs.back()));
-  });
+  if (buffer(c, r, count, t, "ncclRecv")) return ncclInvalidArgument;
+  size_t n = count * type_size(t);
+  return issue(c, call{"ncclRecv", st, true, NULL, 0, r, [=](flight &f) {
+    f.recv.resize(n), f.reqs.resize(1);
+    return mpi(MPI_Irecv(f.recv.data(), (int)n, MPI_BYTE, peer, 7, c->mpi, &f.reqs[0]));
+  }, [=](flight &f) { if (n) memcpy(r, f.recv.data(), n); }});
 }
 }

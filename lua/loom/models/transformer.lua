@@ -246,11 +246,14 @@ M.recipe = require("loom.models.recipe").decoder {
 }
 require("loom.models.recipe").install(Transformer, M.recipe)
 
--- n ids sampled after out (appended to it), with no gradient
+-- n ids sampled after out (appended to it), with no gradient; the ids go
+-- where the model's parameters are (an op never copies across devices)
 local function sample(model, out, n, temp, opts)
+  local p1 = model:parameters()[1]
+  local device = p1.dist ~= nil and p1:to_local().device or p1.device
   for _ = 1, n do
     local ctx = { unpack(out, math.max(1, #out - model.config.max_seq_len + 1)) }
-    local logits = model(loom.tensor({ ctx }, { dtype = "i64" }))
+    local logits = model(loom.tensor({ ctx }, { dtype = "i64" }):to(device))
     local last = logits:narrow(2, #ctx, 1):reshape(-1)
     if last.dist ~= nil then last = last:full_tensor() end   -- vocabulary-sharded logits
     local probs = (last * (1 / temp)):softmax(1):totable()
