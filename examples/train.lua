@@ -60,6 +60,8 @@ local FLAGS = {
   { "device", "auto", "cpu, cuda or auto (auto: the GPUs when there are some, one per rank)" },
   { "version", false, "print loom's build, BLAS and devices (loom.show_config) and exit" },
   { "init-from", "", "start from a Hugging Face Llama checkpoint (DIR or .safetensors; its config sets the model)" },
+  { "profile-steps", "", "trace steps A:B (Chrome trace JSON, a summary, a timeline PNG) into LOOM_PROFILE's "
+                         .. "trace:FILE, else trace.json in the run's folder (docs/profiling.md)" },
 }
 
 -- what each number may be: {least, most (nil: no bound), integer}
@@ -499,7 +501,9 @@ local function main(argv)
   end
   local sched = { lr = o.lr, warmup = o.warmup, total = o.steps, min_lr = o.lr / 10 }
   local t0, tokens, last_loss, last_val = now(), 0, nil, nil
+  local profile = require("loom.profiler").for_steps(o["profile-steps"], (run or ".") .. "/trace.json")
   for step = start_step + 1, last_step do
+    profile(step)   -- --profile-steps A:B: starts at A, marks each step, stops after B
     opt:set_lr(loom.optim.lr_scheduler.cosine_lr(step, sched))
     local x, y = sampler:next()
     opt:zero_grad()
@@ -534,6 +538,7 @@ local function main(argv)
       last_val and string.format(" | val %.4f", last_val) or "", tps, fmt_time(eta))
     progress(step, line, entry.val_loss ~= nil)
   end
+  profile()
   if log then log:close() end
   if live_open then io.write("\n") end
   local wall = now() - t0
