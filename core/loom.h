@@ -141,6 +141,45 @@ void lm_profile_reset(void);
 double lm_profile_seconds(int op);
 int64_t lm_profile_calls(int op);
 
+/* ---- tracing (core/tensor/trace.c; loom.profiler, LOOM_PROFILE=trace:FILE) ----
+ * While on, the op door records each op call, autograd each backward node,
+ * core/comm each collective, and loom.profiler the collections its pacing
+ * runs and the step marks, into a buffer that loom.profiler drains and
+ * writes as Chrome trace JSON. Off, nothing is recorded (each op tests one
+ * flag). Times are CLOCK_MONOTONIC nanoseconds, one clock for every process
+ * of a node. */
+enum lm_trace_kind { LM_TRACE_OP = 0, LM_TRACE_BACKWARD = 1, LM_TRACE_COLL = 2, LM_TRACE_GC = 3,
+                     LM_TRACE_STEP = 4 };
+/* inputs described per op; lanes from LM_TRACE_TID_ASYNC on hold the
+ * async collectives in flight (one lane each) */
+enum lm_trace_limit { LM_TRACE_INPUTS = 4, LM_TRACE_TID_ASYNC = 1000 };
+enum lm_trace_flag { LM_TRACE_DTENSOR = 1, LM_TRACE_FAILED = 2 };
+typedef struct lm_trace_event {
+  int64_t t0, t1;     /* start and end (a step mark: t0 == t1) */
+  int64_t bytes;      /* op: fresh bytes the allocator mapped during it; collective: the
+                         local input's bytes; gc: bytes it freed */
+  int64_t a, b, c;    /* op: allocated and reserved bytes at its end, fresh mappings during it;
+                         collective: its group's key, the call's number on the group, ns the
+                         caller waited for it; gc: live bytes before, fresh bytes since the last */
+  int64_t shape[LM_TRACE_INPUTS][LM_MAX_DIMS]; /* op: its first inputs' shapes; collective:
+                         row 0 its input's shape, the rows after the world ranks of its group */
+  int32_t kind, id;   /* enum lm_trace_kind; the op id, enum lm_coll_kind, or step number */
+  int32_t tid;        /* the thread's lane: 1 the first thread that recorded */
+  int32_t device;     /* op: its first input's device (-1: none) */
+  int32_t n;          /* op: its inputs; collective: the ranks of its group */
+  int32_t rank;       /* collective: this rank in its group */
+  int32_t flags;      /* enum lm_trace_flag */
+  int8_t ndim[LM_TRACE_INPUTS], dtype[LM_TRACE_INPUTS];
+} lm_trace_event;
+int lm_trace_enable(int on);                    /* returns the old setting */
+int lm_trace_enabled(void);
+int64_t lm_trace_now(void);                     /* the trace's clock */
+int lm_trace_record(const lm_trace_event *e);   /* an event made outside the core (tid set here); kept only while on */
+int64_t lm_trace_pending(void);                 /* events in the buffer */
+int64_t lm_trace_drain(lm_trace_event *out, int64_t cap);  /* moves the oldest (at most cap) out */
+int64_t lm_trace_dropped(void);   /* events lost to the buffer's cap (LOOM_TRACE_MAX_EVENTS) */
+void lm_trace_clear(void);        /* empties the buffer and the dropped count */
+
 /* Counter-based RNG (Philox4x32-10). Element i of a random tensor draws
  * counter offset + g(i), where g is its linear index in the global tensor
  * (global_shape/local_start describe the shard; NULL: t is the whole). */

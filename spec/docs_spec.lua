@@ -5,8 +5,8 @@
 --   <!-- doc: ranks=4 -->    runs under scripts/loomrun -n 4
 --   <!-- doc: fragment -->   not run (a piece of a bigger program)
 --   <!-- doc: ranks=2 script -->  a whole script: runs alone, not joined
--- 1-rank blocks run in a scratch directory that sees the checkout's spec/
--- and examples/ (paths as from the root, where the docs say to run them).
+-- Blocks run in a scratch directory that sees the checkout's spec/ and
+-- examples/ (paths as from the root, where the docs say to run them).
 -- A block also runs pasted into the REPL when it is the guide's tour.
 local sys = require("support.sys")
 
@@ -70,7 +70,7 @@ describe("the docs' Lua blocks", function()
     sys.write(script, 'package.path = "' .. root .. 'lua/?.lua;' .. root .. 'lua/?/init.lua;" .. package.path\n'
                       .. r.code)
     local cmd = r.ranks > 1
-      and (root .. "scripts/loomrun -n " .. r.ranks .. " --timeout 120 --quiet-others " .. script)
+      and ("cd " .. dir .. " && " .. root .. "scripts/loomrun -n " .. r.ranks .. " --timeout 120 --quiet-others " .. script)
       or ("cd " .. dir .. " && luajit " .. script)
     local rc, out = sys.sh(cmd)
     sys.rmtree(dir)

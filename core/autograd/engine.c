@@ -2,6 +2,7 @@
  * creation order, calls each op's backward, sums gradients into leaves and
  * tells the grad-ready callback when a leaf's gradient is complete. */
 #include "autograd.h"
+#include "../tensor/trace.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -86,6 +87,16 @@ static int leaf_slot(leaves *l, lm_tensor *t) { /* -1 when out of memory */
   return l->n++;
 }
 
+/* a node's backward, recorded for the trace (loom.profiler) when it is on */
+static int backward_node(const lm_op_def *def, lm_node *n, lm_tensor **gin) {
+  if (!lm_trace_on) return def->backward(&n->call, n->gsum, gin);
+  lm_trace_op r;
+  lm_trace_op_begin(&r, LM_TRACE_BACKWARD, n->call.op, n->call.nin, n->call.in);
+  int rc = def->backward(&n->call, n->gsum, gin);
+  lm_trace_op_end(&r, rc);
+  return rc;
+}
+
 static int run(lm_node *root_node, nodes *order, leaves *lv) {
   static int64_t pass;
   int visit = (int)++pass;
@@ -131,7 +142,7 @@ static int run(lm_node *root_node, nodes *order, leaves *lv) {
       for (int k = 0; rc == 0 && pre_backward && k < n->call.nout; k++)
         if (n->hooked & (1u << k)) pre_backward(n, k);
       if (rc == 0) rc = lm_check_saved(n);
-      if (rc == 0 && def->backward(&n->call, n->gsum, gin) < 0) rc = -1;
+      if (rc == 0 && backward_node(def, n, gin) < 0) rc = -1;
     }
     for (int k = 0; k < n->call.nout; k++) lm_release(n->gsum[k]), n->gsum[k] = NULL;
     for (int i = 0; gin && i < n->call.nin; i++) {

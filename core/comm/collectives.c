@@ -2,6 +2,7 @@
  * its input into per-rank blocks, hands a work to the tensor's transport
  * (MPI or NCCL) and, once done, finishes it (avg, cast back, unpack). */
 #include "comm.h"
+#include "../tensor/trace.h"
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,6 +100,7 @@ void lm_work_free(lm_work *w) {
   if (w->started && !w->done && !w->failed) lm_work_wait(w);
   if (w->started && !w->done && !w->blocking) lm_progress_hold(-1); /* failed */
   if (w->tr) w->tr->release(w);
+  lm_comm_trace_drop(w);
   drop_buffers(w);
   lm_release(w->out);
   free(w->scounts);
@@ -113,6 +115,7 @@ lm_work *lm_work_launch(lm_work *w, const lm_tensor *t) {
     w->sdispls[q] = w->sdispls[q - 1] + w->scounts[q - 1];
     w->rdispls[q] = w->rdispls[q - 1] + w->rcounts[q - 1];
   }
+  if (lm_trace_on) lm_comm_trace_begin(w, t);
   if (w->tr->start(w) < 0) {
     w->failed = 1;
     lm_work_free(w);
@@ -415,11 +418,13 @@ int lm_work_wait(lm_work *w) {
   if (!w) return lm_error("work.wait: work is NULL");
   if (w->failed) return lm_error("work.wait: this %s failed earlier", names[w->kind]);
   if (w->done) return 0;
+  int64_t t0 = w->trace ? lm_trace_now() : 0;
   if (w->tr->wait(w) < 0 || (w->finish && w->finish(w) < 0)) {
     w->failed = 1;
     return -1;
   }
   w->done = 1;
+  if (w->trace) w->trace->c += lm_trace_now() - t0, lm_comm_trace_end(w);
   if (!w->blocking) lm_progress_hold(-1);
   drop_buffers(w); /* free staging memory as soon as it is useless */
   return 0;

@@ -44,6 +44,7 @@ struct lm_work {
   int (*finish)(lm_work *w);
   int fdim;             /* dim the blocks are concatenated on, for unpack */
   int64_t *fsizes;      /* block size of each rank along fdim */
+  lm_trace_event *trace; /* its record while tracing (comm_trace.c), else NULL */
 };
 
 typedef struct lm_transport {
@@ -85,6 +86,12 @@ const lm_transport *lm_coll_transport(const char *op, const lm_tensor *t);
  * (both arrays c->size long, host memory) */
 lm_tensor *lm_all_to_all_v(lm_comm *c, lm_tensor *t, const int64_t *out_splits,
                            const int64_t *in_splits);
+
+/* comm_trace.c: a work's trace record, begun at launch (t: its input, or
+ * NULL), ended once its wait returns, dropped with a work that failed */
+void lm_comm_trace_begin(lm_work *w, const lm_tensor *t);
+void lm_comm_trace_end(lm_work *w);
+void lm_comm_trace_drop(lm_work *w);
 
 /* watchdog.c: ends the job when ranks can no longer meet; waits that sleep */
 int lm_watch_start(int rank, int size, int thread_level);

@@ -3,6 +3,7 @@
  * the DTensor layer (dtensor/dispatch.c), others to the op itself, which
  * autograd records. */
 #include "../dtensor/dtensor.h"
+#include "../tensor/trace.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,7 +87,7 @@ static int call_autocast(int op, int nin, lm_tensor *const *in, const lm_attrs *
   return rc;
 }
 
-int lm_op_call(int op, int nin, lm_tensor *const *in, const lm_attrs *attrs, int maxout, lm_tensor **out) {
+static int op_call(int op, int nin, lm_tensor *const *in, const lm_attrs *attrs, int maxout, lm_tensor **out) {
   static const lm_attrs none;
   if (op < 0 || op >= LM_NOPS) return lm_error("op id %d: no such op", op);
   if (lm_interrupt_check()) return lm_error("interrupted (Ctrl-C)");
@@ -96,6 +97,21 @@ int lm_op_call(int op, int nin, lm_tensor *const *in, const lm_attrs *attrs, int
   if (autocast >= 0 && (d->flags & (LM_OPF_AMP_LOW | LM_OPF_AMP_F32)) && nin <= LM_RULE_MAX_IN)
     return call_autocast(op, nin, in, attrs, out);
   return call(op, nin, in, attrs, out);
+}
+
+/* the call recorded for the trace (loom.profiler): its inputs, its time */
+static int traced_call(int op, int nin, lm_tensor *const *in, const lm_attrs *attrs, int maxout, lm_tensor **out) {
+  if (op < 0 || op >= LM_NOPS) return op_call(op, nin, in, attrs, maxout, out);
+  lm_trace_op r;
+  lm_trace_op_begin(&r, LM_TRACE_OP, op, nin, in);
+  int rc = op_call(op, nin, in, attrs, maxout, out);
+  lm_trace_op_end(&r, rc);
+  return rc;
+}
+
+int lm_op_call(int op, int nin, lm_tensor *const *in, const lm_attrs *attrs, int maxout, lm_tensor **out) {
+  if (lm_trace_on) return traced_call(op, nin, in, attrs, maxout, out);
+  return op_call(op, nin, in, attrs, maxout, out);
 }
 
 int lm_op_info_of(int op, lm_op_info *info) {

@@ -42,7 +42,7 @@ int64_t lm_profile_calls(int op) { return op >= 0 && op < LM_NOPS ? prof[op].cal
 static bool profile_on(void) {
   if (profiling < 0) {
     const char *e = getenv("LOOM_PROFILE");
-    profiling = e && *e && *e != '0';
+    profiling = e && *e && *e != '0' && strncmp(e, "trace:", 6) != 0; /* trace: loom.profiler's */
     if (profiling) atexit(report);
   }
   return profiling;

@@ -54,12 +54,21 @@ local seen_live, fresh_at_gc = 0, 0
 local fresh_wait, MAX_WAIT = 1, 1024
 local collections = 0   -- how many it asked for (M.collections(): a spec counts them)
 function M.collections() return collections end
+-- a collection in the trace (loom.profiler), while one is being made
+local gc_event = ffi.new("lm_trace_event")
+local function trace_gc(t0, before, after, fresh)
+  gc_event.kind, gc_event.t0, gc_event.t1 = C.LM_TRACE_GC, t0, C.lm_trace_now()
+  gc_event.a, gc_event.b, gc_event.bytes = before, fresh, before - after
+  C.lm_trace_record(gc_event)
+end
 local function collect()
   collections = collections + 1
   local before, fresh = tonumber(C.lm_allocated_bytes()), cpu_fresh() - fresh_at_gc
+  local traced = C.lm_trace_enabled() == 1 and C.lm_trace_now()
   local t0 = cpu_now()
   collectgarbage()
   local t = cpu_now() - t0
+  if traced then trace_gc(traced, before, tonumber(C.lm_allocated_bytes()), fresh) end
   -- one that swept a pile of dead objects is followed by a cheap one, and
   -- says nothing of the next
   took_eff, gc_took = math.min(gc_took, t), t

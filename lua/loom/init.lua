@@ -145,6 +145,9 @@ function loom.generate(model, tok, prompt, opts) return require("loom.models.gen
 -- Submodules load lazily so `require("loom")` stays cheap.
 function loom.autocast(dtype, fn, ...) return require("loom.amp").autocast(dtype, fn, ...) end
 
+-- LOOM_PROFILE=trace:FILE: a trace of the whole run (loom.profiler)
+require("loom.profiler").from_env()
+
 local lazy = { F = "loom.functional", nn = "loom.nn", optim = "loom.optim", amp = "loom.amp",
                distributed = "loom.distributed", data = "loom.data", models = "loom.models" }
 return setmetatable(loom, { __index = function(t, k)

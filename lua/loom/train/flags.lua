@@ -66,6 +66,8 @@ function M.flags(root)
                       .. "gradients and AdamW in f32)" },
     { "device", "auto", "cpu, cuda or auto (auto: the GPUs when there are some, one per rank)" },
     { "version", false, "print loom's build, BLAS and devices (loom.show_config) and exit" },
+    { "profile-steps", "", "trace steps A:B (Chrome trace JSON, a summary, a timeline PNG) into LOOM_PROFILE's "
+                           .. "trace:FILE, else trace.json in the run's folder (docs/profiling.md)" },
     { "init-from", "", "start from a Hugging Face checkpoint (DIR or .safetensors; its config.json sets the model: "
                        .. "llama or gpt2)" },
   }

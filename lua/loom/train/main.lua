@@ -265,7 +265,9 @@ function M.train(run)
   run.lr_sched = { lr = o.lr, warmup = o.warmup, total = o.steps, min_lr = o.lr / 10 }
   local t0, tokens, last_loss, last_val = run_dir.now(), 0, nil, nil
   loom.C.lm_interrupt_install()   -- (not armed: ops go on; the flag is read after each step)
+  local profile = require("loom.profiler").for_steps(o["profile-steps"], (run.dir or ".") .. "/trace.json")
   for step = run.start_step + 1, run.last_step do
+    profile(step)   -- --profile-steps A:B: starts at A, marks each step, stops after B
     last_loss = train_step(run, step)
     tokens = tokens + o.batch * o.seq
     if step == run.start_step + 1 then
@@ -286,6 +288,7 @@ function M.train(run)
       last_val and string.format(" | val %.4f", last_val) or "", tps, run_dir.fmt_time(eta))
     progress(run, step, line, entry.val_loss ~= nil)
     if step < run.last_step and interrupted(run) then
+      profile()
       if entry.val_loss == nil then ckpt.save(run, step) end
       if log then log:close() end
       if run.live_open then io.write("\n") end
@@ -294,6 +297,7 @@ function M.train(run)
       os.exit(130)
     end
   end
+  profile()
   if log then log:close() end
   if run.live_open then io.write("\n") end
   local wall = run_dir.now() - t0
