@@ -394,6 +394,8 @@ D["tp.parallelize_module"] = "tp.parallelize_module(model, mesh, plan) -> model 
   .. "  a table from child names (or fnmatch patterns; 1-based numbers for nn.Sequential) to styles"
 D["tp.ColwiseParallel"] = "tp.ColwiseParallel{input_layouts=, output_layouts=, use_local_output=} -> a Linear's weight Shard(1) (PyTorch's Shard(0))"
 D["tp.RowwiseParallel"] = "tp.RowwiseParallel{...} -> a Linear's weight sharded on its input dim; output all-reduced"
+D["tp.ExpertParallel"] = "tp.ExpertParallel() -> on a loom.nn.MoEExperts, over a 1-D mesh (mesh[\"ep\"]): the experts sharded\n"
+  .. "  (experts / ep per rank), tokens carried to their experts' ranks and back by all-to-all (torchtitan's)"
 D["tp.NoParallel"] = "tp.NoParallel{input_layout=Replicate(), output_layout=Replicate(), use_local_output=true}\n"
   .. "  (torchtitan's) the module whole on every rank, its parameters replicated: e.g. a norm over a sharded projection"
 D["tp.SequenceParallel"] = "tp.SequenceParallel{sequence_dim=2, use_local_output=false} -> LayerNorm, RMSNorm, Dropout on\n"

@@ -77,7 +77,7 @@ local function adopt(model)
   local st = rawget(model, "_dp")
   local fresh = {}
   for _, p in ipairs(model:parameters()) do
-    if not st.seen[p] then fresh[#fresh + 1] = p st.seen[p] = true end
+    if not st.seen[p] and not st.ignored[p] then fresh[#fresh + 1] = p st.seen[p] = true end
   end
   if #fresh == 0 then return end
   -- the same starting point on every data-parallel rank
@@ -90,8 +90,10 @@ local function adopt(model)
   end
 end
 
--- replicate(model, dp_mesh, {bucket_cap_mb=25}): call it before or after
--- parallelize_module on the tp mesh; dp_mesh is 1-D (mesh["dp"]).
+-- replicate(model, dp_mesh, {bucket_cap_mb=25, ignored_params}): call it
+-- before or after parallelize_module on the tp mesh; dp_mesh is 1-D
+-- (mesh["dp"]). ignored_params (a list) are left alone: no broadcast, no
+-- averaging (an expert-parallel expert's, which its own rank holds).
 function M.replicate(model, mesh, opts)
   local Module = require("loom.nn.module")
   if not Module.is_module(model) then T.argerror("replicate", "module", "an nn.Module", T.describe(model)) end
@@ -99,8 +101,10 @@ function M.replicate(model, mesh, opts)
     T.argerror("replicate", "device_mesh", "a 1-D DeviceMesh (e.g. mesh[\"dp\"])", T.describe(mesh))
   end
   opts = opts or {}
+  local ignored = setmetatable({}, { __mode = "k" })   -- (PyTorch's ignored params: left alone, as an expert-parallel one)
+  for _, p in ipairs(opts.ignored_params or {}) do ignored[p] = true end
   local st = { mesh = mesh, cap = (opts.bucket_cap_mb or 25) * 2^20, bucket = {}, bytes = 0, inflight = {},
-               queued = false, handles = {}, seen = setmetatable({}, { __mode = "k" }) }
+               queued = false, handles = {}, seen = setmetatable({}, { __mode = "k" }), ignored = ignored }
   rawset(model, "_dp", st)
   adopt(model)
   st.handles[#st.handles + 1] = model:register_forward_pre_hook(adopt)

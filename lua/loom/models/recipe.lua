@@ -44,6 +44,8 @@ local function blocks_of(spec, model) return model[spec.blocks] end
 --   tp_plan      function(opts, model) -> the plan (loom.models.blocks.tp_plan)
 --   tied         function(config) -> {{fqn of the second use, fqn of the
 --                first}} of weights tied across the model (nil: none)
+--   experts      function(block) -> its mixture of experts' experts
+--                (loom.nn.MoEExperts), or nil
 --   dims         function(config) -> {layers, hidden (the width of the
 --                residual stream), heads}
 function M.decoder(spec)
@@ -75,6 +77,15 @@ function M.decoder(spec)
   function r.dims(config) return spec.dims(config) end
   function r.hidden_size(model) return spec.dims(model.config).hidden end
   function r.tied(model) return spec.tied and spec.tied(model.config) or {} end
+  -- the experts of each mixture of experts (what expert parallelism shards)
+  function r.expert_modules(model)
+    local out = {}
+    for _, b in blocks_of(spec, model):ipairs() do
+      local e = spec.experts and spec.experts(b)
+      if e then out[#out + 1] = e end
+    end
+    return out
+  end
   return r
 end
 

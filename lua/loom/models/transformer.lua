@@ -243,6 +243,7 @@ M.recipe = require("loom.models.recipe").decoder {
   buffers = { "rope_cos", "rope_sin" }, cp_buffers = { { "rope_cos", 1 }, { "rope_sin", 1 } }, tp_plan = M.tp_plan,
   tied = function(c) return c.tie_embeddings and { { "output.weight", "tok_embeddings.weight" } } or nil end,
   dims = function(c) return { layers = c.n_layers, hidden = c.dim, heads = c.n_heads } end,
+  experts = function(block) return block.feed_forward.__name == "MoE" and block.feed_forward.experts or nil end,
 }
 require("loom.models.recipe").install(Transformer, M.recipe)
 

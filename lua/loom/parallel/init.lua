@@ -115,6 +115,8 @@ function M.parallelize_module(module, mesh, plan, opts)
 end
 
 M.loss_parallel = require("loom.parallel.loss").loss_parallel
+-- ExpertParallel(): a mixture of experts' experts over an "ep" mesh dim (loom.parallel.expert)
+M.ExpertParallel = require("loom.parallel.expert").ExpertParallel
 -- replicate: data parallelism, loom.distributed.replicate (its older name here)
 M.replicate = function(...) return require("loom.distributed.replicate").replicate(...) end
 

@@ -137,7 +137,7 @@ function M.user(prog, what, fn, ...)
   if type(e) ~= "string" then error(e, 0) end
   if e:sub(1, #prog + 2) == prog .. ": " then error(e, 0) end
   e = e:gsub("^[%w_./-]+%.lua:%d+: ", "")
-  error(prog .. ": " .. what .. ": " .. e, 0)
+  error(prog .. ": " .. (what and what .. ": " or "") .. e, 0)
 end
 
 -- run(prog, main, ...): main(...), with the errors of its user (errors

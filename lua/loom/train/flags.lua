@@ -22,6 +22,10 @@ function M.flags(root)
     { "layers", 4, "transformer blocks" },
     { "heads", 4, "attention heads" },
     { "kv-heads", 0, "key/value heads (0: as many as heads)" },
+    { "experts", 0, "a mixture of experts in every layer with this many experts (0: a dense feed-forward; --model llama)" },
+    { "top-k", 2, "with --experts: the experts each token goes to" },
+    { "aux-loss-coef", 0, "with --experts: the coefficient of the router's load-balancing loss (transformers' "
+                          .. "router_aux_loss_coef; 0: none); given with --init-from, it replaces the checkpoint's" },
     { "dropout", 0, "dropout probability" },
     { "lr", 3e-3, "peak learning rate (AdamW, cosine decay, warmup)" },
     { "warmup", 50, "warmup steps" },
@@ -55,6 +59,8 @@ function M.flags(root)
                        .. "wq/wk/wv, w1/w3) and the reduce-scatters after the row-wise ones (wo, w2) in chunks "
                        .. "overlapped with the matmuls" },
     { "cp", 1, "context-parallel degree: the sequence sharded over cp ranks (load-balanced causal attention)" },
+    { "ep", 1, "expert-parallel degree: a mixture of experts' experts sharded over ep data-parallel ranks, tokens "
+               .. "carried to them by all-to-all; pp * dp * ep * cp * tp = world size" },
     { "cp-rotate", "allgather", "with --cp: how keys and values reach every rank: allgather or alltoall (a p2p ring)" },
     { "microbatches", 0, "with --pp: microbatches per step (0: pp); they must divide the batch over dp" },
     { "schedule", "1F1B", "with --pp: 1F1B or gpipe" },
@@ -80,6 +86,7 @@ M.RANGES = {
   lr = { 0 }, warmup = { 0, nil, true }, ["weight-decay"] = { 0 }, ["grad-clip"] = { 0 }, seed = { 0, nil, true },
   ["eval-every"] = { 0, nil, true }, ["eval-iters"] = { 1, nil, true }, ["stop-after"] = { 0, nil, true },
   sample = { 0, nil, true }, ["print-every"] = { 0, nil, true }, tp = { 0, nil, true }, dp = { 0, nil, true },
+  ep = { 1, nil, true }, experts = { 0, nil, true }, ["top-k"] = { 1, nil, true }, ["aux-loss-coef"] = { 0 },
   ["progress-every-s"] = { 0 },
 }
 
@@ -120,10 +127,10 @@ end
 -- error that says what to do
 local function degrees(o, world, ranks)
   local tp, dp = o.tp, o.dp
-  local asked = math.max(tp, 1) * math.max(dp, 1) * math.max(o.pp, 1) * math.max(o.cp, 1)
+  local asked = math.max(tp, 1) * math.max(dp, 1) * math.max(o.pp, 1) * math.max(o.cp, 1) * math.max(o.ep, 1)
   if ranks == 1 and asked > 1 then
     local parts = {}
-    for _, k in ipairs { "pp", "cp", "tp", "dp" } do
+    for _, k in ipairs { "pp", "cp", "ep", "tp", "dp" } do
       if k == "tp" or k == "dp" or o[k] > 1 then parts[#parts + 1] = string.format("--%s %d", k, math.max(o[k], 1)) end
     end
     error(string.format("train.lua: %s needs %d ranks and this is one process: launch with "
@@ -178,8 +185,8 @@ end
 -- layout(o, dist) -> w: the layout of the flags (loom.train.layout.world)
 function M.layout(o, dist)
   local world = dist.world_size()
-  local pc = math.max(o.pp, 1) * math.max(o.cp, 1)
-  if world % pc == 0 then check_applies(o, degrees(o, world / pc, world)) end   -- else L.world says why
+  local pc = math.max(o.pp, 1) * math.max(o.cp, 1) * math.max(o.ep, 1)
+  if world % pc == 0 or world == 1 then check_applies(o, degrees(o, world == 1 and 1 or world / pc, world)) end   -- else L.world says why
   if dist.world_size() > 1 then   -- (ranks launched with other flags would pair their collectives wrongly)
     local names = {}
     for k in pairs(o) do names[#names + 1] = k end
@@ -188,13 +195,18 @@ function M.layout(o, dist)
       require("loom.train.cli").user("train.lua", "the ranks' flags", dist.agree, "--" .. k, tostring(o[k]))
     end
   end
-  local w = L.world(o, dist, pick_device(o))
-  if o.batch % w.dp ~= 0 then error(string.format("train.lua: --batch %d must divide by --dp %d", o.batch, w.dp), 0) end
-  local mb = o.microbatches > 0 and o.microbatches or w.pp
-  if w.pp > 1 and (o.batch / w.dp) % mb ~= 0 then
-    error(string.format("train.lua: --microbatches %d must divide the batch of each data-parallel rank, %d "
-                        .. "(--batch %d / --dp %d)", mb, o.batch / w.dp, o.batch, w.dp), 0)
+  local w = require("loom.train.cli").user("train.lua", nil, L.world, o, dist, pick_device(o))
+  if o.batch % w.data ~= 0 then
+    error(string.format("train.lua: --batch %d must divide by the data-parallel ranks, %d (--dp %d x --ep %d)", o.batch,
+                        w.data, w.dp, w.ep), 0)
   end
+  local mb = o.microbatches > 0 and o.microbatches or w.pp
+  if w.pp > 1 and (o.batch / w.data) % mb ~= 0 then
+    error(string.format("train.lua: --microbatches %d must divide the batch of each data-parallel rank, %d "
+                        .. "(--batch %d / --dp %d)", mb, o.batch / w.data, o.batch, w.data), 0)
+  end
+  if w.ep > 1 and o.fsdp then error("train.lua: --ep with --fsdp is not supported yet (--ep shards the experts; "
+                                    .. "the other weights are replicated over the data ranks)", 0) end
   return w
 end
 

@@ -10,35 +10,46 @@ local recipe_of = require("loom.models.recipe").of
 
 local M = {}
 
--- degrees {pp, cp, dp, tp} (0: what the world leaves) -> the layout;
+-- degrees {pp, cp, ep, dp, tp} (0: what the world leaves) -> the layout;
 -- errors name the flags. mesh is ("pp", "dp", "cp", "tp") in that order, so
--- that with pp = cp = 1 every rank has the (dp, tp) coordinate it had before.
+-- that with pp = cp = 1 every rank has the (dp, tp) coordinate it had before;
+-- with expert parallelism ("pp", "dp", "ep", "cp", "tp"): the ep ranks are
+-- data-parallel too (w.data = dp x ep ranks route their own tokens), the
+-- experts sharded over ep.
 function M.world(o, dist, device)
   local world = dist.world_size()
-  local pp, cp, tp, dp = o.pp or 1, o.cp or 1, o.tp or 0, o.dp or 0
+  local pp, cp, ep, tp, dp = o.pp or 1, o.cp or 1, o.ep or 1, o.tp or 0, o.dp or 0
   if pp == 0 then pp = 1 end
   if cp == 0 then cp = 1 end
-  for _, f in ipairs { { "pp", pp }, { "cp", cp } } do
+  if ep == 0 then ep = 1 end
+  for _, f in ipairs { { "pp", pp }, { "cp", cp }, { "ep", ep } } do
     if f[2] < 1 or f[2] % 1 ~= 0 or world % f[2] ~= 0 then
       error(string.format("layout: --%s %s must divide the world size %d", f[1], tostring(f[2]), world), 0)
     end
   end
-  if world % (pp * cp) ~= 0 then
-    error(string.format("layout: --pp %d x --cp %d must divide the world size %d", pp, cp, world), 0)
+  if world % (pp * cp * ep) ~= 0 then
+    error(string.format("layout: --pp %d x --cp %d x --ep %d must divide the world size %d", pp, cp, ep, world), 0)
   end
-  local rest = world / (pp * cp)
+  local rest = world / (pp * cp * ep)
   if tp == 0 and dp == 0 then tp, dp = rest, 1
   elseif tp == 0 then tp = rest / dp
   elseif dp == 0 then dp = rest / tp end
-  if pp * cp * tp * dp ~= world or tp < 1 or dp < 1 or tp % 1 ~= 0 or dp % 1 ~= 0 then
-    error(string.format("layout: --pp %s x --cp %s x --tp %s x --dp %s must equal the world size %d", tostring(o.pp),
-                        tostring(o.cp), tostring(o.tp), tostring(o.dp), world), 0)
+  if pp * cp * ep * tp * dp ~= world or tp < 1 or dp < 1 or tp % 1 ~= 0 or dp % 1 ~= 0 then
+    error(string.format("layout: --pp %s x --cp %s x --ep %s x --tp %s x --dp %s must equal the world size %d",
+                        tostring(o.pp), tostring(o.cp), tostring(ep), tostring(o.tp), tostring(o.dp), world), 0)
   end
   if cp > 1 then require("loom.distributed.context_parallel").set_rotate_method(o["cp-rotate"] or "allgather") end
-  local mesh = dist.init_device_mesh(device, { pp, dp, cp, tp }, { mesh_dim_names = { "pp", "dp", "cp", "tp" } })
-  local w = { world = world, pp = pp, cp = cp, tp = tp, dp = dp, mesh = mesh, rank = dist.rank(), device = device,
-              pp_rank = mesh:get_local_rank("pp"), dp_rank = mesh:get_local_rank("dp") }
+  local shape, names = { pp, dp, cp, tp }, { "pp", "dp", "cp", "tp" }
+  if ep > 1 then shape, names = { pp, dp, ep, cp, tp }, { "pp", "dp", "ep", "cp", "tp" } end
+  local mesh = dist.init_device_mesh(device, shape, { mesh_dim_names = names })
+  local w = { world = world, pp = pp, cp = cp, tp = tp, dp = dp, ep = ep, mesh = mesh, rank = dist.rank(),
+              device = device, pp_rank = mesh:get_local_rank("pp"), dp_rank = mesh:get_local_rank("dp") }
+  -- the data-parallel ranks: dp x ep, each with its share of the batch
+  w.data = dp * ep
+  w.data_rank = w.dp_rank * ep + (ep > 1 and mesh:get_local_rank("ep") or 0)
   w.grad_mesh = M.grad_mesh(w)
+  w.data_mesh = M.flat(w, { "dp", "ep" }, "dp_ep")   -- what a loss is averaged over
+  w.expert_mesh = M.flat(w, { "dp", "cp" }, "dp_cp_experts")   -- what experts' gradients are averaged over
   w.seq_shards = (o["sequence-parallel"] and tp > 1) and tp or 1   -- what sequence parallelism cuts
   return w
 end
@@ -49,10 +60,17 @@ end
 -- (torchtitan's dp_shard_cp); nil when dp = cp = 1. Collective (every rank
 -- calls it once, from world()).
 function M.grad_mesh(w)
-  if w.dp > 1 and w.cp > 1 then return w.mesh[{ "dp", "cp" }]:_flatten("dp_cp") end
-  if w.dp > 1 then return w.mesh["dp"] end
-  if w.cp > 1 then return w.mesh["cp"] end
-  return nil
+  return M.flat(w, { "dp", "ep", "cp" }, "dp_cp")
+end
+
+-- flat(w, dims, name): the 1-D mesh of those of dims with more than one
+-- rank (flattened under name when several), nil when none has (collective)
+function M.flat(w, dims, name)
+  local big = {}
+  for _, d in ipairs(dims) do if (w[d] or 1) > 1 then big[#big + 1] = d end end
+  if #big == 0 then return nil end
+  if #big == 1 then return w.mesh[big[1]] end
+  return w.mesh[big]:_flatten(name)
 end
 
 -- the number of ranks FSDP shards over (1: no FSDP)
@@ -63,6 +81,7 @@ end
 -- "world 8 = pp 2 x dp 2 x cp 1 x tp 2 (FSDP), 4 microbatches (1F1B)"
 function M.describe(w, o)
   local s = string.format("world %d = pp %d x dp %d x cp %d x tp %d", w.world, w.pp, w.dp, w.cp, w.tp)
+  if w.ep > 1 then s = string.format("world %d = pp %d x dp %d x ep %d x cp %d x tp %d", w.world, w.pp, w.dp, w.ep, w.cp, w.tp) end
   if M.fsdp_degree(w, o) > 1 then s = s .. (w.cp > 1 and " (FSDP over dp x cp)" or " (FSDP)") end
   if o["async-tp"] then s = s .. ", async TP" end
   if w.cp > 1 then s = s .. ", cp " .. (o["cp-rotate"] or "allgather") end
@@ -162,10 +181,50 @@ function M.schedule(w, loss_fn)
   return make(w.stage, w.microbatches, loss_fn)
 end
 
--- without --fsdp: gradients averaged over dp x cp (w.grad_mesh) as data
--- parallelism does (each cp rank's loss is its share of the sequence's tokens)
+-- with --ep: each mixture of experts' experts (the recipe's
+-- expert_modules) sharded over the ep ranks (loom.parallel.expert); the
+-- gradients they get hold every ep rank's tokens
+function M.expert_parallel(whole, module, w)
+  if w.ep == 1 then return end
+  local mods = require("loom.models.recipe").of(whole).expert_modules(whole)
+  if #mods == 0 then error("layout: --ep shards a mixture of experts' experts, and this model has none", 0) end
+  local held = {}
+  for _, kv in ipairs(module:named_modules()) do held[kv[2]] = true end
+  local EP = require("loom.parallel.expert").ExpertParallel
+  w.experts = {}
+  for _, m in ipairs(mods) do
+    if held[m] then
+      require("loom.parallel").parallelize_module(m, w.mesh["ep"], EP(), { src_data_rank = false })
+      for _, p in ipairs(m:parameters()) do w.experts[#w.experts + 1] = p end
+    end
+  end
+end
+
+-- after backward, with --ep: the experts' gradients (each the sum of every
+-- ep rank's tokens' share) as the data-parallel mean: averaged over the
+-- other data ranks (dp x cp), divided by ep
+local function scale_experts(w, dist)
+  for _, p in ipairs(w.experts) do
+    local g = p.grad
+    if g ~= nil then
+      local lg = g.dist ~= nil and g:to_local() or g
+      if w.expert_mesh then lg:copy_(dist.all_reduce(lg, "avg", w.expert_mesh, 1)) end
+      lg:copy_(lg * (1 / w.ep))
+    end
+  end
+end
+function M.expert_grads(w, dist)
+  if w.ep == 1 then return end
+  loom.no_grad(scale_experts, w, dist)
+end
+
+-- without --fsdp: gradients averaged over dp x ep x cp (w.grad_mesh) as
+-- data parallelism does (each cp rank's loss is its share of the
+-- sequence's tokens), the experts' apart (expert_grads)
 function M.replicate(model, w, o)
-  if w.grad_mesh and not o.fsdp then require("loom.parallel").replicate(model, w.grad_mesh) end
+  if w.grad_mesh and not o.fsdp then
+    require("loom.parallel").replicate(model, w.grad_mesh, { ignored_params = w.experts })
+  end
 end
 
 -- units(whole, module): the FSDP units (the whole model's recipe's: its

@@ -48,7 +48,7 @@ local function step_loss(run, x, y, backward)
     loss = L.with_cp(w, w.recipe, run.model, x, y, function(cx, cy) return shard_loss(run, cx, cy, backward) end)
   end
   local v = L.cp_avg(w, dist, loss:detach():to("f64"):reshape(1))
-  if w.dp > 1 then v = dist.all_reduce(v, "avg", w.mesh, "dp") end
+  if w.data_mesh then v = dist.all_reduce(v, "avg", w.data_mesh, 1) end
   return v:item()
 end
 
@@ -63,7 +63,8 @@ local function eval_batches(run, vs)
 end
 local function val_loss(run)
   local o, w = run.o, run.w
-  local vs = data.Sampler(run.val_ids, { batch = o.batch / w.dp, seq = o.seq, seed = 7, rank = w.dp_rank, world = w.dp })
+  local vs = data.Sampler(run.val_ids, { batch = o.batch / w.data, seq = o.seq, seed = 7, rank = w.data_rank,
+                                         world = w.data })
   run.model:eval()
   local v = loom.no_grad(eval_batches, run, vs)
   run.model:train()
@@ -98,6 +99,7 @@ local function setup(o, given, root, resumed)
     run.family, run.cfg = run.resumed.model.family, run.resumed.model.config
   elseif init then
     run.family, run.cfg = cli.user("train.lua", "--init-from", M_model.from_hf, init, o, vocab)
+    if given["aux-loss-coef"] and run.cfg.moe then run.cfg.moe.aux_loss_coef = o["aux-loss-coef"] end
   else
     run.family, run.cfg = M_model.from_flags(o, vocab)
   end
@@ -115,8 +117,8 @@ local function setup(o, given, root, resumed)
   run.nparams = L.count_params(run.model, w, dist)
   run.opt = loom.optim.AdamW(run.model:parameters(), { lr = o.lr, betas = { 0.9, 0.95 },
                                                        weight_decay = o["weight-decay"] })
-  run.sampler = data.Sampler(run.train_ids, { batch = o.batch / w.dp, seq = o.seq, seed = o.seed,
-                                              rank = w.dp_rank, world = w.dp })
+  run.sampler = data.Sampler(run.train_ids, { batch = o.batch / w.data, seq = o.seq, seed = o.seed,
+                                              rank = w.data_rank, world = w.data })
   run.pp_sched = w.pp > 1 and L.schedule(w, function(out, yy) return loom.F.cross_entropy(out, yy) end)
   run.start_step = 0
   if o.resume ~= "" then
@@ -178,6 +180,7 @@ local function train_step(run, step)
   local x, y = run.sampler:next()
   run.opt:zero_grad()
   local loss = step_loss(run, x, y, true)
+  L.expert_grads(w, run.dist)   -- (with --ep: the experts' gradients as the data-parallel mean)
   local finite = loss == loss and math.abs(loss) ~= math.huge
   if not finite and not o["skip-nonfinite"] then
     error(string.format("train.lua: the loss is %s at step %d; lower --lr (now %g) or raise --warmup, keep "

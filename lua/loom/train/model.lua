@@ -12,12 +12,19 @@ local M = {}
 -- from_flags(o, vocab) -> family, config of the model the flags describe
 function M.from_flags(o, vocab)
   if o.model == "gpt2" then
+    if o.experts > 0 then error("train.lua: --experts builds a llama-style mixture of experts, not --model gpt2", 0) end
     return "gpt2", { vocab_size = vocab, n_positions = o.seq, n_embd = o.dim, n_layer = o.layers, n_head = o.heads,
                      dropout = o.dropout }
   end
   if o.model ~= "llama" then error("train.lua: --model expects llama or gpt2, got " .. tostring(o.model), 0) end
+  local moe = o.experts > 0 and { experts = o.experts, top_k = o["top-k"], norm_topk_prob = true,
+                                  aux_loss_coef = o["aux-loss-coef"] } or nil
+  if moe and moe.top_k > moe.experts then
+    error(string.format("train.lua: --top-k %d must not exceed --experts %d", moe.top_k, moe.experts), 0)
+  end
   return "llama", { vocab_size = vocab, dim = o.dim, n_layers = o.layers, n_heads = o.heads,
-                    n_kv_heads = o["kv-heads"] > 0 and o["kv-heads"] or nil, max_seq_len = o.seq, dropout = o.dropout }
+                    n_kv_heads = o["kv-heads"] > 0 and o["kv-heads"] or nil, max_seq_len = o.seq, dropout = o.dropout,
+                    moe = moe }
 end
 
 -- from_hf(path, o, vocab) -> family, config of the checkpoint at path, with
@@ -65,8 +72,9 @@ function M.build(o, family, cfg, w)
   if w.tp > 1 then
     tp.parallelize_module(model, w.mesh["tp"], L.plan_for(plan, model), { src_data_rank = false })
   end
+  L.expert_parallel(whole, model, w)   -- with --ep: the experts sharded over the ep ranks
   L.note_fsdp_units(whole, model, w)
-  L.replicate(model, w, o)   -- gradients averaged over dp x cp (not with --fsdp)
+  L.replicate(model, w, o)   -- gradients averaged over dp x ep x cp (not with --fsdp), the experts' apart
   return model, pred
 end
 
