@@ -376,20 +376,54 @@ local function hf_config(model)
            tie_word_embeddings = true }
 end
 
--- save_pretrained(model, dir): dir/model.safetensors and dir/config.json
--- in the Hugging Face layout. Collective when the model is sharded (every
--- rank calls it; rank 0 writes).
-function M.save_pretrained(model, dir)
+-- a JSON file written as the weights are: a fresh temporary renamed over
+-- it, never through a link
+local function write_json(dir, name, t)
+  local fs = require("loom.fs")
+  local ok, err = fs.write_atomic(dir .. "/" .. name, function(put) put(json.encode(t, { indent = true }) .. "\n") end)
+  if not ok then error("hf.save_pretrained: cannot write " .. dir .. "/" .. name .. ": " .. err, 0) end
+end
+
+-- what transformers' pipeline needs beside the weights to use the folder:
+-- the tokenizer.json the tokenizer was read from, tokenizer_config.json
+-- (a fast tokenizer, its special tokens), generation_config.json (bos,
+-- eos, pad ids); ids are HF's (0-based), taken from the model's config
+local function tokenizer_files(dir, tok, c)
+  local src = io.open(tok.source or "", "rb")
+  if not src then error("hf.save_pretrained: the tokenizer was not read from a tokenizer.json (Tokenizer.from_file)", 0) end
+  local text = src:read("*a")
+  src:close()
+  local fs = require("loom.fs")
+  local ok, err = fs.write_atomic(dir .. "/tokenizer.json", function(put) put(text) end)
+  if not ok then error("hf.save_pretrained: cannot write " .. dir .. "/tokenizer.json: " .. err, 0) end
+  local function token(id) return id and tok.tokens[id + 1] or nil end
+  write_json(dir, "tokenizer_config.json", {
+    tokenizer_class = "PreTrainedTokenizerFast", bos_token = token(c.bos_token_id), eos_token = token(c.eos_token_id),
+    pad_token = token(c.pad_token_id), model_max_length = c.max_seq_len or c.n_positions })
+  write_json(dir, "generation_config.json", { bos_token_id = c.bos_token_id, eos_token_id = c.eos_token_id,
+                                              pad_token_id = c.pad_token_id })
+end
+
+-- save_pretrained(model, dir, {tokenizer = tok}): dir/model.safetensors
+-- and dir/config.json in the Hugging Face layout; with a tokenizer (read
+-- by Tokenizer.from_file), its tokenizer.json, tokenizer_config.json and
+-- generation_config.json too, so that transformers' pipeline loads the
+-- folder as it is. Collective when the model is sharded (every rank
+-- calls it; rank 0 writes).
+function M.save_pretrained(model, dir, opts)
   if type(dir) ~= "string" or dir == "" then T.argerror("hf.save_pretrained", "dir", "a directory", T.describe(dir)) end
+  opts = T.check_opts("hf.save_pretrained", opts, { tokenizer = true })
+  local tok = opts.tokenizer
+  if tok ~= nil and (type(tok) ~= "table" or type(tok.encode) ~= "function" or type(tok.tokens) ~= "table") then
+    T.argerror("hf.save_pretrained", "opts.tokenizer", "a loom.data.Tokenizer", T.describe(tok))
+  end
   local tensors = M.hf_state_dict(model)
   local cfg = hf_config(model)
   st._on_rank0(function()
-    local fs = require("loom.fs")
-    fs.mkdir_p(dir)
+    require("loom.fs").mkdir_p(dir)
     st.save(tensors, dir .. "/model.safetensors", { metadata = { format = "pt" } })
-    -- (like the weights: a fresh temporary renamed over it, never written through a link)
-    local ok, err = fs.write_atomic(dir .. "/config.json", function(put) put(json.encode(cfg, { indent = true }) .. "\n") end)
-    if not ok then error("hf.save_pretrained: cannot write " .. dir .. "/config.json: " .. err, 0) end
+    write_json(dir, "config.json", cfg)
+    if tok then tokenizer_files(dir, tok, model.config) end
   end)
 end
 

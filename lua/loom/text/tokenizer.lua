@@ -175,7 +175,9 @@ end
 -- directory holding one); from_json(table) the same from a decoded one
 function M.from_file(path)
   if type(path) == "string" and require("loom.fs").is_dir(path) then path = path:gsub("/*$", "") .. "/tokenizer.json" end
-  return M.from_json(read_json(path))
+  local self = M.from_json(read_json(path))
+  self.source = path   -- (what hf.save_pretrained copies beside a model)
+  return self
 end
 
 function M.from_json(j)
