@@ -5,6 +5,8 @@
 # (CP=2, CP=2 x TP=2, CP=2 x PP=2, CP=2 x DP=2, CP=2 x FSDP=2, CP=2 with FSDP
 # over cp, CP=2 x FSDP=2 x TP=2 on 8 ranks, CP=2 x TP=2 + SP (+ async TP, ring)) and async TP with the same seed, and prints the
 # largest relative difference of each layout's loss from TP=1's, over all
+# steps; then a mixture of experts (--experts 4) at EP=2, EP=2 x TP=2 + SP,
+# EP=2 x DP=2, PP=2 x EP=2 and CP=2 x EP=2 against it in one process, likewise
 # steps. Tensor parallelism is right when these stay at float rounding
 # (target <= 1e-5 in f32). Extra arguments go to examples/train.lua.
 # Usage: scripts/check_equivalence.sh [steps] [train.lua flags...]
@@ -48,8 +50,11 @@ run cp2xtp2_sp_async_ring 4 --cp 2 --tp 2 --sequence-parallel --async-tp --cp-ro
 run tp2_sp_async 2 --tp 2 --sequence-parallel --async-tp
 
 printf "%-22s %8s %22s %14s\n" layout steps "max rel. loss diff" "final loss"
-for name in tp1 tp2 tp4 dp2xtp2 tp2_sp fsdp2xtp2 pp2 pp2xtp2 pp2xtp2_sp pp2xtp2_sp_async fsdp2xpp2xtp2_sp dp2xpp2xtp2 fsdp2xpp2xtp2 cp2 cp2xtp2 cp2_ring cp2xpp2 cp2xdp2 cp2xfsdp2 cp2_fsdp cp2xfsdp2xtp2 cp2xtp2_sp cp2xtp2_sp_async_ring tp2_sp_async; do
-  LUA_PATH="spec/?.lua;;" luajit - "$dir/tp1.json" "$dir/$name.json" "$name" <<'LUA'
+# compare REF NAME...: each run's losses against REF's
+compare() {
+  local ref=$1; shift
+  for name in "$@"; do
+  LUA_PATH="spec/?.lua;;" luajit - "$dir/$ref.json" "$dir/$name.json" "$name" <<'LUA'
 local losses = require("support.sys").losses
 local ref, got = losses(arg[1]), losses(arg[2])
 local worst, n, last = 0, 0, nil
@@ -60,4 +65,17 @@ for s, l in pairs(ref) do
 end
 print(string.format("%-22s %8d %22.3e %14.6f", arg[3], n, worst, got[n]))
 LUA
-done
+  done
+}
+compare tp1 tp1 tp2 tp4 dp2xtp2 tp2_sp fsdp2xtp2 pp2 pp2xtp2 pp2xtp2_sp pp2xtp2_sp_async fsdp2xpp2xtp2_sp dp2xpp2xtp2 fsdp2xpp2xtp2 cp2 cp2xtp2 cp2_ring cp2xpp2 cp2xdp2 cp2xfsdp2 cp2_fsdp cp2xfsdp2xtp2 cp2xtp2_sp cp2xtp2_sp_async_ring tp2_sp_async
+
+# a mixture of experts (--experts 4 --top-k 2) with its experts sharded over
+# ep ranks (expert parallelism), against the same model in one process
+flags+=(--experts 4 --top-k 2)
+run moe1 1
+run ep2 2 --ep 2 --tp 1
+run ep2xtp2_sp 4 --ep 2 --tp 2 --sequence-parallel
+run ep2xdp2 4 --ep 2 --dp 2 --tp 1
+run pp2xep2 4 --ep 2 --pp 2 --tp 1
+run cp2xep2 4 --ep 2 --cp 2 --tp 1
+compare moe1 moe1 ep2 ep2xtp2_sp ep2xdp2 pp2xep2 cp2xep2

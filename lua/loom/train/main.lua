@@ -197,6 +197,31 @@ local function train_step(run, step)
   return loss
 end
 
+-- the router's load of the last step (a mixture of experts): the tokens
+-- each expert took, summed over the layers this rank holds and over the
+-- data-parallel ranks, and their balance (the busiest expert over the
+-- mean); nil for a dense model
+local function router_load(run)
+  local layers = {}
+  for _, kv in ipairs(run.model:named_modules()) do
+    if kv[2].__name == "MoE" and kv[2].tokens_per_expert then layers[#layers + 1] = kv[2] end
+  end
+  if #layers == 0 then return nil end
+  local E = layers[1].num_experts
+  local counts = {}
+  for e = 1, E do counts[e] = 0 end
+  for _, l in ipairs(layers) do for e = 1, E do counts[e] = counts[e] + l.tokens_per_expert[e] end end
+  local t = loom.tensor(counts, { dtype = "f64" })
+  if run.w.data_mesh then t = run.dist.all_reduce(t, "sum", run.w.data_mesh, 1) end
+  counts = t:totable()
+  local total, most = 0, 0
+  for _, c in ipairs(counts) do total, most = total + c, math.max(most, c) end
+  local parts = {}
+  for e, c in ipairs(counts) do parts[e] = string.format("%d", c) end
+  return string.format("router: tokens per expert %s (busiest / mean %.2f)", table.concat(parts, " "),
+                       most / math.max(total / E, 1e-9)), most / math.max(total / E, 1e-9)
+end
+
 -- Ctrl-C: a flag (core/tensor/interrupt.c, not armed: ops go on) read after
 -- each step; every rank stops after the same step (the flags' max over
 -- the world), with its checkpoint
@@ -281,11 +306,13 @@ function M.train(run)
     local tps = tokens / elapsed
     local entry = { step = step, loss = last_loss, tokens_per_s = math.floor(tps) }
     if o["eval-every"] > 0 and (step % o["eval-every"] == 0 or step == o.steps) then
+      local line, balance = router_load(run)   -- (of the last training step, before evaluation routes others)
+      if line then run.say(line) entry.router_balance = balance end
       last_val = val_loss(run)
       entry.val_loss = last_val
       ckpt.save(run, step)
     elseif step == run.last_step then ckpt.save(run, step) end
-    if log then log:write(run_dir.json_line(entry, { "step", "loss", "val_loss", "tokens_per_s" }), "\n") log:flush() end
+    if log then log:write(run_dir.json_line(entry, { "step", "loss", "val_loss", "router_balance", "tokens_per_s" }), "\n") log:flush() end
     local eta = (o.steps - step) * elapsed / (step - run.start_step)
     local line = string.format("step %d/%d | loss %.4f%s | %.0f tok/s | ETA %s", step, o.steps, last_loss,
       last_val and string.format(" | val %.4f", last_val) or "", tps, run_dir.fmt_time(eta))
