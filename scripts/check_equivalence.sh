@@ -6,8 +6,8 @@
 # over cp, CP=2 x FSDP=2 x TP=2 on 8 ranks, CP=2 x TP=2 + SP (+ async TP, ring)) and async TP with the same seed, and prints the
 # largest relative difference of each layout's loss from TP=1's, over all
 # steps; then a mixture of experts (--experts 4) at EP=2, EP=2 x TP=2 + SP,
-# EP=2 x DP=2, PP=2 x EP=2 and CP=2 x EP=2 against it in one process, likewise
-# steps. Tensor parallelism is right when these stay at float rounding
+# EP=2 x DP=2, PP=2 x EP=2 and CP=2 x EP=2 against it in one process, likewise.
+# Tensor parallelism is right when these stay at float rounding
 # (target <= 1e-5 in f32). Extra arguments go to examples/train.lua.
 # Usage: scripts/check_equivalence.sh [steps] [train.lua flags...]
 set -euo pipefail
