@@ -46,7 +46,7 @@ function G.skip(describe, it, name)
     it("is skipped because there is no GPU", function()
       local reason = tostring(G.why)
       luassert.is_truthy(reason:find("cudaGetDeviceCount found no device", 1, true)
-                         or reason:find("no kernels for it", 1, true), reason)
+                         or reason:find("no GPU here", 1, true) or reason:find("no kernels for it", 1, true), reason)
     end)
   end)
   return true
