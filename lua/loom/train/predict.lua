@@ -59,20 +59,34 @@ local function in_parts(fqn, parts)
   return false
 end
 
--- numel rank 0 holds of the parameter p named fqn
-local function held_of(model, plan, w, dp, fqn, p)
+-- numel rank 0 holds of the parameter p named fqn (an expert's weight:
+-- its experts cut over ep)
+local function held_of(model, plan, w, dp, fqn, p, experts)
   local mfqn, pname = fqn:match("^(.*)%.([^.]+)$")
+  if experts and experts[p] and (w.ep or 1) > 1 then
+    local sz = p:size()
+    return held({ ceil_div(sz[1], w.ep), unpack(sz, 2) }, nil, 1, 1)
+  end
   local d = w.tp > 1 and tp_dim(plan, mfqn or "", model:get_submodule(mfqn or "").__name, pname) or nil
   return held(p:size(), d, w.tp, dp)
+end
+
+-- the parameters of the model's experts (its recipe's expert modules)
+local function experts_of(model)
+  local set = {}
+  for _, m in ipairs(require("loom.models.recipe").of(model).expert_modules(model)) do
+    for _, p in ipairs(m:parameters()) do set[p] = true end
+  end
+  return set
 end
 
 -- params(model, plan, w, fsdp, parts) -> numel of the parameters of parts
 -- (a stage's module FQNs; nil: the whole model) that rank 0 holds
 function M.params(model, plan, w, fsdp, parts)
   local dp = fsdp and w.dp * (w.cp or 1) or 1   -- FSDP shards over dp x cp
-  local n = 0
+  local n, experts = 0, experts_of(model)
   for _, kv in ipairs(model:named_parameters()) do
-    if in_parts(kv[1], parts) then n = n + held_of(model, plan, w, dp, kv[1], kv[2]) end
+    if in_parts(kv[1], parts) then n = n + held_of(model, plan, w, dp, kv[1], kv[2], experts) end
   end
   return n
 end
@@ -80,7 +94,7 @@ end
 -- bytes a rank of stage s (0-based) sends by p2p per step: activations
 -- forward and their gradients back, f32 (batch x sequence x hidden)
 function M.p2p_bytes(hidden, w, s, batch, seq)
-  local act = (batch / w.dp) * (seq / w.cp / (w.seq_shards or 1)) * hidden * 4   -- SP: 1/tp of the sequence
+  local act = (batch / (w.data or w.dp)) * (seq / w.cp / (w.seq_shards or 1)) * hidden * 4   -- SP: 1/tp of the sequence
   return ((s < w.pp - 1) and act or 0) + ((s > 0) and act or 0)
 end
 
