@@ -296,11 +296,17 @@ function M.train(run)
   local profile = require("loom.profiler").for_steps(o["profile-steps"], (run.dir or ".") .. "/trace.json")
   for step = run.start_step + 1, run.last_step do
     profile(step)   -- --profile-steps A:B: starts at A, marks each step, stops after B
-    last_loss = train_step(run, step)
+    if step == run.start_step + 1 and w.ep > 1 then   -- (the first step's all-to-all bytes, for the prediction)
+      local cm
+      cm, last_loss = run.dist.comm_mode(train_step, run, step)
+      run.a2a_bytes = cm.bytes.all_to_all
+    else
+      last_loss = train_step(run, step)
+    end
     tokens = tokens + o.batch * o.seq
     if step == run.start_step + 1 then
       run.say(M_model.memory_line(run.model, run.opt, run.nparams))
-      run.say(P.after(run.pred, run.model, run.opt, w.sent_bytes))
+      run.say(P.after(run.pred, run.model, run.opt, w.sent_bytes, run.a2a_bytes))
     end
     local elapsed = run_dir.now() - t0
     local tps = tokens / elapsed

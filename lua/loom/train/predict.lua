@@ -98,6 +98,26 @@ function M.p2p_bytes(hidden, w, s, batch, seq)
   return ((s < w.pp - 1) and act or 0) + ((s > 0) and act or 0)
 end
 
+-- bytes of all-to-all input rank 0 issues per step with expert
+-- parallelism: per mixture of experts of its stage, the rows to the
+-- experts' ranks and back in forward, the same two in backward (top_k rows
+-- per token this rank routes: under TP every token of its sequence
+-- share), and the counts (experts x 8 bytes). The rows a rank receives
+-- are the router's choice: this is the balanced case, what a measured
+-- step comes near when the experts take even loads.
+function M.a2a_bytes(model, w, o, parts)
+  if (w.ep or 1) == 1 then return 0 end
+  local moe = model.config.moe
+  local n = 0
+  for i, m in ipairs(require("loom.models.recipe").of(model).expert_modules(model)) do
+    local _ = m
+    if in_parts("layers." .. i, parts) then n = n + 1 end
+  end
+  local tokens = (o.batch / w.data) * (o.seq / w.cp)
+  local dim = require("loom.models.recipe").of(model).hidden_size(model)
+  return n * (4 * tokens * moe.top_k * dim * 4 + moe.experts * 8)
+end
+
 -- predict(model, plan, w, o, parts) -> the prediction for rank 0 (stage 0,
 -- whose parts are `parts`): {params = bytes, p2p = bytes}. With pp > 1 a
 -- weight tied across stages (the head to the embedding) sends its
@@ -106,7 +126,7 @@ function M.predict(model, plan, w, o, parts)
   local r = require("loom.models.recipe").of(model)
   local fsdp = o.fsdp and w.dp * w.cp > 1
   local pred = { params = M.params(model, plan, w, fsdp, parts) * 4,
-                 p2p = M.p2p_bytes(r.hidden_size(model), w, 0, o.batch, o.seq) }
+                 p2p = M.p2p_bytes(r.hidden_size(model), w, 0, o.batch, o.seq), a2a = M.a2a_bytes(model, w, o, parts) }
   if w.pp > 1 then
     local params = {}
     for _, kv in ipairs(model:named_parameters()) do params[kv[1]] = kv[2] end
@@ -120,17 +140,20 @@ end
 
 -- the line said before training
 function M.before(pred)
-  return string.format("predicted for rank 0: parameters %.2f MB + AdamW state %.2f MB, p2p %.3f MB sent per step",
-                       pred.params / 2^20, 2 * pred.params / 2^20, pred.p2p / 2^20)
+  return string.format("predicted for rank 0: parameters %.2f MB + AdamW state %.2f MB, p2p %.3f MB sent per step%s",
+                       pred.params / 2^20, 2 * pred.params / 2^20, pred.p2p / 2^20,
+                       pred.a2a > 0 and string.format(", all-to-all %.3f MB", pred.a2a / 2^20) or "")
 end
 
 -- the line after the first step: measured next to predicted (sent_bytes:
--- what comm_mode counted, nil without pp)
-function M.after(pred, model, opt, sent_bytes)
+-- what comm_mode counted, nil without pp; a2a_bytes: the all-to-all's)
+function M.after(pred, model, opt, sent_bytes, a2a_bytes)
   local mem = require("loom.distributed.fsdp").memory(model, opt)
   return string.format("measured on rank 0: parameters %.2f MB (predicted %.2f), AdamW state %.2f MB (%.2f), "
-                       .. "p2p %.3f MB sent (%.3f)", mem.params / 2^20, pred.params / 2^20, mem.optimizer / 2^20,
-                       2 * pred.params / 2^20, (sent_bytes or 0) / 2^20, pred.p2p / 2^20)
+                       .. "p2p %.3f MB sent (%.3f)%s", mem.params / 2^20, pred.params / 2^20, mem.optimizer / 2^20,
+                       2 * pred.params / 2^20, (sent_bytes or 0) / 2^20, pred.p2p / 2^20,
+                       pred.a2a > 0 and string.format(", all-to-all %.3f MB (%.3f)", (a2a_bytes or 0) / 2^20,
+                                                      pred.a2a / 2^20) or "")
 end
 
 return M
