@@ -106,8 +106,8 @@ end
 -- are the router's choice: this is the balanced case, what a measured
 -- step comes near when the experts take even loads.
 function M.a2a_bytes(model, w, o, parts)
-  if (w.ep or 1) == 1 then return 0 end
   local moe = model.config.moe
+  if (w.ep or 1) == 1 or not moe then return 0 end
   local n = 0
   for i, m in ipairs(require("loom.models.recipe").of(model).expert_modules(model)) do
     local _ = m
