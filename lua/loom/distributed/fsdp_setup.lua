@@ -21,7 +21,7 @@ local address = T.address
 -- sharded parameter's address -> its unit (weak: units live with modules)
 local managed = setmetatable({}, { __mode = "v" })
 
-local OPTIONS = { mesh = true, reshard_after_forward = true, overlap = true }
+local OPTIONS = { mesh = true, reshard_after_forward = true, overlap = true, ignored_params = true }
 
 local function fail(fmt, ...) error(string.format("fully_shard: " .. fmt, ...), 4) end
 
@@ -33,7 +33,9 @@ local function check_opts(module, opts)
   end
   opts = opts or {}
   for k in pairs(opts) do
-    if not OPTIONS[k] then fail("unknown option %s (options: mesh, reshard_after_forward, overlap)", tostring(k)) end
+    if not OPTIONS[k] then
+      fail("unknown option %s (options: mesh, reshard_after_forward, overlap, ignored_params)", tostring(k))
+    end
   end
   local mesh = opts.mesh or dist.current_mesh()
   if not dist.is_mesh(mesh) or mesh.ndim ~= 1 then
@@ -101,7 +103,7 @@ end
 -- the unit's parameters: those of module's subtree not managed by a unit
 -- made earlier on a submodule; each with every (module, name) it is
 -- registered under (tied weights)
-local function collect(unit, module)
+local function collect(unit, module, ignored)
   local entries, by_addr, inside = {}, {}, {}
   local mods = module:named_modules()
   for _, mm in ipairs(mods) do inside[mm[2]] = true end
@@ -112,7 +114,7 @@ local function collect(unit, module)
     local params = rawget(m, "_parameters")
     for _, name in ipairs(rawget(m, "_order")._parameters) do
       local p = params[name]
-      if p ~= nil then
+      if p ~= nil and not ignored[p] then
         local key = address(p)
         local owner = managed[key]
         if owner and not inside[owner.module] then
@@ -156,7 +158,9 @@ function M.new_unit(module, opts)
   mesh, opts = check_opts(module, opts)
   local unit = { module = module, mesh = mesh, ndp = mesh:size(), dp_rank = mesh:get_local_rank(),
                  reshard = opts.reshard_after_forward ~= false, overlap = opts.overlap ~= false, infos = {} }
-  unit.entries = collect(unit, module)
+  local ignored = {}   -- (PyTorch's ignored_params: left as they are, e.g. an expert-parallel expert's)
+  for _, p in ipairs(opts.ignored_params or {}) do ignored[p] = true end
+  unit.entries = collect(unit, module, ignored)
   for _, e in ipairs(unit.entries) do   -- one flat gather per unit: one dtype (FSDP2 refuses mixed ones)
     local first = unit.entries[1]
     if e.param.dtype ~= first.param.dtype then

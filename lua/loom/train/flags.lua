@@ -155,7 +155,7 @@ end
 
 -- flags that cannot apply at this layout are errors, not silently ignored
 local function check_applies(o, tp, dp)
-  if o.fsdp and dp == 1 and o.cp <= 1 then
+  if o.fsdp and dp == 1 and o.cp <= 1 and o.ep <= 1 then
     error("train.lua: --fsdp shards over data-parallel (or context-parallel) ranks and --dp is 1: launch more ranks "
           .. "(scripts/loomrun -n 2 examples/train.lua --fsdp --tp 1) or leave --fsdp out", 0)
   end
@@ -205,8 +205,9 @@ function M.layout(o, dist)
     error(string.format("train.lua: --microbatches %d must divide the batch of each data-parallel rank, %d "
                         .. "(--batch %d / --dp %d)", mb, o.batch / w.data, o.batch, w.data), 0)
   end
-  if w.ep > 1 and o.fsdp then error("train.lua: --ep with --fsdp is not supported yet (--ep shards the experts; "
-                                    .. "the other weights are replicated over the data ranks)", 0) end
+  if w.ep > 1 and o.fsdp and w.cp > 1 then
+    error("train.lua: --ep with --fsdp and --cp is not supported yet (FSDP shards the experts over dp alone)", 0)
+  end
   return w
 end
 

@@ -191,10 +191,11 @@ function M.expert_parallel(whole, module, w)
   local held = {}
   for _, kv in ipairs(module:named_modules()) do held[kv[2]] = true end
   local EP = require("loom.parallel.expert").ExpertParallel
-  w.experts = {}
+  w.experts, w.expert_modules = {}, {}
   for _, m in ipairs(mods) do
     if held[m] then
       require("loom.parallel").parallelize_module(m, w.mesh["ep"], EP(), { src_data_rank = false })
+      w.expert_modules[#w.expert_modules + 1] = m
       for _, p in ipairs(m:parameters()) do w.experts[#w.experts + 1] = p end
     end
   end
@@ -202,20 +203,21 @@ end
 
 -- after backward, with --ep: the experts' gradients (each the sum of every
 -- ep rank's tokens' share) as the data-parallel mean: averaged over the
--- other data ranks (dp x cp), divided by ep
-local function scale_experts(w, dist)
+-- other data ranks (dp x cp; FSDP's reduce-scatter has averaged them
+-- over dp), divided by ep
+local function scale_experts(w, dist, fsdp)
   for _, p in ipairs(w.experts) do
     local g = p.grad
     if g ~= nil then
       local lg = g.dist ~= nil and g:to_local() or g
-      if w.expert_mesh then lg:copy_(dist.all_reduce(lg, "avg", w.expert_mesh, 1)) end
+      if w.expert_mesh and not fsdp then lg:copy_(dist.all_reduce(lg, "avg", w.expert_mesh, 1)) end
       lg:copy_(lg * (1 / w.ep))
     end
   end
 end
-function M.expert_grads(w, dist)
+function M.expert_grads(w, dist, o)
   if w.ep == 1 then return end
-  loom.no_grad(scale_experts, w, dist)
+  loom.no_grad(scale_experts, w, dist, o.fsdp)
 end
 
 -- without --fsdp: gradients averaged over dp x ep x cp (w.grad_mesh) as
@@ -245,8 +247,14 @@ function M.fully_shard(module, w, o)
   if not o.fsdp or not w.grad_mesh then return end
   local fsdp = require("loom.distributed.fsdp")
   local opts = { mesh = w.grad_mesh, reshard_after_forward = not o["no-reshard"] }
+  -- (with --ep: each mixture's experts first, over dp alone: ep cuts them
+  -- already; then the blocks over dp x ep leave them to that unit)
+  for _, m in ipairs(w.expert_modules or {}) do
+    if w.dp > 1 then fsdp.fully_shard(m, { mesh = w.mesh["dp"], reshard_after_forward = opts.reshard_after_forward }) end
+  end
+  opts.ignored_params = w.dp == 1 and w.experts or nil   -- (no dp to shard the experts over: EP alone cuts them)
   for _, unit in ipairs(w.fsdp_units) do fsdp.fully_shard(unit, opts) end
-  fsdp.fully_shard(module, { mesh = w.grad_mesh })
+  fsdp.fully_shard(module, { mesh = w.grad_mesh, ignored_params = opts.ignored_params })
 end
 
 -- f(x, y) with x and y sharded on the sequence and attention

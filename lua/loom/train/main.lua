@@ -180,7 +180,7 @@ local function train_step(run, step)
   local x, y = run.sampler:next()
   run.opt:zero_grad()
   local loss = step_loss(run, x, y, true)
-  L.expert_grads(w, run.dist)   -- (with --ep: the experts' gradients as the data-parallel mean)
+  L.expert_grads(w, run.dist, o)   -- (with --ep: the experts' gradients as the data-parallel mean)
   local finite = loss == loss and math.abs(loss) ~= math.huge
   if not finite and not o["skip-nonfinite"] then
     error(string.format("train.lua: the loss is %s at step %d; lower --lr (now %g) or raise --warmup, keep "
