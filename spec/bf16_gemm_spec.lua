@@ -36,9 +36,6 @@ local fast_state = expect_fast and "present: " .. info
                    or not built and "absent: built without oneDNN (libdnnl-dev)"
                    or "absent: this CPU has no AVX512_BF16 (or ONEDNN_MAX_CPU_ISA hides it)"
 
--- the bf16-rounded f64 values of x
-local function rounded(x) return x:to("bf16"):to("f64") end
-
 -- checks c = alpha a b + beta c0 (a, b bf16 3-D views) against f64;
 -- returns the worst error over its bound
 local function check(what, c, a, b, alpha, beta, c0)
