@@ -47,6 +47,7 @@ static int has_bf16;      /* the CPU has bf16 dot products (oneDNN's dispatch) *
 
 static void init(void) {
   read_env();
+  lm_num_threads();   /* sets OpenMP's team size, which oneDNN's kernels take */
   dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
   has_bf16 = (isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16;
   if (has_bf16 && dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success) has_bf16 = 0;
