@@ -142,6 +142,29 @@ describe("bf16 GEMM (the CPU backend's gemm slot)", function()
     end
   end)
 
+  it("beta = 0 overwrites a NaN-filled result, and NaN and inf operands reach the result, on both paths", function()
+    for _, on in ipairs { 1, 0 } do
+      local old = C.lm_cpu_set_bf16_gemm(on)
+      for _, dt in ipairs { "f32", "bf16" } do
+        local a, b = loom.randn(1, 17, 33):to("bf16"), loom.randn(1, 33, 9):to("bf16")
+        local c = loom.full({ 1, 17, 9 }, 0 / 0, { dtype = dt })
+        assert.are.equal(0, C.lm_cpu_gemm(c, a, b, 1, 0))
+        assert.is_true(c:to("f64"):abs():max():item() < math.huge, "path " .. on .. ", " .. dt .. ": NaN left by beta = 0")
+        local an = a:clone()
+        an:narrow(2, 3, 1):narrow(3, 5, 1):fill_(0 / 0)
+        an:narrow(2, 6, 1):narrow(3, 1, 1):fill_(math.huge)
+        assert.are.equal(0, C.lm_cpu_gemm(c, an, b, 1, 0))
+        local rows = c:to("f64"):totable()[1]
+        for j = 1, 9 do
+          assert.is_true(rows[3][j] ~= rows[3][j], "path " .. on .. ": NaN in row 3 lost")
+          assert.is_true(rows[6][j] ~= rows[6][j] or math.abs(rows[6][j]) == math.huge, "path " .. on .. ": inf in row 6 lost")
+          assert.is_true(math.abs(rows[1][j]) < math.huge)
+        end
+      end
+      C.lm_cpu_set_bf16_gemm(old)
+    end
+  end)
+
   it("the fast and plain paths agree on a Linear's forward and gradients under autocast", function()
     loom.manual_seed(3)
     local lin = loom.nn.Linear(96, 40)
