@@ -4,7 +4,8 @@
 -- lm_cpu_set_bf16_gemm(0) or LOOM_BF16_GEMM=plain), each against the f64
 -- GEMM of the same bf16 operands: odd sizes, every transpose, batched
 -- (strided and broadcast batches), narrowed and interleaved operands, alpha
--- and beta, f32 and bf16 results. Tolerance: an f32 sum of K exact
+-- and beta, f32 and bf16 results; beta = 0 over a NaN-filled result and
+-- NaN/inf operands; a Linear under autocast on each path. Tolerance: an f32 sum of K exact
 -- products is within (K + 4) 2^-24 sum|alpha a b| + |beta c| of the exact
 -- value (the recursive-summation bound with the scale and sum roundings);
 -- a bf16 result adds one rounding, 2^-8 of the value. On a CPU without
