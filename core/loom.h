@@ -397,6 +397,13 @@ void lm_dtensor_rule_cache_clear(void);
 /* the BLAS loom calls, its build and the kernel core it runs, and its
  * threads, e.g. "OpenBLAS 0.3.21 ... DYNAMIC_ARCH ...; core Zen, 2 threads" */
 const char *lm_blas_info(void);
+/* bf16 GEMMs: 1 lets them run through oneDNN's bf16 kernels where the CPU
+ * has bf16 dot products, 0 forces the plain path (widened to f32, sgemm)
+ * everywhere, -1 only asks; returns the setting before (LOOM_BF16_GEMM=plain
+ * starts it at 0). lm_cpu_bf16_gemm_runs: the GEMMs (one a batch entry or
+ * a batch) the fast path has run in this process. */
+int lm_cpu_set_bf16_gemm(int on);
+int64_t lm_cpu_bf16_gemm_runs(void);
 
 /* ---- text: byte-pair encoding (core/text/bpe.c, loom.tokenizer) ----
  * Ids are tokenizer.json's, 0-based; the Lua layer adds one. Tokens are

@@ -8,6 +8,9 @@ With --tp N (N > 1) it spawns N CPU processes (gloo) and runs the model under
 the tensor-parallel plan of loom's transformer.tp_plan (loss_parallel): the
 step time is the slowest rank's median, tokens/s counts the global batch, and
 the line gains "tp": N. --threads sets the threads of each rank.
+With --gemm "M,K,N,ta,tb;..." it times torch.matmul on those shapes instead
+(ta/tb 1: that operand is a transposed view), f32 and bf16, best of --reps,
+for scripts/bench_gemm.lua: {"gemm": {"f32": [GFLOP/s...], "bf16": [...]}, ...}.
 """
 import argparse
 import json
@@ -25,6 +28,8 @@ def parse_args():
     ap.add_argument("--dtype", default="f32")
     ap.add_argument("--tp", type=int, default=1,
                     help="tensor-parallel degree: N > 1 spawns N CPU ranks (gloo) under loom's tp_plan")
+    ap.add_argument("--gemm", default="", help="time torch.matmul on \"M,K,N,ta,tb;...\" instead of training")
+    ap.add_argument("--reps", type=int, default=5, help="--gemm: best of this many calls")
     return ap.parse_args()
 
 
@@ -110,8 +115,30 @@ def timed_steps(o, step, sync=None):
     return statistics.median(times) * 1e3
 
 
+def gemm_main(o):
+    """torch.matmul's GFLOP/s on each shape of o.gemm, f32 and bf16, best of o.reps after one warm-up"""
+    if o.threads > 0:
+        torch.set_num_threads(o.threads)
+    out = {"f32": [], "bf16": []}
+    for spec in o.gemm.split(";"):
+        m, k, n, ta, tb = (int(v) for v in spec.split(","))
+        for name, dt in (("f32", torch.float32), ("bf16", torch.bfloat16)):
+            a = torch.randn(k, m).to(dt).t() if ta else torch.randn(m, k).to(dt)
+            b = torch.randn(n, k).to(dt).t() if tb else torch.randn(k, n).to(dt)
+            torch.matmul(a, b)
+            best = math.inf
+            for _ in range(o.reps):
+                t0 = time.perf_counter()
+                torch.matmul(a, b)
+                best = min(best, time.perf_counter() - t0)
+            out[name].append(2 * m * n * k / best / 1e9)
+    print(json.dumps({"gemm": out, "torch": torch.__version__, "threads": torch.get_num_threads()}))
+
+
 def main():
     o = parse_args()
+    if o.gemm:
+        return gemm_main(o)
     if o.tp > 1:
         return tp_main(o)
     if o.threads > 0:

@@ -296,14 +296,35 @@ if os.getenv("OMPI_COMM_WORLD_SIZE") or o.tp > 0 or o.dp > 0 then
   return
 end
 
--- The step's GEMMs replayed through cblas_sgemm directly, in the same run:
--- each Linear weight (out, in) does y = x W^T forward, dX = dY W and
--- dW = dY^T X backward on tokens = batch x seq rows: 6 x tokens x numel(W)
--- FLOPs a step. Returns the FLOPs and the seconds of one replay.
+-- The step's GEMMs replayed through the library's own GEMM called
+-- directly, in the same run: cblas_sgemm for f32; for bf16, where libloom
+-- came with oneDNN, its bf16 GEMM dnnl_gemm_bf16bf16f32 (bf16 operands,
+-- f32 results). Each Linear weight (out, in) does y = x W^T forward,
+-- dX = dY W and dW = dY^T X backward on tokens = batch x seq rows:
+-- 6 x tokens x numel(W) FLOPs a step. Returns the FLOPs and the seconds of
+-- one replay (nil without such a GEMM for the dtype).
 pcall(ffi.cdef, [[
 void cblas_sgemm(int order, int transa, int transb, int m, int n, int k, float alpha,
                  const float *a, int lda, const float *b, int ldb, float beta, float *c, int ldc);
+int dnnl_gemm_bf16bf16f32(char transa, char transb, int64_t m, int64_t n, int64_t k, float alpha,
+                          const uint16_t *a, int64_t lda, const uint16_t *b, int64_t ldb, float beta,
+                          float *c, int64_t ldc);
 ]])
+local REPLAY_NAME = { f32 = "cblas_sgemm", bf16 = "oneDNN's dnnl_gemm_bf16bf16f32" }
+local function replay_gemm(dtype)
+  if dtype == "f32" then
+    local RM, N_, T_ = 101, 111, 112
+    local tr = { N = N_, T = T_ }
+    return function(ta, tb, m, n, k, a, lda, b, ldb, c, ldc)
+      ffi.C.cblas_sgemm(RM, tr[ta], tr[tb], m, n, k, 1, a, lda, b, ldb, 0, c, ldc)
+    end, "float*"
+  end
+  local ok = dtype == "bf16" and pcall(function() return ffi.C.dnnl_gemm_bf16bf16f32 end)
+  if not ok then return nil end
+  return function(ta, tb, m, n, k, a, lda, b, ldb, c, ldc)
+    assert(ffi.C.dnnl_gemm_bf16bf16f32(ta:byte(), tb:byte(), m, n, k, 1, a, lda, b, ldb, 0, c, ldc) == 0, "dnnl_gemm_bf16bf16f32 failed")
+  end, "uint16_t*"
+end
 local function linear_shapes(model)
   local shapes = {}
   for _, kv in ipairs(model:named_parameters()) do
@@ -312,30 +333,28 @@ local function linear_shapes(model)
   end
   return shapes
 end
-local function sgemm_replay(model)
+local function gemm_replay(model, dtype)
+  local gemm, ptr = replay_gemm(dtype)
+  if not gemm then return nil end
   local T = o.batch * o.seq
   local shapes, flops, biggest = linear_shapes(model), 0, 0
   for _, s in ipairs(shapes) do
     flops = flops + 6 * T * s[1] * s[2]
     biggest = math.max(biggest, s[1], s[2])
   end
-  local X, W, Y = loom.randn(T, biggest), loom.randn(biggest, biggest), loom.randn(T, biggest)
-  local G = loom.empty(biggest, biggest)
-  local px, pw, py, pg = ffi.cast("float*", X:data_ptr()), ffi.cast("float*", W:data_ptr()),
-                         ffi.cast("float*", Y:data_ptr()), ffi.cast("float*", G:data_ptr())
-  local RM, N_, T_ = 101, 111, 112
-  local best = math.huge
-  for _ = 1, 1 do
-    local t0 = bench.now()
-    for _, s in ipairs(shapes) do
-      local out, inp = s[1], s[2]
-      ffi.C.cblas_sgemm(RM, N_, T_, T, out, inp, 1, px, inp, pw, inp, 0, py, out)   -- Y = X W^T
-      ffi.C.cblas_sgemm(RM, N_, N_, T, inp, out, 1, py, out, pw, inp, 0, px, inp)   -- dX = dY W
-      ffi.C.cblas_sgemm(RM, T_, N_, out, inp, T, 1, py, out, px, inp, 0, pg, inp)   -- dW = dY^T X
-    end
-    best = math.min(best, bench.now() - t0)
+  -- operands in the dtype; results in f32 (oneDNN's bf16 GEMM writes f32)
+  local X, W, Y = loom.randn(T, biggest):to(dtype), loom.randn(biggest, biggest):to(dtype), loom.randn(T, biggest):to(dtype)
+  local R = loom.empty(math.max(T, biggest), biggest)
+  local px, pw, py = ffi.cast(ptr, X:data_ptr()), ffi.cast(ptr, W:data_ptr()), ffi.cast(ptr, Y:data_ptr())
+  local pr = ffi.cast("float*", R:data_ptr())
+  local t0 = bench.now()
+  for _, s in ipairs(shapes) do
+    local out, inp = s[1], s[2]
+    gemm("N", "T", T, out, inp, px, inp, pw, inp, dtype == "f32" and py or pr, out)   -- Y = X W^T
+    gemm("N", "N", T, inp, out, py, out, pw, inp, dtype == "f32" and px or pr, inp)   -- dX = dY W
+    gemm("T", "N", out, inp, T, py, out, px, inp, pr, inp)                             -- dW = dY^T X
   end
-  return flops, best
+  return flops, bench.now() - t0
 end
 
 -- one config in one dtype: phase times and the op profile
@@ -369,10 +388,11 @@ local function measure(dtype)
   for _ = 1, o.steps do
     local before = C.lm_profile_seconds(mm)
     step(true)
-    if dtype == "f32" then   -- the same GEMMs through sgemm right after: both see the same neighbours
-      C.lm_profile_enable(0)
-      local flops, t_blas = sgemm_replay(model)
-      C.lm_profile_enable(1)
+    -- the same GEMMs through the library right after: both see the same neighbours
+    C.lm_profile_enable(0)
+    local flops, t_blas = gemm_replay(model, dtype)
+    C.lm_profile_enable(1)
+    if flops then
       gemm_rate.flops = flops
       table.insert(gemm_rate.step, flops / (C.lm_profile_seconds(mm) - before) / 1e9)
       table.insert(gemm_rate.blas, flops / t_blas / 1e9)
@@ -405,7 +425,7 @@ end
 
 print(string.format("training step: %d layers, dim %d, %d heads, batch %dx%d, %d threads, %d steps timed",
                     o.layers, o.dim, o.heads, o.batch, o.seq, loom.num_threads(), o.steps))
-local summary = {}
+local summary, gemm_rows = {}, {}
 for dtype in o.dtype:gmatch("[^,]+") do
   local phases, ops, gemm_rate = measure(dtype)
   print(string.format("\n-- %s%s", dtype, dtype == "f32" and "" or " (mixed precision: autocast, f32 parameters)"))
@@ -423,8 +443,10 @@ for dtype in o.dtype:gmatch("[^,]+") do
   if gemm_rate.flops then
     local rate, blas = bench.max(gemm_rate.step), bench.max(gemm_rate.blas)
     print(string.format("GEMM rate (%.2f GFLOP of Linear layers a step): the step's matmul op %.1f GFLOP/s, " ..
-                        "cblas_sgemm on the same shapes called directly %.1f GFLOP/s, each step followed by " ..
-                        "its replay, best of %d: %.0f%%", gemm_rate.flops / 1e9, rate, blas, o.steps, 100 * rate / blas))
+                        "%s on the same shapes called directly %.1f GFLOP/s, each step followed by " ..
+                        "its replay, best of %d: %.0f%%", gemm_rate.flops / 1e9, rate, REPLAY_NAME[dtype], blas, o.steps,
+                        100 * rate / blas))
+    gemm_rows[#gemm_rows + 1] = { dtype, rate, REPLAY_NAME[dtype], blas, string.format("%.0f%%", 100 * rate / blas) }
   end
   local pt = torch_step(dtype)
   summary[#summary + 1] = { dtype, step_ms, o.batch * o.seq / (step_ms / 1e3), pt and pt.step_ms or "n/a",
@@ -435,3 +457,8 @@ print(string.format("\nsame config, same run (PyTorch eager: %s):", has_torch an
                     "not importable, set LOOM_BENCH_PYTHON to a Python with torch"))
 bench.table({ "dtype", "loom step ms", "loom tokens/s", "PyTorch step ms", "PyTorch tokens/s", "loom speed-up" },
             summary)
+if #gemm_rows > 0 then
+  print("\nGEMM rate of the step's Linear layers, same run (GFLOP/s, best step; the library called directly " ..
+        "on the same shapes right after each step):")
+  bench.table({ "dtype", "loom matmul op", "library GEMM", "library GFLOP/s", "loom / library" }, gemm_rows)
+end

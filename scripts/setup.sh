@@ -10,6 +10,7 @@ pkgs=(build-essential cmake pkg-config luajit libluajit-5.1-dev lua-busted luaro
       libpcre2-dev lua-cjson   # tokenizers: PCRE2 for the pre-tokenizers' regexes (FFI), cjson for tokenizer.json
       libutf8proc2   # tokenizers: NFC/NFKC normalizers and White_Space (lua/loom/text/unicode.lua, FFI)
       libreadline8   # the REPL's line editing, history and completion (lua/loom/repl/readline.lua)
+      libdnnl-dev   # oneDNN: bf16 GEMMs with the CPU's bf16 dot products (kernels/cpu/gemm_dnnl.c; optional)
       libopenblas-dev libopenmpi-dev openmpi-bin gnuplot-nox valgrind
       python3)   # only for the benchmarks' PyTorch baseline script (cli_spec runs its --help)
 missing=()

@@ -1,16 +1,19 @@
-/* gemm.c: batched matrix multiply through OpenBLAS. Operands whose strides
- * are a transpose go to BLAS as transposed, without a copy. */
+/* gemm.c: batched matrix multiply, the CPU's one GEMM dispatch: f32 and
+ * f64 through OpenBLAS (operands whose strides are a transpose go to BLAS
+ * as transposed, without a copy); bf16 through oneDNN where the CPU has
+ * bf16 dot products (gemm_dnnl.c), else, and for f16, widened to f32 for
+ * sgemm (gemm_half.c). */
 #include "kernels.h"
 #include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 const char *lm_blas_info(void) {
-  static _Thread_local char buf[320];
+  static _Thread_local char buf[480];
   const char *forced = getenv("OPENBLAS_CORETYPE");
-  snprintf(buf, sizeof buf, "%s; core %s%s%s%s, %d threads", openblas_get_config(),
+  snprintf(buf, sizeof buf, "%s; core %s%s%s%s, %d threads; bf16 GEMM: %s", openblas_get_config(),
            openblas_get_corename(), forced ? " (OPENBLAS_CORETYPE=" : "", forced ? forced : "",
-           forced ? ")" : "", openblas_get_num_threads());
+           forced ? ")" : "", openblas_get_num_threads(), lm_cpu_bf16_gemm_info());
   return buf;
 }
 
@@ -39,8 +42,12 @@ static int gemm_empty_k(lm_tensor *c, double beta) {
 
 int lm_cpu_gemm(lm_tensor *c, const lm_tensor *a, const lm_tensor *b, double alpha, double beta) {
   if (a->shape_[2] == 0) return gemm_empty_k(c, beta);
-  if (a->dtype_ == LM_BF16 || a->dtype_ == LM_F16) return lm_cpu_gemm_half(c, a, b, alpha, beta);
   int64_t B = c->shape_[0], M = c->shape_[1], N = c->shape_[2], K = a->shape_[2];
+  if (a->dtype_ == LM_BF16 || a->dtype_ == LM_F16) {
+    if (M == 0 || N == 0) return 0;
+    int rc = lm_cpu_gemm_dnnl(c, a, b, alpha, beta);   /* 1: no fast path for this call */
+    return rc == 1 ? lm_cpu_gemm_half(c, a, b, alpha, beta) : rc;
+  }
   enum CBLAS_TRANSPOSE ta, tb;
   int64_t lda, ldb;
   if (blas_layout(M, K, a->stride_[1], a->stride_[2], &ta, &lda) < 0 ||

@@ -20,5 +20,9 @@ LM_FUSED_SLOTS(LM_CPU_KERNEL)
 /* n dense elements of dtype sd to dd by copy.c's vectorised converters:
  * f32 <-> bf16, f16 or f64 only */
 void lm_cpu_convert(int64_t n, void *dst, int dd, const void *src, int sd);
-lm_gemm_fn lm_cpu_gemm_half;             /* gemm_half.c: bf16/f16 operands */
+lm_gemm_fn lm_cpu_gemm_half;             /* gemm_half.c: bf16/f16 operands widened for sgemm */
+/* gemm_dnnl.c: bf16 operands through oneDNN's matmul where the CPU has bf16
+ * dot products; returns 1 (nothing done) where it has no fast kernel */
+lm_gemm_fn lm_cpu_gemm_dnnl;
+const char *lm_cpu_bf16_gemm_info(void); /* the bf16 path that runs, for lm_blas_info */
 #endif

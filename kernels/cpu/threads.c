@@ -1,5 +1,6 @@
-/* threads.c: one thread count for loom's kernels and OpenBLAS. It starts
- * at LOOM_NUM_THREADS, else the number of cores. */
+/* threads.c: one thread count for loom's kernels, OpenBLAS and oneDNN
+ * (whose OpenMP regions take the default team size). It starts at
+ * LOOM_NUM_THREADS, else the number of cores. */
 #include "kernels.h"
 #include <stdlib.h>
 #include <unistd.h>
@@ -24,6 +25,9 @@ int lm_num_threads(void) { init(); return nthreads; }
 void lm_set_num_threads(int n) {
   nthreads = n < 1 ? 1 : n;
   openblas_set_num_threads(nthreads);
+#ifdef _OPENMP
+  omp_set_num_threads(nthreads);
+#endif
 }
 
 /* Below ~32k elements a parallel region costs more than it saves. */

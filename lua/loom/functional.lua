@@ -12,6 +12,11 @@ local op, check = T.op, T.check_tensor
 function F.linear(x, w, b)
   check(x, "linear", "input")
   check(w, "linear", "weight")
+  -- under autocast the weight is cast before it is transposed, as
+  -- autocast would cast it: a dense cast, and its gradient comes back dense
+  -- in the weight's own layout (casting w:t() copies across rows both ways)
+  local low = C.lm_autocast_dtype()
+  if low >= 0 and w.dtype ~= "f64" and w.dtype ~= T.dtypes[low + 1] then w = w:to(T.dtypes[low + 1]) end
   local y = x:matmul(w:t())
   if b == nil then return y end
   check(b, "linear", "bias")
