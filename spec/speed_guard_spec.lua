@@ -26,10 +26,10 @@ void cblas_sgemm(int order, int transa, int transb, int m, int n, int k, float a
                  const float *a, int lda, const float *b, int ldb, float beta, float *c, int ldc);
 ]])
 
-require("loom.posix")   -- clock_gettime
+require("loom.posix")   -- loom_clock_gettime
 local ts = ffi.new("loom_timespec")
 -- this thread's CPU seconds (for work that runs on it alone), or the wall clock
-local function cpu_clock() ffi.C.clock_gettime(3, ts) return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9 end
+local function cpu_clock() ffi.C.loom_clock_gettime(3, ts) return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9 end
 local wall_clock = bench.now
 
 -- best seconds of `mine` and of `ref` on `clock`, over interleaved rounds,
