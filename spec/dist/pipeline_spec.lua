@@ -169,8 +169,9 @@ describe("pipeline parallelism", function()
       local held = 0
       for _, p in ipairs(st.submod:parameters()) do held = held + (dist.is_dtensor(p) and p:to_local() or p):numel() end
       local P = require("loom.train.predict")
-      local cfg = { vocab_size = V, dim = 16, n_layers = 3, n_heads = 2, max_seq_len = S }
-      local predicted = P.params(cfg, { pp = 2, tp = 2, dp = 1, cp = 1 }, st.stage_index, false)
+      -- ref is the whole model (m's twin); its plan and this stage's parts
+      local predicted = P.params(ref, Tr.tp_plan({}, ref), { pp = 2, tp = 2, dp = 1, cp = 1 }, false,
+                                 pp.pipeline(ref, { num_stages = 2 }):stage_fqns(st.stage_index))
       local bad = check({}, "pp2xtp2", ref, { st.submod }, pp.Schedule1F1B(st, 2, loss_fn), st.is_last)
       assert.same({}, bad)
       if mesh:get_local_rank("tp") == 0 then assert.equal(predicted, held) end   -- after every collective
@@ -196,8 +197,7 @@ describe("pipeline parallelism", function()
         assert.equal(3, cm.counts.reduce_scatter)
         -- p2p bytes per step as predict.lua says them (B 8, S 8, dim 16, f32; both dp ranks the whole batch)
         local P = require("loom.train.predict")
-        local cfg = { vocab_size = V, dim = 16, n_layers = 4, n_heads = 2, max_seq_len = S }
-        assert.equal(P.p2p_bytes(cfg, { pp = 2, tp = 1, dp = 1, cp = 1 }, st.stage_index, B, S), cm.bytes.send)
+        assert.equal(P.p2p_bytes(16, { pp = 2, tp = 1, dp = 1, cp = 1 }, st.stage_index, B, S), cm.bytes.send)
       end)
     end
   end

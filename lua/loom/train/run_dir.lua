@@ -41,6 +41,15 @@ end
 -- does), and claimed by an exclusive mkdir, so two runs started in the
 -- same second get two folders. A --run-dir that holds another run is
 -- refused unless this run resumes it.
+-- whether dir holds another run: rank 0 looks, every rank hears its answer
+-- (another rank looking after rank 0 has started writing would see this run)
+function M.held(dir, w, dist)
+  local fs = require("loom.fs")
+  local held = w.rank == 0 and (fs.exists(dir .. "/log.jsonl") or fs.exists(dir .. "/checkpoints")) and 1 or 0
+  if w.world > 1 then held = dist.broadcast(loom.tensor({ held }, { dtype = "i64" }), 0):totable()[1] end
+  return held == 1
+end
+
 function M.run_folder(o, w, dist)
   if o["run-dir"] == "none" then return nil end
   local dir, fs = o["run-dir"], require("loom.fs")
@@ -62,7 +71,7 @@ function M.run_folder(o, w, dist)
       t, k = v[1], v[2]
     end
     dir = name()
-  elseif o.resume == "" and (fs.exists(dir .. "/log.jsonl") or fs.exists(dir .. "/checkpoints")) then
+  elseif o.resume == "" and M.held(dir, w, dist) then
     error("train.lua: --run-dir " .. dir .. " holds another run (its log or checkpoints); pass --resume "
           .. dir .. "/checkpoints to go on with it, or another --run-dir", 0)
   end
