@@ -151,7 +151,8 @@ end
 local function agree(id, mesh, dim)
   if not mesh or mesh:size(dim) == 1 then return id end
   local dist = require("loom.distributed")
-  return dist.broadcast(loom.tensor({ id }, { dtype = "i64" }), 0, mesh, dim):item()
+  -- the id travels on the mesh's device (NCCL takes no host tensors)
+  return dist.broadcast(loom.tensor({ id }, { dtype = "i64", device = mesh.device_type }), 0, mesh, dim):item()
 end
 
 -- appends up to n ids to out, with a KV cache unless window (the
