@@ -10,12 +10,17 @@ SCRIPT lines:  send <text>     keys to type (\\r, \\t, \\x03, \\x1b[A escapes)
                eof             close the terminal's input (Ctrl-D)
                hangup          close the terminal (its session leader gets SIGHUP)
 Prints the whole transcript, then "@@status=N" (the command's exit status)."""
-import os, pty, select, sys, time, codecs
+import os, pty, select, signal, sys, time, codecs
 
 def main():
     script, cmd = sys.argv[1], sys.argv[sys.argv.index("--") + 1:]
     pid, fd = pty.fork()
     if pid == 0:
+        # a terminal's session starts with the default signal actions; a
+        # suite run under nohup or as a background job inherits SIGHUP,
+        # SIGINT and SIGQUIT ignored, which the REPL would rightly keep
+        for s in (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT):
+            signal.signal(s, signal.SIG_DFL)
         os.execvp(cmd[0], cmd)
     out, mark = b"", 0
 
