@@ -168,15 +168,16 @@ end
 ---------------------------------------------------------------------------
 -- save
 
--- on every rank: rank 0 runs fn; its error, if any, is raised on all ranks
--- (a broadcast, so the others wait for the file and none is left hanging).
--- Without loom.distributed initialised this process is alone: fn runs.
-function M._on_rank0(fn)
+-- on every rank: rank 0 runs fn(...); its error, if any, is raised on all
+-- ranks (a broadcast, so the others wait for the file and none is left
+-- hanging). Without loom.distributed initialised this process is alone:
+-- fn(...) runs. (Arguments, not a closure over them: jit_retention_spec.)
+function M._on_rank0(fn, ...)
   local dist = require("loom.distributed")
-  if not dist.is_initialized() then return fn() end
+  if not dist.is_initialized() then return fn(...) end
   local rank = dist.rank()
   local ok, err = true, nil
-  if rank == 0 then ok, err = pcall(fn) end
+  if rank == 0 then ok, err = pcall(fn, ...) end
   if dist.world_size() > 1 then
     local LEN = 1000
     local buf = TC.zeros({ LEN + 1 }, { dtype = "i32" })
@@ -229,6 +230,14 @@ local function write_file(path, header, items)
     put(header)
     for _, it in ipairs(items) do put(C.lm_data(it.t), it.stop - it.begin) end
   end)
+end
+
+-- writes items (their tensors) to path under a header of their places
+-- (a function of its own, not a closure: a trace compiled through a
+-- closure would keep its tensors alive; jit_retention_spec)
+local function write_items(fname, path, items, meta)
+  local ok, err = write_file(path, header_json(items, meta), items)
+  if not ok then fail(fname, path, "%s", err) end
 end
 
 -- {name, t, dtype, shape} of each named tensor, whole, contiguous, on the
@@ -286,11 +295,7 @@ function M.save(tensors, path, opts)
     it.begin, at = at, at + numel(it.shape) * SIZES[it.dtype]
     it.stop = at
   end
-  local function write()
-    local ok, err = write_file(path, header_json(items, meta), items)
-    if not ok then fail(fname, path, "%s", err) end
-  end
-  if distributed then M._on_rank0(write) else write() end
+  if distributed then M._on_rank0(write_items, fname, path, items, meta) else write_items(fname, path, items, meta) end
 end
 
 return M

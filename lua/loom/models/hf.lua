@@ -404,6 +404,15 @@ local function tokenizer_files(dir, tok, c)
                                               pad_token_id = c.pad_token_id })
 end
 
+-- the files of save_pretrained, on rank 0 (a function of its own: a
+-- closure over the state dict would stay alive in a compiled trace)
+local function write_pretrained(dir, tensors, cfg, tok, model_config)
+  require("loom.fs").mkdir_p(dir)
+  st.save(tensors, dir .. "/model.safetensors", { metadata = { format = "pt" } })
+  write_json(dir, "config.json", cfg)
+  if tok then tokenizer_files(dir, tok, model_config) end
+end
+
 -- save_pretrained(model, dir, {tokenizer = tok}): dir/model.safetensors
 -- and dir/config.json in the Hugging Face layout; with a tokenizer (read
 -- by Tokenizer.from_file), its tokenizer.json, tokenizer_config.json and
@@ -417,14 +426,7 @@ function M.save_pretrained(model, dir, opts)
   if tok ~= nil and (type(tok) ~= "table" or type(tok.encode) ~= "function" or type(tok.tokens) ~= "table") then
     T.argerror("hf.save_pretrained", "opts.tokenizer", "a loom.data.Tokenizer", T.describe(tok))
   end
-  local tensors = M.hf_state_dict(model)
-  local cfg = hf_config(model)
-  st._on_rank0(function()
-    require("loom.fs").mkdir_p(dir)
-    st.save(tensors, dir .. "/model.safetensors", { metadata = { format = "pt" } })
-    write_json(dir, "config.json", cfg)
-    if tok then tokenizer_files(dir, tok, model.config) end
-  end)
+  st._on_rank0(write_pretrained, dir, M.hf_state_dict(model), hf_config(model), tok, model.config)
 end
 
 return M
