@@ -41,9 +41,11 @@ describe("train.lua --log", function()
       assert.is_true(e.loss > 1 and e.loss < 10, line)
       assert.equal(step % 2 == 0, e.val_loss ~= nil, line)
       assert.equal("number", type(e.tokens_per_s))
-      -- keys in a fixed order: step, loss, val_loss, tokens_per_s
+      -- the gradients' norm before clipping (--grad-clip 1, the default)
+      assert.is_true(e.grad_norm > 0 and e.grad_norm < 1e3, line)
+      -- keys in a fixed order: step, loss, val_loss, grad_norm, tokens_per_s
       assert.truthy(line:match('^{"step": %d+, "loss": [^,]+, ' .. (e.val_loss and '"val_loss": [^,]+, ' or "")
-                               .. '"tokens_per_s": %d+}$'), line)
+                               .. '"grad_norm": [^,]+, "tokens_per_s": %d+}$'), line)
     end
     fs.rm_rf(dir)
   end)

@@ -252,6 +252,14 @@ function M.fully_shard(module, w, o)
   for _, m in ipairs(w.expert_modules or {}) do
     if w.dp > 1 then fsdp.fully_shard(m, { mesh = w.mesh["dp"], reshard_after_forward = opts.reshard_after_forward }) end
   end
+  if w.dp > 1 and #(w.expert_modules or {}) > 0 then
+    -- FSDP put parameters of its own (over (dp, ep)) in the experts'
+    -- place: theirs are the gradients expert_grads scales
+    w.experts = {}
+    for _, m in ipairs(w.expert_modules) do
+      for _, p in ipairs(m:parameters()) do w.experts[#w.experts + 1] = p end
+    end
+  end
   opts.ignored_params = w.dp == 1 and w.experts or nil   -- (no dp to shard the experts over: EP alone cuts them)
   for _, unit in ipairs(w.fsdp_units) do fsdp.fully_shard(unit, opts) end
   fsdp.fully_shard(module, { mesh = w.grad_mesh, ignored_params = opts.ignored_params })

@@ -187,8 +187,8 @@ local function train_step(run, step)
                         .. "--grad-clip on, or pass --skip-nonfinite to skip such steps", loss, step, o.lr), 0)
   end
   if finite then
-    if o["grad-clip"] > 0 then -- the norm as a tensor: on a GPU the step waits for nothing
-      L.clip_grad_norm_(run.model, o["grad-clip"], w, run.dist, { tensor = true })
+    if o["grad-clip"] > 0 then -- the norm as a tensor: on a GPU the step waits for nothing (until it is logged)
+      run.grad_norm = L.clip_grad_norm_(run.model, o["grad-clip"], w, run.dist, { tensor = true })
     end
     run.opt:step()
   else
@@ -310,7 +310,10 @@ function M.train(run)
     end
     local elapsed = run_dir.now() - t0
     local tps = tokens / elapsed
-    local entry = { step = step, loss = last_loss, tokens_per_s = math.floor(tps) }
+    local norm = run.grad_norm
+    run.grad_norm = nil
+    if type(norm) ~= "number" and norm ~= nil then norm = norm:item() end
+    local entry = { step = step, loss = last_loss, grad_norm = norm, tokens_per_s = math.floor(tps) }
     if o["eval-every"] > 0 and (step % o["eval-every"] == 0 or step == o.steps) then
       local line, balance = router_load(run)   -- (of the last training step, before evaluation routes others)
       if line then run.say(line) entry.router_balance = balance end
@@ -318,7 +321,7 @@ function M.train(run)
       entry.val_loss = last_val
       ckpt.save(run, step)
     elseif step == run.last_step then ckpt.save(run, step) end
-    if log then log:write(run_dir.json_line(entry, { "step", "loss", "val_loss", "router_balance", "tokens_per_s" }), "\n") log:flush() end
+    if log then log:write(run_dir.json_line(entry, { "step", "loss", "val_loss", "router_balance", "grad_norm", "tokens_per_s" }), "\n") log:flush() end
     local eta = (o.steps - step) * elapsed / (step - run.start_step)
     local line = string.format("step %d/%d | loss %.4f%s | %.0f tok/s | ETA %s", step, o.steps, last_loss,
       last_val and string.format(" | val %.4f", last_val) or "", tps, run_dir.fmt_time(eta))
