@@ -125,6 +125,37 @@ describe("dist.checkpoint round trip", function()
   end)
 end)
 
+describe("dist.checkpoint's exchanges between ranks", function()
+  -- the save plan and manifest read every rank's records through what
+  -- gather_i64 returns; it read them through a bare pointer into a tensor
+  -- the collector could free (a use after free under ASan, in
+  -- combinations_spec): the records must survive collections and the
+  -- allocations that would reuse the freed memory
+  it("keep every rank's records alive while they are read", function()
+    local ranks = require("loom.distributed.checkpoint.ranks")
+    local t, p = ranks.i64s(3)
+    for k = 0, 2 do p[k] = 1000 * me + k + 7 end
+    local all = ranks.gather_i64(t)
+    collectgarbage("collect")
+    collectgarbage("collect")
+    local litter = {}
+    for k = 1, 64 do litter[k] = loom.full({ 3 * ws }, -1, { dtype = "i64" }) end
+    local bad = {}
+    for r = 0, ws - 1 do
+      for k = 0, 2 do
+        if all[3 * r + k] ~= 1000 * r + k + 7 then bad[#bad + 1] = string.format("rank %d record %d", r, k) end
+      end
+    end
+    assert.same({}, bad)
+    assert.same(ranks.gather_strings("rank " .. me .. string.rep("!", me)), (function()
+      local want = {}
+      for r = 0, ws - 1 do want[r + 1] = "rank " .. r .. string.rep("!", r) end
+      return want
+    end)())
+    local _ = litter
+  end)
+end)
+
 describe("dist.checkpoint resharding", function()
   it("loads a save from the world mesh at every smaller degree and as plain tensors", function()
     local A, B = H.randn(31, 11, 6), H.randn(32, 5, 9)

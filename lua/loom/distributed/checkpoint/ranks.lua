@@ -17,11 +17,17 @@ function M.i64s(n)
   return t, ffi.cast("int64_t*", C.lm_data(t))
 end
 
--- gather_i64(t) -> pointer to every rank's t, concatenated in rank order
--- (and the tensor that holds them)
+-- what gather_i64 returns: indexed from 0 as the pointer it holds, and
+-- holding the gathered tensor too, so its memory lives as long as the
+-- values are read (a bare pointer did not keep it: the collector freed the
+-- tensor while a caller still read through it)
+local Gathered = { __index = function(self, k) return self._p[k] end }
+
+-- gather_i64(t) -> every rank's t, concatenated in rank order: g[k] is the
+-- k-th int64 (0-based)
 function M.gather_i64(t)
   local g = dist().all_gather(t, 1, dist().world_group())
-  return ffi.cast("int64_t*", C.lm_data(g)), g
+  return setmetatable({ _t = g, _p = ffi.cast("int64_t*", C.lm_data(g)) }, Gathered)
 end
 
 -- gather_strings(s) -> every rank's string s, in rank order
@@ -44,6 +50,7 @@ function M.gather_strings(s)
     for i = 0, tonumber(lens[r]) - 1 do b[i + 1] = string.char(q[r * maxlen + i]) end
     out[r + 1] = table.concat(b)
   end
+  local _ = g   -- q points into g: g lives until here
   return out
 end
 
@@ -70,9 +77,11 @@ local function agree(msg)
         if c == 0 then break end
         b[i] = string.char(c)
       end
+      local _ = g   -- q points into g: g lives until here
       return table.concat(b), r
     end
   end
+  local _ = g
   return nil
 end
 
