@@ -378,9 +378,22 @@ end
 
 -- a JSON file written as the weights are: a fresh temporary renamed over
 -- it, never through a link
+-- every string key of t and the tables in it, sorted: the files' key
+-- order (the same bytes for the same model every time)
+local function all_keys(t, set, list)
+  for k, v in pairs(t) do
+    if type(k) == "string" and not set[k] then set[k] = true list[#list + 1] = k end
+    if type(v) == "table" then all_keys(v, set, list) end
+  end
+  return list
+end
+
 local function write_json(dir, name, t)
   local fs = require("loom.fs")
-  local ok, err = fs.write_atomic(dir .. "/" .. name, function(put) put(json.encode(t, { indent = true }) .. "\n") end)
+  local order = all_keys(t, {}, {})
+  table.sort(order)
+  local text = json.encode(t, { indent = true, keyorder = order }) .. "\n"
+  local ok, err = fs.write_atomic(dir .. "/" .. name, function(put) put(text) end)
   if not ok then error("hf.save_pretrained: cannot write " .. dir .. "/" .. name .. ": " .. err, 0) end
 end
 
