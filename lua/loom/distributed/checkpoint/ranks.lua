@@ -17,17 +17,18 @@ function M.i64s(n)
   return t, ffi.cast("int64_t*", C.lm_data(t))
 end
 
--- what gather_i64 returns: indexed from 0 as the pointer it holds, and
--- holding the gathered tensor too, so its memory lives as long as the
--- values are read (a bare pointer did not keep it: the collector freed the
--- tensor while a caller still read through it)
-local Gathered = { __index = function(self, k) return self._p[k] end }
-
--- gather_i64(t) -> every rank's t, concatenated in rank order: g[k] is the
--- k-th int64 (0-based)
+-- gather_i64(t) -> every rank's t, concatenated in rank order, as an
+-- int64_t array of Lua's own (indexed from 0). A copy: a pointer into the
+-- gathered tensor did not keep it alive (the collector freed it while a
+-- caller still read through it), and a caller's closure over the tensor
+-- would keep it in a compiled trace for good (jit_retention_spec).
 function M.gather_i64(t)
   local g = dist().all_gather(t, 1, dist().world_group())
-  return setmetatable({ _t = g, _p = ffi.cast("int64_t*", C.lm_data(g)) }, Gathered)
+  local n = tonumber(g.numel_)
+  local a = ffi.new("int64_t[?]", math.max(n, 1))
+  ffi.copy(a, C.lm_data(g), 8 * n)
+  local _ = g   -- (alive through the copy)
+  return a
 end
 
 -- gather_strings(s) -> every rank's string s, in rank order
