@@ -5,29 +5,20 @@
 -- timeline beside it; the file naming rule; examples/train.lua's
 -- --profile-steps; and nothing recorded while tracing is off.
 local loom = require("loom")
-local cjson = require("cjson")
+local TJ = require("support.trace_json")
 local sys = require("support.sys")
 local profiler = require("loom.profiler")
 local gc_pacing = require("loom.gc_pacing")
 local C = loom.C
 
 local function decode(path)
-  local ok, j = pcall(cjson.decode, sys.read(path))
+  local ok, j = TJ.read(path)
   assert(ok, "not JSON: " .. path .. ": " .. tostring(j))
   assert.is_table(j.traceEvents, "no traceEvents in " .. path)
   return j
 end
 
--- the events of a trace whose fields match `want` (a table of field = value)
-local function find(j, want)
-  local out = {}
-  for _, e in ipairs(j.traceEvents) do
-    local ok = true
-    for k, v in pairs(want) do if e[k] ~= v then ok = false end end
-    if ok then out[#out + 1] = e end
-  end
-  return out
-end
+local find = TJ.find
 
 local function is_png(path) return sys.exists(path) and sys.read(path):sub(1, 8) == "\137PNG\r\n\26\n" end
 

@@ -6,20 +6,12 @@
 -- the timeline with one row per rank. Every rank runs every collective
 -- before any assertion, so a failure never leaves a rank waiting.
 local loom = require("loom")
-local cjson = require("cjson")
+local TJ = require("support.trace_json")
 local dist = require("loom.distributed")
 local H = require("support.dist")
 local profiler = require("loom.profiler")
 
-local function find(j, want)
-  local out = {}
-  for _, e in ipairs(j.traceEvents) do
-    local ok = true
-    for k, v in pairs(want) do if e[k] ~= v then ok = false end end
-    if ok then out[#out + 1] = e end
-  end
-  return out
-end
+local find = TJ.find
 
 describe("loom.profiler on every rank", function()
   it("writes a trace per rank with the collectives' bytes, groups and waits, and one timeline", function()
@@ -34,7 +26,7 @@ describe("loom.profiler on every rank", function()
     local sm = d:softmax(1)   -- over the sharded dim: the op gathers it first
     local res = profiler.stop()
     local full = sm:full_tensor()
-    local ok, j = pcall(cjson.decode, io.open(dir .. "/t." .. H.rank .. ".json"):read("*a"))
+    local ok, j = TJ.read(dir .. "/t." .. H.rank .. ".json")
     local png = io.open(dir .. "/t.png", "rb")
     local png_head = png and png:read(8)
     if png then png:close() end

@@ -84,12 +84,14 @@ function sys.read(p)
   return s
 end
 
--- step -> loss of a JSON-lines training log (examples/train.lua --log)
-function sys.losses(path)
+-- step -> the value of field `name` ("loss" when nil: "val_loss" is not
+-- it) in a JSON-lines training log (examples/train.lua --log)
+function sys.losses(path, name)
+  local pattern = '"step": (%d+),.*"' .. (name or "loss") .. '": ([^,}]+)'
   local t = {}
   for line in io.lines(path) do
-    local s, l = line:match('"step": (%d+), "loss": ([^,}]+)')
-    if s then t[tonumber(s)] = tonumber(l) end
+    local s, v = line:match(pattern)
+    if s then t[tonumber(s)] = tonumber(v) end
   end
   return t
 end
@@ -136,16 +138,6 @@ function sys.fine_tunes(flags, want, dir, also)
   end
 end
 
--- the gradient norms (before clipping) examples/train.lua logged, by step
-function sys.grad_norms(path)
-  local t = {}
-  for line in io.lines(path) do
-    local s, n = line:match('"step": (%d+),.*"grad_norm": ([^,}]+)')
-    if s then t[tonumber(s)] = tonumber(n) end
-  end
-  return t
-end
-
 -- matches_one_process(flags, steps, layouts): examples/train.lua with flags
 -- (which set --steps steps) in one process must log every step and learn
 -- (its last loss below its first); then with each { ranks, more flags } of
@@ -156,14 +148,14 @@ function sys.matches_one_process(flags, steps, layouts)
   local luassert = require("luassert")
   local dir = sys.tmpdir()
   local ref = sys.train(1, flags, dir .. "/ref.json")
-  local ref_norms = sys.grad_norms(dir .. "/ref.json")
+  local ref_norms = sys.losses(dir .. "/ref.json", "grad_norm")
   luassert.are.equal(steps, #ref)
   luassert.is_true(ref[steps] < ref[1], "it learned nothing")
   for i, layout in ipairs(layouts) do
     local log = dir .. "/run" .. i .. ".json"
     local got = sys.train(layout[1], flags .. " " .. layout[2], log)
     sys.same_losses(layout[2], got, ref, 1e-5)   -- the reference: one process
-    if #ref_norms > 0 then sys.same_losses(layout[2] .. " (gradient norm)", sys.grad_norms(log), ref_norms, 1e-5) end
+    if #ref_norms > 0 then sys.same_losses(layout[2] .. " (gradient norm)", sys.losses(log, "grad_norm"), ref_norms, 1e-5) end
   end
   sys.rmtree(dir)
 end
