@@ -6,8 +6,10 @@
 # over cp, CP=2 x FSDP=2 x TP=2 on 8 ranks, CP=2 x TP=2 + SP (+ async TP, ring)) and async TP with the same seed, and prints the
 # largest relative difference of each layout's loss from TP=1's, over all
 # steps; then a mixture of experts (--experts 4) at EP=2, EP=2 x TP=2 + SP,
-# EP=2 x DP=2, EP=2 x FSDP=2, PP=2 x EP=2 and CP=2 x EP=2 against it in one
-# process, likewise (EQ_ONLY=moe runs these alone).
+# EP=2 x DP=2, EP=2 x FSDP=2, PP=2 x EP=2, CP=2 x EP=2, CP=2 x EP=2 with FSDP
+# over ep x cp, its experts' hidden dim cut over tp (ETP: TP=2, EP=2 x TP=2 + SP,
+# EP=2 x TP=2 x FSDP=2 on 8 ranks) against it in one process, likewise
+# (EQ_ONLY=moe runs these alone).
 # Tensor parallelism is right when these stay at float rounding
 # (target <= 1e-5 in f32). Extra arguments go to examples/train.lua.
 # Usage: scripts/check_equivalence.sh [steps] [train.lua flags...]
@@ -84,4 +86,8 @@ run ep2xdp2 4 --ep 2 --dp 2 --tp 1
 run ep2xfsdp2 4 --ep 2 --dp 2 --tp 1 --fsdp
 run pp2xep2 4 --ep 2 --pp 2 --tp 1
 run cp2xep2 4 --ep 2 --cp 2 --tp 1
-compare moe1 moe1 ep2 ep2xtp2_sp ep2xdp2 ep2xfsdp2 pp2xep2 cp2xep2
+run cp2xep2_fsdp 4 --ep 2 --cp 2 --tp 1 --fsdp
+run tp2_etp 2 --tp 2 --etp 2
+run ep2xtp2_etp_sp 4 --ep 2 --tp 2 --etp 2 --sequence-parallel
+run fsdp2xep2xtp2_etp 8 --ep 2 --dp 2 --tp 2 --etp 2 --fsdp
+compare moe1 moe1 ep2 ep2xtp2_sp ep2xdp2 ep2xfsdp2 pp2xep2 cp2xep2 cp2xep2_fsdp tp2_etp ep2xtp2_etp_sp fsdp2xep2xtp2_etp

@@ -11,7 +11,8 @@ local sys = require("support.sys")
 local BASE = "--steps 2 --dim 32 --layers 2 --heads 4 --seq 16 --batch 8 --eval-every 2 --eval-iters 1 --sample 12 --quiet"
 
 -- {ranks, flags}: every layout, their 2-D and 3-D compositions on 4
--- ranks, bf16, and GPT-2 (another family through the same recipes)
+-- ranks, bf16, GPT-2 (another family through the same recipes) and a
+-- mixture of experts at its layouts
 local MATRIX = {
   { 1, "" }, { 2, "--tp 2" }, { 2, "--tp 2 --sequence-parallel" }, { 2, "--tp 2 --sequence-parallel --async-tp" },
   { 2, "--dp 2 --tp 1" }, { 2, "--dp 2 --tp 1 --fsdp" }, { 2, "--pp 2" }, { 2, "--pp 2 --schedule gpipe" },
@@ -21,6 +22,11 @@ local MATRIX = {
   { 4, "--cp 2 --tp 2 --sequence-parallel" }, { 4, "--cp 2 --pp 2" }, { 4, "--cp 2 --dp 2 --fsdp" },
   { 1, "--dtype bf16" }, { 2, "--tp 2 --sequence-parallel --dtype bf16" },
   { 2, "--model gpt2 --tp 2 --sequence-parallel" }, { 2, "--model gpt2 --pp 2" },
+  -- a mixture of experts: alone, over ep, its experts cut over tp (--etp),
+  -- with FSDP, PP and CP
+  { 1, "--experts 4" }, { 2, "--experts 4 --ep 2 --tp 1" }, { 2, "--experts 4 --tp 2 --etp 2 --sequence-parallel" },
+  { 4, "--experts 4 --ep 2 --tp 2 --etp 2 --fsdp" }, { 4, "--experts 4 --ep 2 --pp 2 --tp 1" },
+  { 4, "--experts 4 --ep 2 --cp 2 --tp 1 --fsdp" },
 }
 
 -- the text between the sample's markers
@@ -50,7 +56,7 @@ describe("train.lua at every layout, to its last line", function()
         if not sys.exists(dir .. "/checkpoints/model_config.json") then bad[#bad + 1] = what .. ": no checkpoint" end
         local family = row[2]:match("%-%-model (%w+)") or "llama"
         local dtype = row[2]:match("%-%-dtype (%w+)") or "f32"
-        local key = family .. " " .. dtype
+        local key = family .. " " .. dtype .. (row[2]:find("--experts", 1, true) and " moe" or "")
         samples[key] = samples[key] or sample_of(out)
         if sample_of(out) ~= samples[key] then
           bad[#bad + 1] = string.format("%s: sample %q, one process's %q", what, tostring(sample_of(out)), samples[key])
@@ -72,6 +78,24 @@ describe("train.lua at every layout, to its last line", function()
       assert.equal(0, rc, out)
       assert.matches("resumed from " .. root .. "/a/checkpoints at step 2", out, 1, true)
       assert.matches("---- sample ----", out, 1, true)
+    end
+    sys.rmtree(root)
+  end)
+
+  it("a mixture of experts saved with its experts cut over ep x tp resumes in one process and at EP=2", function()
+    local root = sys.tmpdir()
+    local moe = "--experts 4 --steps 4 --dim 32 --layers 2 --heads 4 --seq 16 --batch 8 --eval-every 100 --eval-iters 1 "
+                .. "--sample 0 --quiet"
+    local ref = sys.train(1, moe .. " --run-dir none", root .. "/ref.json")
+    sys.train(4, moe .. " --stop-after 2 --ep 2 --tp 2 --etp 2 --sequence-parallel --run-dir " .. root .. "/a", root .. "/a.json")
+    for i, row in ipairs { { 1, "" }, { 2, "--ep 2 --tp 1" } } do
+      local got = sys.train(row[1], string.format("--resume %s/a/checkpoints --quiet --sample 12 --run-dir none %s",
+                                                  root, row[2]), root .. "/b" .. i .. ".json")
+      assert.matches("---- sample ----", sys.read(root .. "/b" .. i .. ".json.out"), 1, true)
+      for step = 3, 4 do
+        local rel = math.abs(got[step] - ref[step]) / ref[step]
+        assert(rel <= 1e-5, string.format("%s step %d: %.9g vs %.9g", row[2], step, got[step], ref[step]))
+      end
     end
     sys.rmtree(root)
   end)

@@ -76,8 +76,8 @@ end
 -- Cached weakly: the layers of a step share one mask while the step's graph
 -- holds it, and a dropped job keeps none.
 local mask_cache = setmetatable({}, { __mode = "v" })
-local function causal_mask(n, cp, rank, window)
-  local key = n .. ":" .. cp .. ":" .. rank .. ":" .. tostring(window)
+local function causal_mask(n, cp, rank, window, device)
+  local key = n .. ":" .. cp .. ":" .. rank .. ":" .. tostring(window) .. ":" .. device
   if mask_cache[key] then return mask_cache[key] end
   local q = M.positions(n, cp, rank)
   local k = {}
@@ -86,6 +86,7 @@ local function causal_mask(n, cp, rank, window)
   local kt = loom.tensor(k, { dtype = "f32" }):view(1, #k)
   local m = (kt - qt):le(0)
   if window then m = m:logical_and((kt - qt):gt(-window)) end
+  if device ~= "cpu" then m = m:to(device) end
   mask_cache[key] = m
   return m
 end
@@ -119,7 +120,7 @@ function M.attention(q, k, v, opts, group)
   if not opts.is_causal then return sdpa(q, kf, vf, { scale = opts.scale }) end
   local n = kf:size(kf:dim() - 1)
   check_len("context_parallel", n, cp)
-  return sdpa(q, kf, vf, { attn_mask = causal_mask(n, cp, rank, opts.window), scale = opts.scale })
+  return sdpa(q, kf, vf, { attn_mask = causal_mask(n, cp, rank, opts.window, q.device), scale = opts.scale })
 end
 
 -- set_rotate_method("allgather" | "alltoall"): how keys and values reach

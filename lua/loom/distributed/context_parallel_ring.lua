@@ -23,14 +23,15 @@ local TAG = 30100
 -- zeros but x's rows at block `me` of cp along dim 3, its gradient summed over cp
 local function padded(x, cp, me, comm)
   local parts = {}
-  for r = 0, cp - 1 do parts[r + 1] = r == me and x or loom.zeros(x:size(), { dtype = x.dtype }) end
+  for r = 0, cp - 1 do parts[r + 1] = r == me and x or loom.zeros(x:size(), { dtype = x.dtype, device = x.device }) end
   return T.op(C.LM_OP_DIST_GRAD_REDUCE, { loom.cat(parts, 3) }, nil, nil, { comm })
 end
 
 local mask_cache = {}
-local function diag_mask(c)   -- true above the diagonal: keys after the query
-  if not mask_cache[c] then mask_cache[c] = loom.ones(c, c):triu(1):to("bool") end
-  return mask_cache[c]
+local function diag_mask(c, device)   -- true above the diagonal: keys after the query
+  local key = c .. ":" .. device
+  if not mask_cache[key] then mask_cache[key] = loom.ones(c, c, { device = device }):triu(1):to("bool") end
+  return mask_cache[key]
 end
 
 -- q, k, v: (B, H, 2c, D), this rank's two chunks; g = {group, comm, size, rank}
@@ -52,8 +53,9 @@ function M.attention(q, k, v, opts, g)
     local src = (me - s) % cp
     local rk, rv, sk, sv
     if s < cp - 1 then   -- the next block comes while this one computes
-      rk = dist.irecv(nil, prv, g.group, nil, { tag = TAG })
-      rv = dist.irecv(nil, prv, g.group, nil, { tag = TAG + 1 })
+      local on = { dtype = kb.dtype, device = kb.device }   -- (a cuda mesh's blocks land on the device)
+      rk = dist.irecv(loom.empty(kb:size(), on), prv, g.group, nil, { tag = TAG })
+      rv = dist.irecv(loom.empty(vb:size(), on), prv, g.group, nil, { tag = TAG + 1 })
       sk = dist.isend(kb, nxt, g.group, nil, { tag = TAG })
       sv = dist.isend(vb, nxt, g.group, nil, { tag = TAG + 1 })
     end
@@ -69,7 +71,7 @@ function M.attention(q, k, v, opts, g)
       for b = 1, 2 do
         if not causal or ki[b] <= qi[a] then
           local sblk = qs[a]:matmul(ku:narrow(3, (b - 1) * c + 1, c):transpose(3, 4)) * scale
-          if causal and ki[b] == qi[a] then sblk = sblk:masked_fill(diag_mask(c), -math.huge) end
+          if causal and ki[b] == qi[a] then sblk = sblk:masked_fill(diag_mask(c, sblk.device), -math.huge) end
           local l = scores[a]
           l[#l + 1] = sblk
           values[a][#l] = vu:narrow(3, (b - 1) * c + 1, c)

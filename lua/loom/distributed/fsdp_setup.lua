@@ -56,19 +56,25 @@ local function dim_name(mesh)
   return mesh.mesh_dim_names and mesh.mesh_dim_names[1] or "?"
 end
 
--- the {a, b} mesh of a 2-D root (the root itself when it is exactly that)
+-- the sub-mesh of root on dims `names` in that order (root itself when it
+-- is exactly that)
 local slices = setmetatable({}, { __mode = "k" })
-local function mesh2(root, a, b)
-  local names = root.mesh_dim_names
-  if root.ndim == 2 and names[1] == a and names[2] == b then return root end
+local function sub_mesh(root, names)
+  local have = root.mesh_dim_names
+  if root.ndim == #names then
+    local same = true
+    for i, n in ipairs(names) do if have[i] ~= n then same = false end end
+    if same then return root end
+  end
   slices[root] = slices[root] or {}
-  local key = a .. "|" .. b
-  slices[root][key] = slices[root][key] or root:slice({ a, b })
+  local key = table.concat(names, "|")
+  slices[root][key] = slices[root][key] or root:slice(names)
   return slices[root][key]
 end
 
 -- the dp layout of parameter p (its fqn for messages): shard dim, mesh and
 -- placements of the sharded DTensor, and the TP spec when p is a DTensor
+-- (on a 1-D mesh, or an N-D one such as expert parallelism's (ep, tp))
 local function layout(fqn, p, mesh)
   local dev = p.device:match("^[^:]*")
   if dev ~= "meta" and dev ~= mesh.device_type then
@@ -77,27 +83,38 @@ local function layout(fqn, p, mesh)
   if p:dim() == 0 then fail("parameter %s is a scalar (0 dims): there is nothing to shard", fqn) end
   if p.dist == nil then return { d = 1, mesh = mesh, placements = { dist.Shard(1) } } end
   local tpm, pl = p.device_mesh, p.placements
-  if tpm.ndim ~= 1 then
-    fail("parameter %s is a DTensor on a %d-D mesh; fully_shard composes with tensor parallelism on a "
-         .. "1-D mesh (parallelize_module on mesh[\"tp\"])", fqn, tpm.ndim)
+  for _, q in ipairs(pl) do
+    if q:is_partial() then fail("parameter %s is a Partial DTensor; expected Shard or Replicate", fqn) end
   end
-  if pl[1]:is_partial() then fail("parameter %s is a Partial DTensor; expected Shard or Replicate", fqn) end
-  local root, tpname, dpname = mesh:root_mesh(), dim_name(tpm), dim_name(mesh)
-  if root == nil or tpm:root_mesh() ~= root or tpname == dpname or mesh == tpm then
+  local root, dpname = mesh:root_mesh(), dim_name(mesh)
+  local tpnames = {}
+  for k = 1, tpm.ndim do
+    tpnames[k] = tpm.mesh_dim_names and tpm.mesh_dim_names[k] or "?"
+    if tpnames[k] == dpname then tpnames.clash = true end
+  end
+  if root == nil or tpm:root_mesh() ~= root or tpnames.clash or mesh == tpm then
     fail("parameter %s is a DTensor on %s; it must be a slice of the same device mesh as fully_shard's "
-         .. "mesh (%s), on another dim (parallelize_module on mesh[\"tp\"], fully_shard on mesh[\"dp\"] "
+         .. "mesh (%s), on other dims (parallelize_module on mesh[\"tp\"], fully_shard on mesh[\"dp\"] "
          .. "of one init_device_mesh)", fqn, tostring(tpm), tostring(mesh))
   end
   local tp = { mesh = tpm, placements = pl, shape = p:size() }
-  local q = pl[1]
-  local d = 1
-  if q:is_shard() then
-    d = nil
-    for k = 1, p:dim() do if k ~= q.dim then d = k break end end
+  -- dp cuts the first dim no TP placement cuts
+  local cut = {}
+  for _, q in ipairs(pl) do if q:is_shard() then cut[q.dim] = true end end
+  local d
+  for k = 1, p:dim() do if not cut[k] then d = k break end end
+  if d then
+    local names, placements = { dpname }, { dist.Shard(d) }
+    for k = 1, tpm.ndim do names[k + 1], placements[k + 1] = tpnames[k], pl[k] end
+    return { d = d, mesh = sub_mesh(root, names), placements = placements, tp = tp }
   end
-  if d then return { d = d, mesh = mesh2(root, dpname, tpname), placements = { dist.Shard(d), q }, tp = tp } end
   -- every dim is TP-sharded: dp cuts the TP shard (nested, tp first)
-  return { d = q.dim, mesh = mesh2(root, tpname, dpname), placements = { q, dist.Shard(q.dim) }, tp = tp }
+  if tpm.ndim ~= 1 then
+    fail("parameter %s is a DTensor on a %d-D mesh cutting each of its dims; fully_shard has no dim left to "
+         .. "shard over %s", fqn, tpm.ndim, dpname)
+  end
+  local q = pl[1]
+  return { d = q.dim, mesh = sub_mesh(root, { tpnames[1], dpname }), placements = { q, dist.Shard(q.dim) }, tp = tp }
 end
 
 -- the unit's parameters: those of module's subtree not managed by a unit

@@ -109,6 +109,21 @@ local Work = {}
 Work.__index = Work
 M.Work = Work
 
+-- p2p moves host memory (MPI, core/comm/p2p.c): on a device mesh a tensor
+-- is staged through the host. The device a receive lands on (nil: cpu),
+-- from its tensor or the mesh.
+local function staged_device(t, mesh)
+  local dev = t ~= nil and t.device or (M.is_mesh(mesh) and mesh.device_type) or "cpu"
+  return dev ~= "cpu" and dev or nil
+end
+-- the received host tensor on device (into it when given)
+local function unstage(host, device, into)
+  local moved = host:to(into and into.device or device)
+  if not into then return moved end
+  loom.no_grad(into.copy_, into, moved)
+  return into
+end
+
 -- work:wait() blocks until the collective is done and returns its result
 -- (nil for a barrier); wait again and you get the same tensor.
 function Work:wait()
@@ -117,6 +132,7 @@ function Work:wait()
     local r = C.lm_work_result(self.w)
     self.result = r ~= nil and T.wrap(r) or nil
     self.waited = true
+    if self.result ~= nil and self.device then self.result = unstage(self.result, self.device, self.into) end
   end
   return self.result
 end
@@ -188,14 +204,15 @@ end
 local AGREE_BYTES = 200
 function M.agree(what, value, mesh, mesh_dim)
   local s = tostring(value)
-  local h = loom.tensor({ tonumber(C.lm_fnv1a(s, #s, 0) % 2 ^ 52) }, { dtype = "i64" })
+  local on = { dtype = "i64", device = mesh and mesh.device_type or "cpu" }   -- (a cuda mesh's NCCL takes no host memory)
+  local h = loom.tensor({ tonumber(C.lm_fnv1a(s, #s, 0) % 2 ^ 52) }, on)
   local hs = M.all_gather(h, 1, mesh, mesh_dim):totable()
   local first_other
   for r = 2, #hs do if hs[r] ~= hs[1] then first_other = first_other or r end end
   if not first_other then return end
   local bytes = {}
   for i = 1, AGREE_BYTES do bytes[i] = s:byte(i) or 0 end
-  local all = M.all_gather(loom.tensor(bytes, { dtype = "i64" }):reshape(1, AGREE_BYTES), 1, mesh, mesh_dim):totable()
+  local all = M.all_gather(loom.tensor(bytes, on):reshape(1, AGREE_BYTES), 1, mesh, mesh_dim):totable()
   local function text(r)
     local cs = {}
     for _, b in ipairs(all[r]) do if b == 0 then break end cs[#cs + 1] = string.char(b) end
@@ -362,17 +379,22 @@ end
 -- are out of t (t may be reused then).
 function M.send(t, dst, mesh, mesh_dim, opts)
   local c, async, tag = p2p_args("send", t, dst, "dst", mesh, mesh_dim, opts)
+  if staged_device(t, mesh) then t = t:to("cpu") end   -- (the Work keeps the host copy)
   if async then return finish(C.lm_isend(c, t, dst, tag), true, 2) end
   if C.lm_send(c, t, dst, tag) < 0 then cerr(2) end
 end
 
 -- recv(t, src, mesh, mesh_dim, {tag, async_op}): fills t (contiguous, the
 -- sender's dtype and shape) from rank src and returns it (async: a Work
--- whose wait() returns t). t nil: a new tensor of the sender's shape.
+-- whose wait() returns t). t nil: a new tensor of the sender's shape (on
+-- the mesh's device). On a device mesh both ends go through host memory.
 function M.recv(t, src, mesh, mesh_dim, opts)
   local c, async, tag = p2p_args("recv", t, src, "src", mesh, mesh_dim, opts)
-  if async or t == nil then
-    local w = finish(C.lm_irecv(c, t, src, tag), true, 2)
+  local dev = staged_device(t, mesh)
+  if async or t == nil or dev then
+    local host = (dev and t ~= nil) and loom.empty(t:size(), { dtype = t.dtype }) or t
+    local w = finish(C.lm_irecv(c, host, src, tag), true, 2)
+    w.device, w.into = dev, dev and t or nil
     return async and w or w:wait()
   end
   if C.lm_recv(c, t, src, tag) < 0 then cerr(2) end
@@ -390,7 +412,7 @@ end
 -- sendrecv(t, dst, src, mesh, mesh_dim, {tag}): sends t to dst while
 -- receiving a tensor of t's shape and dtype from src (one step of a ring).
 function M.sendrecv(t, dst, src, mesh, mesh_dim, opts)
-  local out = loom.empty(t:size(), { dtype = t.dtype })
+  local out = loom.empty(t:size(), { dtype = t.dtype, device = t.device })
   local r = M.irecv(out, src, mesh, mesh_dim, opts)
   local s = M.isend(t, dst, mesh, mesh_dim, opts)
   s:wait()

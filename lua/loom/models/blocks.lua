@@ -151,13 +151,19 @@ function M.tp_plan(names, opts, counts)
   plan[names.output] = tp.ColwiseParallel{ input_layouts = sp and Shard(2) or Replicate(),
                                            output_layouts = lp and Shard(-1) or Replicate(), use_local_output = not lp }
   -- modules that run whole on every rank with plain parameters (a mixture
-  -- of experts under TP): their input gathered, their output cut back
+  -- of experts under TP): their input gathered, their output cut back (a
+  -- Partial output, as a mixture's with expert_tp, reduced or reduce-scattered)
   for _, fqn in ipairs(names.whole or {}) do
     plan[fqn] = tp.PrepareModuleInputOutput{ input_layouts = { sp and Shard(2) or Replicate() },
                                              desired_input_layouts = { Replicate() }, use_local_input = true,
                                              output_layouts = { Replicate() },
                                              desired_output_layouts = { sp and Shard(2) or Replicate() },
                                              use_local_output = true }
+  end
+  -- a mixture's experts with expert_tp: each expert's hidden dim cut over
+  -- tp (its block's output then a Partial DTensor, reduced by `whole`)
+  if opts.expert_tp then
+    for _, fqn in ipairs(names.experts or {}) do plan[fqn] = tp.ExpertTensorParallel() end
   end
   -- norms of each head (Qwen3's q_norm): on this rank's heads (dim 3),
   -- their weight replicated, its gradient summed over the heads' ranks

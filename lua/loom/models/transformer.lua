@@ -206,19 +206,21 @@ Transformer.generate = blocks.generate
 -- its shapes without memory, then parallelise, to_empty and init_weights.
 function M.new(cfg) return Transformer(cfg) end
 
--- tp_plan({sequence_parallel, loss_parallel, async_tp, tp}): the
+-- tp_plan({sequence_parallel, loss_parallel, async_tp, tp, expert_tp}): the
 -- tensor-parallel plan of the model, as in PyTorch's Llama example: the
 -- embedding Rowwise (vocab parallel), wq/wk/wv and w1/w3 Colwise, wo and w2
 -- Rowwise, the norms SequenceParallel when asked, the output Colwise (kept
 -- as a DTensor sharded on the vocabulary for loss_parallel); async_tp (with
 -- sequence_parallel) overlaps the gathers and reduce-scatters with the
--- matmuls (loom.models.blocks.tp_plan). With tp given, the head counts are
--- checked against it.
+-- matmuls (loom.models.blocks.tp_plan); expert_tp cuts a mixture of
+-- experts' experts over tp (ExpertTensorParallel). With tp given, the head
+-- counts are checked against it.
 function M.tp_plan(opts, model)
   local qk = model and model.config.qk_norm
   local qk_norms = { "layers.*.attention.q_norm", "layers.*.attention.k_norm" }
   -- (a mixture of experts runs whole on each rank: tensor parallelism
-  -- cuts the attention; expert parallelism, not TP, cuts the experts)
+  -- cuts the attention, expert parallelism the experts; with expert_tp
+  -- each expert's hidden dim is cut over tp too)
   local moe = model and model.config.moe
   local colwise = { "layers.*.attention.wq", "layers.*.attention.wk", "layers.*.attention.wv" }
   local rowwise = { "layers.*.attention.wo" }
@@ -231,7 +233,7 @@ function M.tp_plan(opts, model)
     embedding = "tok_embeddings", output = "output",
     norms = { "layers.*.attention_norm", "layers.*.ffn_norm", "norm" },
     gathered = { ["layers.*.attention"] = 3, ["layers.*.feed_forward"] = not moe and 1 or nil },   -- (x, cos, sin) and (x)
-    whole = moe and { "layers.*.feed_forward" } or nil,
+    whole = moe and { "layers.*.feed_forward" } or nil, experts = moe and { "layers.*.feed_forward.experts" } or nil,
     head_norms = qk == "head" and qk_norms or nil, proj_norms = qk == "proj" and qk_norms or nil,
     residual_norms = model and model.config.post_norm and { "layers.*.attention_norm", "layers.*.ffn_norm" } or nil,
   }, opts, model and { { "n_heads", model.config.n_heads }, { "n_kv_heads", model.config.n_kv_heads } })

@@ -117,6 +117,9 @@ end
 -- rows of x (rows, d) at the 0-based ids (a gather; its gradient adds back)
 local function gather(x, ids) return T.op(C.LM_OP_EMBEDDING, { x, ids }) end
 
+-- x itself; in backward its gradient summed over comm's ranks
+local function grad_reduce(x, comm) return T.op(C.LM_OP_DIST_GRAD_REDUCE, { x }, nil, nil, { comm }) end
+
 ---------------------------------------------------------------------------
 -- the block
 
@@ -129,7 +132,9 @@ local function gather(x, ids) return T.op(C.LM_OP_EMBEDDING, { x, ids }) end
 -- (ST-MoE: mean of logsumexp(logits)^2), router_logits (tokens, experts),
 -- tokens_per_expert (a list: top-k assignments per expert, before drops)
 -- and dropped (assignments past an expert's capacity, ceil(capacity_factor
--- * tokens * top_k / experts); none dropped by default).
+-- * tokens * top_k / experts); none dropped by default). With its experts
+-- cut over tp (loom.parallel.ExpertTensorParallel) the output is a Partial
+-- DTensor on the tp mesh: each rank's share of the sum.
 M.MoE = Module:extend("MoE")
 function M.MoE:__init(opts)
   if type(opts) ~= "table" then T.argerror("MoE", "options", "a table {dim, hidden, experts, ...}", T.describe(opts), LV) end
@@ -195,15 +200,23 @@ function M.MoE:forward(x)
   if dev ~= "cpu" then
     for _, name in ipairs { "perm", "tok", "inv", "sizes" } do plan[name] = plan[name]:to(dev) end
   end
+  -- experts cut over tp (ExpertTensorParallel): each rank's output is its
+  -- share of the sum, so the gradients reaching the input and the router's
+  -- weights through it are shares too, summed over tp in backward
+  local etp = rawget(self.experts, "_etp")
+  local xe, te = x2, top
+  if etp then xe, te = grad_reduce(x2, etp.comm), grad_reduce(top, etp.comm) end
   -- rows sorted by expert, through the experts, weighted by the router
-  local y = self.experts(gather(x2, plan.tok), plan.sizes)
-  y = (y * gather(top:reshape(tokens * k, 1), plan.perm)):to(x.dtype)
+  local y = self.experts(gather(xe, plan.tok), plan.sizes)
+  y = (y * gather(te:reshape(tokens * k, 1), plan.perm)):to(x.dtype)
   -- each token's k rows back in order (a dropped one reads a zero row), summed
   if plan.kept < tokens * k then y = loom.cat({ y, loom.zeros({ 1, dim }, { dtype = y.dtype, device = dev }) }, 1) end
   local out = gather(y, plan.inv):reshape(tokens, k, dim):sum(2)
   self.router_logits, self.tokens_per_expert, self.dropped = logits, counts, dropped
   self:router_losses(lf, probs, counts, tokens)
-  return out:reshape(shape)
+  out = out:reshape(shape)
+  if etp then return etp.output(out, etp.mesh) end   -- a Partial DTensor (the parallel layer makes it)
+  return out
 end
 
 -- transformers' load_balancing_loss_func over several layers' router

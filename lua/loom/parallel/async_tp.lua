@@ -40,8 +40,9 @@ function M.all_gather_matmuls(x, ws, g)
   local c = x:size(2)
   -- receive every other rank's chunk, send ours to every other rank
   local recvs = {}
-  for s = 1, tp - 1 do
-    recvs[s] = dist.irecv(nil, (me - s) % tp, g.group, nil, { tag = TAG_AG })
+  for s = 1, tp - 1 do   -- (buffers on x's device: a cuda mesh's chunks land there)
+    local buf = loom.empty(x:size(), { dtype = x.dtype, device = x.device })
+    recvs[s] = dist.irecv(buf, (me - s) % tp, g.group, nil, { tag = TAG_AG })
   end
   local xd = x:detach():contiguous()
   local sends = {}
@@ -75,8 +76,12 @@ function M.matmul_reduce_scatter(x, w, g)
   local tp, me = g.size, g.rank
   local c = chunks("matmul_reduce_scatter", x:size(2), tp)
   local recvs = {}
+  local shape = { x:size(1), c, w:size(1) }   -- a chunk of the product x w^T
   for r = 0, tp - 1 do
-    if r ~= me then recvs[r] = dist.irecv(nil, r, g.group, nil, { tag = TAG_RS }) end
+    if r ~= me then
+      local buf = loom.empty(shape, { dtype = x.dtype, device = x.device })
+      recvs[r] = dist.irecv(buf, r, g.group, nil, { tag = TAG_RS })
+    end
   end
   local wt = w:t()
   local z, sends = {}, {}

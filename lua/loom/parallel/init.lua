@@ -69,7 +69,9 @@ function M.parallelize_module(module, mesh, plan, opts)
   mesh = mesh or dist.current_mesh()
   if mesh == nil then error("parallelize_module: no device_mesh given and no ambient mesh (mesh:use)", 2) end
   if not dist.is_mesh(mesh) then T.argerror("parallelize_module", "device_mesh", "a DeviceMesh", T.describe(mesh)) end
-  if mesh.ndim ~= 1 then
+  -- (a style that takes an N-D mesh, as ExpertTensorParallel a 2-D
+  -- (ep, tp) one, says so in its class's mesh_ndims)
+  if mesh.ndim ~= 1 and not (is_style(plan) and plan.mesh_ndims and plan.mesh_ndims[mesh.ndim]) then
     error(string.format("parallelize_module: expected a 1-D device mesh, got a %d-D one; pass the tensor-parallel "
                         .. "sub-mesh, e.g. mesh[\"tp\"]", mesh.ndim), 2)
   end
@@ -77,8 +79,9 @@ function M.parallelize_module(module, mesh, plan, opts)
   -- handed to distribute_tensor as is: a rank, or false for no communication
   local src = opts.src_data_rank
   if src == nil then src = 0 end
-  if src ~= false and (type(src) ~= "number" or src ~= math.floor(src) or src < 0 or src >= mesh:size(1)) then
-    T.argerror("parallelize_module", "src_data_rank", string.format("a rank of the mesh (0 to %d) or false", mesh:size(1) - 1),
+  local nranks = #mesh:ranks()
+  if src ~= false and (type(src) ~= "number" or src ~= math.floor(src) or src < 0 or src >= nranks) then
+    T.argerror("parallelize_module", "src_data_rank", string.format("a rank of the mesh (0 to %d) or false", nranks - 1),
                T.describe(src))
   end
   if plan == nil then
@@ -117,6 +120,8 @@ end
 M.loss_parallel = require("loom.parallel.loss").loss_parallel
 -- ExpertParallel(): a mixture of experts' experts over an "ep" mesh dim (loom.parallel.expert)
 M.ExpertParallel = require("loom.parallel.expert").ExpertParallel
+-- ExpertTensorParallel(): each expert's hidden dim cut over tp, over a "tp" or an (ep, tp) mesh
+M.ExpertTensorParallel = require("loom.parallel.expert").ExpertTensorParallel
 -- replicate: data parallelism, loom.distributed.replicate (its older name here)
 M.replicate = function(...) return require("loom.distributed.replicate").replicate(...) end
 

@@ -61,6 +61,8 @@ function M.flags(root)
     { "cp", 1, "context-parallel degree: the sequence sharded over cp ranks (load-balanced causal attention)" },
     { "ep", 1, "expert-parallel degree: a mixture of experts' experts sharded over ep data-parallel ranks, tokens "
                .. "carried to them by all-to-all; pp * dp * ep * cp * tp = world size" },
+    { "etp", 1, "expert tensor-parallel degree: 1 (each tp rank runs the experts whole) or --tp (each expert's hidden "
+                .. "dim cut over the tp ranks, as torchtitan's ETP)" },
     { "cp-rotate", "allgather", "with --cp: how keys and values reach every rank: allgather or alltoall (a p2p ring)" },
     { "microbatches", 0, "with --pp: microbatches per step (0: pp); they must divide the batch over dp" },
     { "schedule", "1F1B", "with --pp: 1F1B or gpipe" },
@@ -86,7 +88,7 @@ M.RANGES = {
   lr = { 0 }, warmup = { 0, nil, true }, ["weight-decay"] = { 0 }, ["grad-clip"] = { 0 }, seed = { 0, nil, true },
   ["eval-every"] = { 0, nil, true }, ["eval-iters"] = { 1, nil, true }, ["stop-after"] = { 0, nil, true },
   sample = { 0, nil, true }, ["print-every"] = { 0, nil, true }, tp = { 0, nil, true }, dp = { 0, nil, true },
-  ep = { 1, nil, true }, experts = { 0, nil, true }, ["top-k"] = { 1, nil, true }, ["aux-loss-coef"] = { 0 },
+  ep = { 1, nil, true }, etp = { 1, nil, true }, experts = { 0, nil, true }, ["top-k"] = { 1, nil, true }, ["aux-loss-coef"] = { 0 },
   ["progress-every-s"] = { 0 },
 }
 
@@ -166,6 +168,10 @@ local function check_applies(o, tp, dp)
   if o["async-tp"] and not o["sequence-parallel"] then
     error("train.lua: --async-tp needs --sequence-parallel (and --tp > 1)", 0)
   end
+  if o.etp > 1 and o.etp ~= tp then
+    error(string.format("train.lua: --etp %d must be 1 (the experts whole on each tp rank) or the --tp degree, %d",
+                        o.etp, tp), 0)
+  end
 end
 
 -- the device: cpu, cuda (refused with the reason when there is none) or auto
@@ -204,9 +210,6 @@ function M.layout(o, dist)
   if w.pp > 1 and (o.batch / w.data) % mb ~= 0 then
     error(string.format("train.lua: --microbatches %d must divide the batch of each data-parallel rank, %d "
                         .. "(--batch %d / --dp %d)", mb, o.batch / w.data, o.batch, w.data), 0)
-  end
-  if w.ep > 1 and o.fsdp and w.cp > 1 then
-    error("train.lua: --ep with --fsdp and --cp is not supported yet (FSDP shards the experts over dp alone)", 0)
   end
   return w
 end

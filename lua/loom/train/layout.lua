@@ -42,7 +42,7 @@ function M.world(o, dist, device)
   local shape, names = { pp, dp, cp, tp }, { "pp", "dp", "cp", "tp" }
   if ep > 1 then shape, names = { pp, dp, ep, cp, tp }, { "pp", "dp", "ep", "cp", "tp" } end
   local mesh = dist.init_device_mesh(device, shape, { mesh_dim_names = names })
-  local w = { world = world, pp = pp, cp = cp, tp = tp, dp = dp, ep = ep, mesh = mesh, rank = dist.rank(),
+  local w = { world = world, pp = pp, cp = cp, tp = tp, dp = dp, ep = ep, etp = o.etp or 1, mesh = mesh, rank = dist.rank(),
               device = device, pp_rank = mesh:get_local_rank("pp"), dp_rank = mesh:get_local_rank("dp") }
   -- the data-parallel ranks: dp x ep, each with its share of the batch
   w.data = dp * ep
@@ -73,16 +73,21 @@ function M.flat(w, dims, name)
   return w.mesh[big]:_flatten(name)
 end
 
--- the number of ranks FSDP shards over (1: no FSDP)
+-- the number of ranks FSDP shards over (1: no FSDP): dp x ep x cp (the
+-- experts over dp x cp: ep cuts them already)
 function M.fsdp_degree(w, o)
-  return (o.fsdp and w.grad_mesh) and w.dp * w.cp or 1
+  return (o.fsdp and w.grad_mesh) and w.dp * w.ep * w.cp or 1
 end
 
 -- "world 8 = pp 2 x dp 2 x cp 1 x tp 2 (FSDP), 4 microbatches (1F1B)"
 function M.describe(w, o)
   local s = string.format("world %d = pp %d x dp %d x cp %d x tp %d", w.world, w.pp, w.dp, w.cp, w.tp)
   if w.ep > 1 then s = string.format("world %d = pp %d x dp %d x ep %d x cp %d x tp %d", w.world, w.pp, w.dp, w.ep, w.cp, w.tp) end
-  if M.fsdp_degree(w, o) > 1 then s = s .. (w.cp > 1 and " (FSDP over dp x cp)" or " (FSDP)") end
+  if M.fsdp_degree(w, o) > 1 then
+    local over = {}
+    for _, d in ipairs { "dp", "ep", "cp" } do if w[d] > 1 then over[#over + 1] = d end end
+    s = s .. (#over > 1 and " (FSDP over " .. table.concat(over, " x ") .. ")" or " (FSDP)")
+  end
   if o["async-tp"] then s = s .. ", async TP" end
   if w.cp > 1 then s = s .. ", cp " .. (o["cp-rotate"] or "allgather") end
   if w.pp > 1 then
@@ -182,19 +187,28 @@ function M.schedule(w, loss_fn)
 end
 
 -- with --ep: each mixture of experts' experts (the recipe's
--- expert_modules) sharded over the ep ranks (loom.parallel.expert); the
--- gradients they get hold every ep rank's tokens
-function M.expert_parallel(whole, module, w)
-  if w.ep == 1 then return end
+-- expert_modules) sharded over the ep ranks (loom.parallel.expert), and
+-- with --etp each expert's hidden dim over the tp ranks too (the (ep, tp)
+-- mesh; --etp alone: the TP plan cut them); the gradients they get hold
+-- every ep rank's tokens
+function M.expert_parallel(whole, module, w, o)
+  local etp = (o.etp or 1) > 1
+  if w.ep == 1 and not etp then return end
   local mods = require("loom.models.recipe").of(whole).expert_modules(whole)
-  if #mods == 0 then error("layout: --ep shards a mixture of experts' experts, and this model has none", 0) end
+  if #mods == 0 then
+    error(string.format("layout: --%s shards a mixture of experts' experts, and this model has none",
+                        w.ep > 1 and "ep" or "etp"), 0)
+  end
+  if w.ep == 1 then return end
   local held = {}
   for _, kv in ipairs(module:named_modules()) do held[kv[2]] = true end
-  local EP = require("loom.parallel.expert").ExpertParallel
+  local E = require("loom.parallel.expert")
+  local style, mesh = E.ExpertParallel(), w.mesh["ep"]
+  if etp then style, mesh = E.ExpertTensorParallel(), w.mesh[{ "ep", "tp" }] end
   w.experts, w.expert_modules = {}, {}
   for _, m in ipairs(mods) do
     if held[m] then
-      require("loom.parallel").parallelize_module(m, w.mesh["ep"], EP(), { src_data_rank = false })
+      require("loom.parallel").parallelize_module(m, mesh, style, { src_data_rank = false })
       w.expert_modules[#w.expert_modules + 1] = m
       for _, p in ipairs(m:parameters()) do w.experts[#w.experts + 1] = p end
     end
@@ -203,8 +217,8 @@ end
 
 -- after backward, with --ep: the experts' gradients (each the sum of every
 -- ep rank's tokens' share) as the data-parallel mean: averaged over the
--- other data ranks (dp x cp; FSDP's reduce-scatter has averaged them
--- over dp), divided by ep
+-- other data ranks (dp x cp; with FSDP its reduce-scatter over dp x cp
+-- has), divided by ep
 local function scale_experts(w, dist, fsdp)
   for _, p in ipairs(w.experts) do
     local g = p.grad
@@ -247,20 +261,22 @@ function M.fully_shard(module, w, o)
   if not o.fsdp or not w.grad_mesh then return end
   local fsdp = require("loom.distributed.fsdp")
   local opts = { mesh = w.grad_mesh, reshard_after_forward = not o["no-reshard"] }
-  -- (with --ep: each mixture's experts first, over dp alone: ep cuts them
-  -- already; then the blocks over dp x ep leave them to that unit)
+  -- (with --ep: each mixture's experts first, over dp x cp (w.expert_mesh):
+  -- ep cuts them already; then the blocks over dp x ep x cp leave them to
+  -- that unit)
+  local em = w.expert_mesh
   for _, m in ipairs(w.expert_modules or {}) do
-    if w.dp > 1 then fsdp.fully_shard(m, { mesh = w.mesh["dp"], reshard_after_forward = opts.reshard_after_forward }) end
+    if em then fsdp.fully_shard(m, { mesh = em, reshard_after_forward = opts.reshard_after_forward }) end
   end
-  if w.dp > 1 and #(w.expert_modules or {}) > 0 then
-    -- FSDP put parameters of its own (over (dp, ep)) in the experts'
+  if em and #(w.expert_modules or {}) > 0 then
+    -- FSDP put parameters of its own (over (dp x cp, ep)) in the experts'
     -- place: theirs are the gradients expert_grads scales
     w.experts = {}
     for _, m in ipairs(w.expert_modules) do
       for _, p in ipairs(m:parameters()) do w.experts[#w.experts + 1] = p end
     end
   end
-  opts.ignored_params = w.dp == 1 and w.experts or nil   -- (no dp to shard the experts over: EP alone cuts them)
+  opts.ignored_params = not em and w.experts or nil   -- (no dp or cp to shard the experts over: EP alone cuts them)
   for _, unit in ipairs(w.fsdp_units) do fsdp.fully_shard(unit, opts) end
   fsdp.fully_shard(module, { mesh = w.grad_mesh, ignored_params = opts.ignored_params })
 end
@@ -278,6 +294,12 @@ function M.with_cp(w, recipe, module, x, y, f)
   return cp.context_parallel(w.mesh["cp"], { buffers = bufs, buffer_seq_dims = dims }, f)
 end
 
+-- host tensor t on the layout's device: a collective on the mesh runs
+-- there (NCCL takes no host memory)
+function M.on_device(w, t)
+  return w.device ~= "cpu" and t:to(w.device) or t
+end
+
 -- a loss (f64 tensor) averaged over the cp ranks' shares
 function M.cp_avg(w, dist, v)
   if w.cp == 1 then return v end
@@ -287,7 +309,7 @@ end
 -- the batch's loss from the last stage on every rank (sum over pp of the
 -- last stage's loss and the others' zeros)
 function M.pp_sum(w, dist, loss)
-  local v = loom.tensor({ loss or 0 }, { dtype = "f64" })
+  local v = M.on_device(w, loom.tensor({ loss or 0 }, { dtype = "f64" }))
   return dist.all_reduce(v, "sum", w.mesh, "pp"):item()
 end
 
@@ -317,8 +339,8 @@ end
 function M.clip_grad_norm_(model, max_norm, w, dist, opts)
   local U = loom.nn.utils
   if w.pp == 1 then return U.clip_grad_norm_(model:parameters(), max_norm, opts) end
-  local sq = dist.all_reduce(loom.tensor({ U.grad_norm_squared(M.own_parameters(model, w)) }, { dtype = "f64" }),
-                             "sum", w.mesh, "pp")
+  local sq = dist.all_reduce(M.on_device(w, loom.tensor({ U.grad_norm_squared(M.own_parameters(model, w)) },
+                                                        { dtype = "f64" })), "sum", w.mesh, "pp")
   local norm = math.sqrt(sq:item())
   U.clip_grads_with_norm_(model:parameters(), max_norm, norm)
   return norm

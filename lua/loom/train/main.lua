@@ -212,7 +212,7 @@ local function router_load(run)
   for e = 1, E do counts[e] = 0 end
   for _, l in ipairs(layers) do for e = 1, E do counts[e] = counts[e] + l.tokens_per_expert[e] end end
   local t = loom.tensor(counts, { dtype = "f64" })
-  if run.w.data_mesh then t = run.dist.all_reduce(t, "sum", run.w.data_mesh, 1) end
+  if run.w.data_mesh then t = run.dist.all_reduce(L.on_device(run.w, t), "sum", run.w.data_mesh, 1) end
   counts = t:totable()
   local total, most = 0, 0
   for _, c in ipairs(counts) do total, most = total + c, math.max(most, c) end

@@ -66,13 +66,14 @@ function M.build(o, family, cfg, w)
   local recipe = loom.models.recipe(whole)
   w.recipe = recipe
   local plan = w.tp > 1 and recipe.tp_plan(whole, { sequence_parallel = o["sequence-parallel"], loss_parallel = o.lp,
-                                                    async_tp = o["async-tp"], tp = w.tp }) or {}
+                                                    async_tp = o["async-tp"], tp = w.tp,
+                                                    expert_tp = o.etp > 1 and w.ep == 1 }) or {}
   local pred = require("loom.train.predict").predict(whole, plan, w, o, L.first_stage_parts(whole, w))
   local model = L.split(whole, w, { microbatches = o.microbatches > 0 and o.microbatches or nil, schedule = o.schedule })
   if w.tp > 1 then
     tp.parallelize_module(model, w.mesh["tp"], L.plan_for(plan, model), { src_data_rank = false })
   end
-  L.expert_parallel(whole, model, w)   -- with --ep: the experts sharded over the ep ranks
+  L.expert_parallel(whole, model, w, o)   -- with --ep: the experts sharded over the ep ranks
   L.note_fsdp_units(whole, model, w)
   L.replicate(model, w, o)   -- gradients averaged over dp x ep x cp (not with --fsdp), the experts' apart
   return model, pred

@@ -22,12 +22,17 @@ local function matches(pattern, fqn)
   return true
 end
 
+-- the hidden dim of an expert weight (MoEExperts' w1, w3: (E, hidden,
+-- dim); w2: (E, dim, hidden)), which ExpertTensorParallel cuts
+local function hidden_dim(pname) return pname == "w2" and 3 or 2 end
+
 -- the dim (1-based) of parameter pname of a module of kind `kind` that a
 -- plan's style cuts over tp (nil: replicated), as the styles place them
 local function tp_dim(plan, fqn, kind, pname)
   for pattern, style in pairs(plan) do
     if matches(pattern, fqn) then
       if style.__name == "ColwiseParallel" then return kind == "Embedding" and 2 or 1 end
+      if style.__name == "ExpertTensorParallel" then return hidden_dim(pname) end
       if style.__name == "RowwiseParallel" then
         if kind == "Embedding" then return 1 end
         return pname == "weight" and 2 or nil
@@ -60,12 +65,14 @@ local function in_parts(fqn, parts)
 end
 
 -- numel rank 0 holds of the parameter p named fqn (an expert's weight:
--- its experts cut over ep)
+-- its experts cut over ep, with --etp its hidden dim over tp, with FSDP
+-- the rest over dp x cp)
 local function held_of(model, plan, w, dp, fqn, p, experts)
   local mfqn, pname = fqn:match("^(.*)%.([^.]+)$")
   if experts and experts[p] and (w.ep or 1) > 1 then
     local sz = p:size()
-    return held({ ceil_div(sz[1], w.ep), unpack(sz, 2) }, nil, 1, 1)
+    local d = (w.etp or 1) > 1 and hidden_dim(pname) or nil
+    return held({ ceil_div(sz[1], w.ep), unpack(sz, 2) }, d, w.tp, dp > 1 and w.dp * w.cp or 1)
   end
   local d = w.tp > 1 and tp_dim(plan, mfqn or "", model:get_submodule(mfqn or "").__name, pname) or nil
   return held(p:size(), d, w.tp, dp)
@@ -83,7 +90,7 @@ end
 -- params(model, plan, w, fsdp, parts) -> numel of the parameters of parts
 -- (a stage's module FQNs; nil: the whole model) that rank 0 holds
 function M.params(model, plan, w, fsdp, parts)
-  local dp = fsdp and w.dp * (w.cp or 1) or 1   -- FSDP shards over dp x cp
+  local dp = fsdp and w.dp * (w.ep or 1) * (w.cp or 1) or 1   -- FSDP shards over dp x ep x cp (experts: dp x cp)
   local n, experts = 0, experts_of(model)
   for _, kv in ipairs(model:named_parameters()) do
     if in_parts(kv[1], parts) then n = n + held_of(model, plan, w, dp, kv[1], kv[2], experts) end
@@ -124,7 +131,7 @@ end
 -- gradient to the other stage once a step.
 function M.predict(model, plan, w, o, parts)
   local r = require("loom.models.recipe").of(model)
-  local fsdp = o.fsdp and w.dp * w.cp > 1
+  local fsdp = o.fsdp and w.dp * w.ep * w.cp > 1
   local pred = { params = M.params(model, plan, w, fsdp, parts) * 4,
                  p2p = M.p2p_bytes(r.hidden_size(model), w, 0, o.batch, o.seq), a2a = M.a2a_bytes(model, w, o, parts) }
   if w.pp > 1 then
@@ -132,7 +139,7 @@ function M.predict(model, plan, w, o, parts)
     for _, kv in ipairs(model:named_parameters()) do params[kv[1]] = kv[2] end
     for _, pair in ipairs(r.tied(model)) do
       local p = params[pair[2]]
-      pred.p2p = pred.p2p + 4 * held_of(model, plan, w, fsdp and w.dp * w.cp or 1, pair[2], p)
+      pred.p2p = pred.p2p + 4 * held_of(model, plan, w, fsdp and w.dp * w.ep * w.cp or 1, pair[2], p)
     end
   end
   return pred
