@@ -3,7 +3,8 @@
 -- op's backward (the unary_grad kernel, g * f'(x) in one pass) and
 -- swiglu(a, b) = silu(a) * b, forward and both gradients, with broadcasting,
 -- strided inputs, odd sizes and sizes big enough to thread; f64 gradient
--- checks against central differences. Run with LOOM_CPU_FUSED=0 (as
+-- checks against central differences; bf16 and f16 SwiGLU read as they
+-- are, equal bit for bit to the widened f32 path rounded once. Run with LOOM_CPU_FUSED=0 (as
 -- fused_fallback_spec does) the same checks hold for the composed forms.
 -- Tolerance: f64 1e-10, f32 2e-5 (relative to max(1, |want|)).
 local loom, X = require("loom"), require("support.fused")
@@ -157,6 +158,29 @@ describe("swiglu", function()
     R.gradcheck(function(x, y) return F.swiglu(x, y) end, { a, b })
     R.gradcheck(function(x, y) return F.swiglu(x, y) end, { X.leaf(10, { 2, 3 }), X.leaf(11, { 3 }) })
   end)
+
+  -- the bits of a 16-bit result: compared as f32 (exact), 0 when equal
+  local function max_diff(x, y) return (x:detach():to("f32") - y:detach():to("f32")):abs():max():item() end
+
+  for _, dtype in ipairs { "bf16", "f16" } do
+    it(dtype .. " operands read as they are: the widened path's bits (forward, gradients)", function()
+      local shape = { 3, 37, 129 }   -- odd sizes, big enough to thread
+      local a = X.rand(20, shape, "f32"):to(dtype):requires_grad_(true)
+      local b = X.rand(21, shape, "f32"):to(dtype):requires_grad_(true)
+      local g = X.rand(22, shape, "f32"):to(dtype)
+      local y = F.swiglu(a, b)
+      y:backward(g)
+      assert.are.equal(dtype, y.dtype)
+      assert.are.equal(dtype, a.grad.dtype)
+      -- the widened path: f32 copies through the f32 kernel, each result rounded once
+      local af, bf = a:detach():to("f32"):requires_grad_(true), b:detach():to("f32"):requires_grad_(true)
+      local yf = F.swiglu(af, bf)
+      yf:backward(g:to("f32"))
+      assert.are.equal(0, max_diff(y, yf:to(dtype)), "forward")
+      assert.are.equal(0, max_diff(a.grad, af.grad:to(dtype)), "d gate")
+      assert.are.equal(0, max_diff(b.grad, bf.grad:to(dtype)), "d up")
+    end)
+  end
 
   it("keeps bf16 (computed in f32) and rejects integers, naming the argument", function()
     local a, b = X.rand(12, { 4, 8 }, "f32"), X.rand(13, { 4, 8 }, "f32")

@@ -164,6 +164,27 @@ describe("rope (the rope kernel, forward and backward)", function()
     end)
   end
 
+  -- bf16 and f16 x are rotated as they are (f32 tables, f32 arithmetic,
+  -- one rounding): the bits of the f32 path on the widened x, rounded
+  for _, dtype in ipairs { "bf16", "f16" } do
+    it(dtype .. " x read as it is: the widened path's bits (forward, gradient)", function()
+      local shape = { 3, 2, 40, 16, 34 }
+      local cos, sin = F.rope_tables(40, 34, { dtype = "f32" })
+      local x = X.rand(6, shape, "f32"):to(dtype):requires_grad_(true)
+      local g = X.rand(7, shape, "f32"):to(dtype)
+      local y = F.apply_rotary_emb(x, cos, sin)
+      y:backward(g)
+      local xf = x:detach():to("f32"):requires_grad_(true)
+      local yf = F.apply_rotary_emb(xf, cos, sin)
+      yf:backward(g:to("f32"))
+      assert.are.equal(dtype, y.dtype)
+      assert.are.equal(dtype, x.grad.dtype)
+      local function max_diff(a, b) return (a:detach():to("f32") - b:detach():to("f32")):abs():max():item() end
+      assert.are.equal(0, max_diff(y, yf:to(dtype)), "forward")
+      assert.are.equal(0, max_diff(x.grad, xf.grad:to(dtype)), "gradient")
+    end)
+  end
+
   it("takes a strided input (heads transposed) and passes an f64 gradient check", function()
     local cos, sin = F.rope_tables(5, 4, { dtype = "f64" })
     local base = X.leaf(3, { 2, 3, 5, 4 })

@@ -232,38 +232,65 @@ static int swiglu_operands(lm_scope *s, lm_tensor *const *in, int cd, const lm_m
   return v[0] && v[1] ? 0 : -1;
 }
 
+/* the dtype a fused SwiGLU kernel runs in: bf16/f16 as they are (the
+ * kernels compute in f32 and round once; one that answers LM_UNSUPPORTED
+ * gets the widened operands instead), else the compute dtype */
+static int swiglu_dtype(int dt) { return dt == LM_BF16 || dt == LM_F16 ? dt : lm_compute_dtype(dt); }
+
+/* silu(a) * b through the backend's kernel in dtype kd: NULL with *rc set */
+static lm_tensor *swiglu_fused(lm_scope *s, const lm_backend *be, const lm_call *c, int kd, int *rc) {
+  lm_tensor *v[2], *r = NULL;
+  *rc = -1;
+  if (swiglu_operands(s, c->in, kd, &c->out[0], v) == 0) {
+    r = lm_s(s, lm_empty_as(v[0], v[0]->ndim, v[0]->shape_, kd));
+    if (r && (*rc = be->swiglu(r, v[0], v[1])) < 0) r = NULL;
+  }
+  return r;
+}
+
 int lm_fw_swiglu(const lm_call *c, lm_tensor **out) {
-  int dt = c->out[0].dtype, cd = lm_compute_dtype(dt);
+  int dt = c->out[0].dtype, cd = lm_compute_dtype(dt), kd = swiglu_dtype(dt), rc = 0;
   const lm_backend *be = LM_FUSED(c->in[0], swiglu);
   lm_scope s = {0};
   lm_tensor *v[2], *r = NULL;
-  if (swiglu_operands(&s, c->in, cd, &c->out[0], v) == 0) {
-    if (be) {
-      r = lm_s(&s, lm_empty_as(v[0], v[0]->ndim, v[0]->shape_, cd));
-      if (r && be->swiglu(r, v[0], v[1]) < 0) r = NULL;
-    } else r = lm_s2(&s, LM_OP_MUL, lm_s1(&s, LM_OP_SILU, v[0]), v[1]);
+  if (be) {
+    r = swiglu_fused(&s, be, c, kd, &rc);
+    if (!r && rc == LM_UNSUPPORTED && kd != cd) r = swiglu_fused(&s, be, c, cd, &rc);
+  } else if (swiglu_operands(&s, c->in, cd, &c->out[0], v) == 0) {
+    r = lm_s2(&s, LM_OP_MUL, lm_s1(&s, LM_OP_SILU, v[0]), v[1]);
   }
-  int rc = r ? finish(r, dt, out) : -1;
+  rc = r ? finish(r, dt, out) : -1;
   lm_scope_end(&s);
+  return rc;
+}
+
+/* the fused backward in dtype kd into *da, *db: the kernel's status */
+static int swiglu_bwd_fused(lm_scope *s, const lm_backend *be, const lm_saved *n, lm_tensor *gout, int kd,
+                            lm_tensor **da, lm_tensor **db) {
+  lm_meta m = lm_meta_of(n->out[0]);
+  lm_tensor *v[2], *g = lm_s_contig(s, lm_s_cast(s, gout, kd));
+  *da = *db = NULL;
+  if (!g || swiglu_operands(s, n->in, kd, &m, v) < 0) return -1;
+  *da = lm_s(s, lm_empty_as(g, g->ndim, g->shape_, kd));
+  *db = lm_s(s, lm_empty_as(g, g->ndim, g->shape_, kd));
+  int rc = *da && *db ? be->swiglu_bwd(*da, *db, g, v[0], v[1]) : -1;
+  if (rc < 0) *da = *db = NULL;
   return rc;
 }
 
 /* da = g * b * silu'(a), db = g * silu(a), summed over broadcast dims */
 int lm_bw_swiglu(const lm_saved *n, lm_tensor *const *gout, lm_tensor **gin) {
-  int cd = lm_compute_dtype(n->out[0]->dtype_);
+  int dt = n->out[0]->dtype_, cd = lm_compute_dtype(dt), kd = swiglu_dtype(dt);
   const lm_backend *be = LM_FUSED(n->in[0], swiglu_bwd);
   lm_meta m = lm_meta_of(n->out[0]);
   lm_scope s = {0};
-  lm_tensor *v[2], *g = lm_s_contig(&s, lm_s_cast(&s, gout[0], cd)), *da = NULL, *db = NULL;
-  if (g && swiglu_operands(&s, n->in, cd, &m, v) == 0) {
-    if (be) {
-      da = lm_s(&s, lm_empty_as(g, g->ndim, g->shape_, cd));
-      db = lm_s(&s, lm_empty_as(g, g->ndim, g->shape_, cd));
-      if (da && db && be->swiglu_bwd(da, db, g, v[0], v[1]) < 0) da = db = NULL;
-    } else {
-      da = lm_s2(&s, LM_OP_MUL, lm_s2(&s, LM_OP_MUL, g, v[1]), lm_s1(&s, LM_OP_SILU_D, v[0]));
-      db = lm_s2(&s, LM_OP_MUL, g, lm_s1(&s, LM_OP_SILU, v[0]));
-    }
+  lm_tensor *v[2], *g = NULL, *da = NULL, *db = NULL;
+  if (be) {
+    if (swiglu_bwd_fused(&s, be, n, gout[0], kd, &da, &db) == LM_UNSUPPORTED && kd != cd)
+      swiglu_bwd_fused(&s, be, n, gout[0], cd, &da, &db);
+  } else if ((g = lm_s_contig(&s, lm_s_cast(&s, gout[0], cd))) && swiglu_operands(&s, n->in, cd, &m, v) == 0) {
+    da = lm_s2(&s, LM_OP_MUL, lm_s2(&s, LM_OP_MUL, g, v[1]), lm_s1(&s, LM_OP_SILU_D, v[0]));
+    db = lm_s2(&s, LM_OP_MUL, g, lm_s1(&s, LM_OP_SILU, v[0]));
   }
   int rc = da && db ? lm_give(n, gin, 0, da) | lm_give(n, gin, 1, db) : -1;
   lm_scope_end(&s);

@@ -1,6 +1,7 @@
 /* fused_pointwise.c: elementwise backward passes in one pass each: a unary
  * op's gradient g * f'(x) (unary_grad) and SwiGLU, silu(a) * b, with its
- * backward. Dense operands of one dtype, f32 or f64 (the op makes them so);
+ * backward. Dense operands of one dtype, f32 or f64 (the op makes them so;
+ * SwiGLU takes bf16 and f16 too, with f32 arithmetic);
  * the derivatives are core/unary.h's, or fastmath.h's vectorised ones where
  * pointwise.c's derivative kinds call them too, so the fused and the
  * composed gradients agree. */
@@ -69,12 +70,35 @@ int lm_cpu_unary_grad(int kind, lm_tensor *gx, const lm_tensor *g, const lm_tens
 SWIGLU(f32, swiglu_f32, swiglu_bwd_f32)
 SWIGLU(f64, swiglu_f64, swiglu_bwd_f64)
 
+/* bf16 and f16 operands read and written as they are (a bf16 step moves
+ * 2 bytes an element, not a widened copy's 4 and the casts' passes): the
+ * f32 kernels' arithmetic on each widened element, one rounding on the way
+ * out, so the result is the bits the widened path gives */
+#define SWIGLU16(NAME, NAME_BWD, LD, ST)                                       \
+  static void NAME(uint16_t *o, const uint16_t *a, const uint16_t *b, int64_t n) { \
+    _Pragma("omp parallel for simd num_threads(lm_threads_for(n)) schedule(static)") \
+    for (int64_t i = 0; i < n; i++) { float x = LD(a[i]); o[i] = ST(x / (1 + fexp_f32(-x)) * LD(b[i])); } \
+  }                                                                            \
+  static void NAME_BWD(uint16_t *da, uint16_t *db, const uint16_t *g, const uint16_t *a, \
+                       const uint16_t *b, int64_t n) {                         \
+    _Pragma("omp parallel for simd num_threads(lm_threads_for(n)) schedule(static)") \
+    for (int64_t i = 0; i < n; i++) {                                          \
+      float x = LD(a[i]), gi = LD(g[i]), e = 1 + fexp_f32(-x), s = 1 / e;      \
+      da[i] = ST(gi * LD(b[i]) * ((1 + x * (1 - s)) / e));                     \
+      db[i] = ST(gi * (x / e));                                                \
+    }                                                                          \
+  }
+SWIGLU16(swiglu_bf16, swiglu_bwd_bf16, lm_bf16_to_f32, lm_f32_to_bf16)
+SWIGLU16(swiglu_f16, swiglu_bwd_f16, lm_f16_to_f32, lm_f32_to_f16)
+
 int lm_cpu_swiglu(lm_tensor *out, const lm_tensor *a, const lm_tensor *b) {
 #define ARGS(T) (T *)lm_ptr(out), (const T *)lm_ptr(a), (const T *)lm_ptr(b), out->numel_
   switch (out->dtype_) {
   case LM_F32: swiglu_f32(ARGS(f32)); return 0;
   case LM_F64: swiglu_f64(ARGS(f64)); return 0;
-  default: return lm_error("swiglu kernel: no kernel for dtype %s", lm_dtype_name(out->dtype_));
+  case LM_BF16: swiglu_bf16(ARGS(uint16_t)); return 0;
+  case LM_F16: swiglu_f16(ARGS(uint16_t)); return 0;
+  default: return lm_error("unsupported: swiglu kernel: no kernel for dtype %s", lm_dtype_name(out->dtype_)), LM_UNSUPPORTED;
   }
 #undef ARGS
 }
@@ -86,7 +110,10 @@ int lm_cpu_swiglu_bwd(lm_tensor *da, lm_tensor *db, const lm_tensor *g, const lm
   switch (da->dtype_) {
   case LM_F32: swiglu_bwd_f32(ARGS(f32)); return 0;
   case LM_F64: swiglu_bwd_f64(ARGS(f64)); return 0;
-  default: return lm_error("swiglu_bwd kernel: no kernel for dtype %s", lm_dtype_name(da->dtype_));
+  case LM_BF16: swiglu_bwd_bf16(ARGS(uint16_t)); return 0;
+  case LM_F16: swiglu_bwd_f16(ARGS(uint16_t)); return 0;
+  default:
+    return lm_error("unsupported: swiglu_bwd kernel: no kernel for dtype %s", lm_dtype_name(da->dtype_)), LM_UNSUPPORTED;
   }
 #undef ARGS
 }

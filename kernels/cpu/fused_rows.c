@@ -1,6 +1,7 @@
 /* fused_rows.c: backward passes of the row kernels (softmax, log_softmax,
  * layer/rms norm) and the rotary embedding, each one pass over its rows.
- * Contiguous f32 or f64 operands (the ops make them so); row sums
+ * Contiguous f32 or f64 operands (the ops make them so; the rotary
+ * embedding takes bf16 and f16 too, with f32 tables); row sums
  * accumulate in double, as nn.c's forwards do. */
 #include "simd.h" /* first: its pragma lets exp-bound loops vectorise */
 #include "fastmath.h"
@@ -144,17 +145,48 @@ int lm_cpu_norm_bwd(lm_tensor *dx, lm_tensor *dw, lm_tensor *db, const lm_tensor
 ROPE(f32, rope_f32)
 ROPE(f64, rope_f64)
 
+/* bf16 and f16 x (cos and sin in f32): the f32 kernel's arithmetic on the
+ * widened pairs, one rounding on the way out (the widened path's bits) */
+#define ROPE16(NAME, LD, ST)                                                   \
+  static void NAME(uint16_t *o, const uint16_t *x, const float *cs, const float *sn, int64_t outer, \
+                   int64_t nt_, int64_t nh, int64_t half, float sign) {        \
+    _Pragma("omp parallel for num_threads(lm_threads_for(outer * nt_ * nh * half * 2)) schedule(static)") \
+    for (int64_t r = 0; r < outer * nt_; r++) {                                \
+      const int64_t t = r % nt_;                                               \
+      const float *c = cs + t * half, *s = sn + t * half;                      \
+      for (int64_t h = 0; h < nh; h++) {                                       \
+        const uint16_t *xr = x + (r * nh + h) * 2 * half;                      \
+        uint16_t *or_ = o + (r * nh + h) * 2 * half;                           \
+        _Pragma("omp simd")                                                    \
+        for (int64_t i = 0; i < half; i++) {                                   \
+          float a = LD(xr[2 * i]), b = LD(xr[2 * i + 1]), si = sign * s[i];    \
+          or_[2 * i] = ST(a * c[i] - b * si);                                  \
+          or_[2 * i + 1] = ST(a * si + b * c[i]);                              \
+        }                                                                      \
+      }                                                                        \
+    }                                                                          \
+  }
+ROPE16(rope_bf16, lm_bf16_to_f32, lm_f32_to_bf16)
+ROPE16(rope_f16, lm_f16_to_f32, lm_f32_to_f16)
+
 int lm_cpu_rope(lm_tensor *out, const lm_tensor *x, const lm_tensor *cos, const lm_tensor *sin,
                 int sign) {
   if (x->ndim != 4) return lm_error("rope kernel: expected x of 4 dims (outer, T, H, D), got %d", x->ndim);
   int64_t outer = x->shape_[0], T_ = x->shape_[1], H = x->shape_[2], half = x->shape_[3] / 2;
 #define ARGS(T) (T *)lm_ptr(out), (const T *)lm_ptr(x), (const T *)lm_ptr(cos), (const T *)lm_ptr(sin), \
                 outer, T_, H, half, (T)sign
+#define ARGS16 (uint16_t *)lm_ptr(out), (const uint16_t *)lm_ptr(x), (const float *)lm_ptr(cos), \
+               (const float *)lm_ptr(sin), outer, T_, H, half, (float)sign
+  int f32_tables = cos->dtype_ == LM_F32 && sin->dtype_ == LM_F32;
   switch (x->dtype_) {
   case LM_F32: rope_f32(ARGS(f32)); return 0;
   case LM_F64: rope_f64(ARGS(f64)); return 0;
-  default: /* bf16/f16: the op casts to f32 and calls again */
-    return lm_error("unsupported: rope kernel: no kernel for dtype %s", lm_dtype_name(x->dtype_)), LM_UNSUPPORTED;
+  case LM_BF16: if (f32_tables) { rope_bf16(ARGS16); return 0; } break;
+  case LM_F16: if (f32_tables) { rope_f16(ARGS16); return 0; } break;
+  default: break;
   }
+  /* the op casts to f32 and calls again */
+  return lm_error("unsupported: rope kernel: no kernel for dtype %s", lm_dtype_name(x->dtype_)), LM_UNSUPPORTED;
 #undef ARGS
+#undef ARGS16
 }
