@@ -3,8 +3,9 @@
  * group's shape, strides and offset; no storage reference is taken: the
  * views live only during the call). Every backend runs it with its own
  * gemm, so a group runs as that backend's plain GEMM does (the CPU's BLAS,
- * threaded inside each call; cuBLAS(Lt) on CUDA's stream, one launch a
- * group). Compiled as C (the CPU backend) and as CUDA host code. */
+ * threaded inside each call; on CUDA the fallback of the one grouped
+ * cuBLAS call, which takes the same views: kernels/cuda/grouped_gemm.cu).
+ * Compiled as C (the CPU backend) and as CUDA host code. */
 #ifndef LOOM_GROUPED_GEMM_H
 #define LOOM_GROUPED_GEMM_H
 #include "../core/backend.h"
@@ -21,23 +22,33 @@ static inline lm_tensor lm_group_view(const lm_tensor *t, int64_t at, int64_t ro
   return v;
 }
 
+/* group e's operands as views: its rows of c, its rows of a and b[e]
+ * (wgrad 0), or c[e], (its rows of a)^T and its rows of b (wgrad 1);
+ * 0 when the group has nothing to write (no rows, wgrad 0) */
+static inline int lm_grouped_gemm_views(lm_tensor *ce, lm_tensor *ae, lm_tensor *be, const lm_tensor *c,
+                                        const lm_tensor *a, const lm_tensor *b, const int64_t *offs,
+                                        int64_t e, int wgrad) {
+  int64_t K = a->shape_[1], M = wgrad ? b->shape_[1] : b->shape_[2];
+  int64_t r0 = offs[e], n = offs[e + 1] - offs[e];
+  if (!wgrad && n == 0) return 0;
+  if (!wgrad) {
+    *ce = lm_group_view(c, r0 * c->stride_[0], n, c->stride_[0], M, c->stride_[1]);
+    *ae = lm_group_view(a, r0 * a->stride_[0], n, a->stride_[0], K, a->stride_[1]);
+    *be = lm_group_view(b, e * b->stride_[0], K, b->stride_[1], M, b->stride_[2]);
+  } else { /* n = 0 is a GEMM over nothing: zeros */
+    *ce = lm_group_view(c, e * c->stride_[0], K, c->stride_[1], M, c->stride_[2]);
+    *ae = lm_group_view(a, r0 * a->stride_[0], K, a->stride_[1], n, a->stride_[0]);
+    *be = lm_group_view(b, r0 * b->stride_[0], n, b->stride_[0], M, b->stride_[1]);
+  }
+  return 1;
+}
+
 /* group e's GEMM: its rows of c = its rows of a @ b[e] (wgrad 0), or
  * c[e] = (its rows of a)^T @ (its rows of b) (wgrad 1) */
 static inline int lm_grouped_gemm_one(lm_gemm_fn *gemm, lm_tensor *c, const lm_tensor *a,
                                       const lm_tensor *b, const int64_t *offs, int64_t e, int wgrad) {
-  int64_t K = a->shape_[1], M = wgrad ? b->shape_[1] : b->shape_[2];
-  int64_t r0 = offs[e], n = offs[e + 1] - offs[e];
-  if (!wgrad && n == 0) return 0; /* no rows to write */
   lm_tensor ce, ae, be;
-  if (!wgrad) {
-    ce = lm_group_view(c, r0 * c->stride_[0], n, c->stride_[0], M, c->stride_[1]);
-    ae = lm_group_view(a, r0 * a->stride_[0], n, a->stride_[0], K, a->stride_[1]);
-    be = lm_group_view(b, e * b->stride_[0], K, b->stride_[1], M, b->stride_[2]);
-  } else { /* n = 0 is a GEMM over nothing: zeros */
-    ce = lm_group_view(c, e * c->stride_[0], K, c->stride_[1], M, c->stride_[2]);
-    ae = lm_group_view(a, r0 * a->stride_[0], K, a->stride_[1], n, a->stride_[0]);
-    be = lm_group_view(b, r0 * b->stride_[0], n, b->stride_[0], M, b->stride_[1]);
-  }
+  if (!lm_grouped_gemm_views(&ce, &ae, &be, c, a, b, offs, e, wgrad)) return 0;
   return gemm(&ce, &ae, &be, 1, 0);
 }
 

@@ -7,7 +7,8 @@
 # fragments) and the CUDA specs through LOOM_LIBRARY=build-emu/libloom.so: 1
 # process with 2 emulated GPUs; the kernel specs again under two more
 # schedule seeds (LOOM_EMU_SEED=2 with loose warps, LOOM_EMU_SEED=3); the
-# fallbacks of a GPU with 99 KiB of shared memory (LOOM_EMU_ARCH=sm_86);
+# fallbacks of a GPU with 99 KiB of shared memory (LOOM_EMU_ARCH=sm_86); the
+# grouped GEMM's per-group fallback (LOOM_EMU_NO_GROUPED_GEMM=1);
 # tensor parallelism on 2 ranks owning one emulated GPU each. Cases that
 # fail on a known defect of the CUDA code are left out, each with its reason
 # printed. Ends with "emulated: N passed, N failed"; skips, saying why, only
@@ -78,7 +79,12 @@ done
 run "CUDA specs, 1 process, 2 emulated GPUs (${seeds[0]})" timeout 1200 luajit scripts/run_specs.lua -o plainTerminal "${filters[@]}" \
   spec/cuda_spec.lua spec/cuda_parity_spec.lua spec/cuda_fused_spec.lua spec/module_to_spec.lua \
   spec/devices_spec.lua spec/device_check_spec.lua spec/cuda_emu_spec.lua spec/cuda_emu_defects_spec.lua \
-  spec/cuda_train_spec.lua spec/gpu_first_run_spec.lua
+  spec/cuda_train_spec.lua spec/gpu_first_run_spec.lua spec/cuda_grouped_mm_spec.lua
+show_busted
+
+run "the MoE grouped GEMM as one GEMM per group: a cuBLAS before 12.5 (LOOM_EMU_NO_GROUPED_GEMM=1)" \
+  env LOOM_EMU_NO_GROUPED_GEMM=1 timeout 600 luajit scripts/run_specs.lua -o plainTerminal "${filters[@]}" \
+  spec/cuda_grouped_mm_spec.lua
 show_busted
 
 for s in "${seeds[@]:1}"; do

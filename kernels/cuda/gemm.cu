@@ -13,8 +13,8 @@
  * and anything cuBLASLt declines go through cublasGemmStridedBatchedEx. */
 #include "common.cuh"
 #include "kernels.cuh"
+#include "blas.cuh"
 #include <cublasLt.h>
-#include <cublas_v2.h>
 #include <limits.h>
 
 #define MAX_DEVICES 64
@@ -27,7 +27,7 @@ typedef struct gemm_dev {
 } gemm_dev;
 static gemm_dev devs[MAX_DEVICES];
 
-static const char *status_name(cublasStatus_t s) {
+const char *lm_cuda_blas_status(cublasStatus_t s) {
   switch (s) {
   case CUBLAS_STATUS_NOT_INITIALIZED: return "not initialized";
   case CUBLAS_STATUS_ALLOC_FAILED: return "allocation failed";
@@ -58,10 +58,10 @@ static gemm_dev *dev_of(int k) {
   }
   d->ws_size = size;
   if ((s = cublasLtCreate(&d->lt)) != CUBLAS_STATUS_SUCCESS) {
-    lm_error("cuda: cublasLtCreate on cuda:%d: %s", k, status_name(s));
+    lm_error("cuda: cublasLtCreate on cuda:%d: %s", k, lm_cuda_blas_status(s));
     d->lt = NULL;
   } else if ((s = cublasCreate(&d->blas)) != CUBLAS_STATUS_SUCCESS) {
-    lm_error("cuda: cublasCreate on cuda:%d: %s", k, status_name(s));
+    lm_error("cuda: cublasCreate on cuda:%d: %s", k, lm_cuda_blas_status(s));
     d->blas = NULL;
   }
   if (!d->lt || !d->blas) {
@@ -73,6 +73,11 @@ static gemm_dev *dev_of(int k) {
   cublasSetStream(d->blas, LM_STREAM);
   cublasSetWorkspace(d->blas, d->ws, d->ws_size);
   return d;
+}
+
+cublasHandle_t lm_cuda_blas_handle(int k) {
+  gemm_dev *d = dev_of(k);
+  return d ? d->blas : NULL;
 }
 
 /* How cuBLAS can read a row-major (rows, cols) matrix with strides (rs, cs):
@@ -216,18 +221,32 @@ static int gemm_empty_k(lm_tensor *c, double beta) {
   return lm_cuda_launched("gemm (K = 0)");
 }
 
-static cudaDataType_t cuda_type(int dtype) {
+cudaDataType_t lm_cuda_blas_type(int dtype) {
   return dtype == LM_F64 ? CUDA_R_64F : dtype == LM_F32 ? CUDA_R_32F : dtype == LM_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+}
+
+cublasComputeType_t lm_cuda_blas_compute(int dtype) {
+  return dtype == LM_F64 ? CUBLAS_COMPUTE_64F
+         : dtype == LM_F32 && lm_float32_matmul_precision() == LM_PRECISION_HIGH ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                                                                : CUBLAS_COMPUTE_32F;
+}
+
+int lm_blas_operands_of(lm_blas_operands *o, lm_tensor *c, const lm_tensor *a, const lm_tensor *b) {
+  int64_t M = c->shape_[1], N = c->shape_[2], K = a->shape_[2];
+  if (blas_layout(M, K, a->stride_[1], a->stride_[2], &o->opb, &o->ldb) < 0 ||
+      blas_layout(K, N, b->stride_[1], b->stride_[2], &o->opa, &o->lda) < 0 || c->stride_[2] != 1)
+    return -1;
+  o->ldc = c->stride_[1] > N ? c->stride_[1] : (N ? N : 1);
+  o->m = N, o->n = M, o->k = K;
+  o->A = lm_ptr(b), o->B = lm_ptr(a), o->C = lm_ptr(c);
+  return 0;
 }
 
 int lm_cuda_gemm(lm_tensor *c, const lm_tensor *a, const lm_tensor *b, double alpha, double beta) {
   int64_t B = c->shape_[0], M = c->shape_[1], N = c->shape_[2], K = a->shape_[2];
-  problem p;
-  memset(&p, 0, sizeof p); /* the cache compares keys byte for byte */
-  if (blas_layout(M, K, a->stride_[1], a->stride_[2], &p.opb, &p.ldb) < 0 ||
-      blas_layout(K, N, b->stride_[1], b->stride_[2], &p.opa, &p.lda) < 0 || c->stride_[2] != 1)
+  lm_blas_operands o;
+  if (lm_blas_operands_of(&o, c, a, b) < 0)
     return lm_error("gemm: operands need unit stride in one of their last two dims");
-  p.ldc = c->stride_[1] > N ? c->stride_[1] : (N ? N : 1);
   int ab = a->dtype_, cd = c->dtype_;
   bool half = ab == LM_BF16 || ab == LM_F16;
   if (b->dtype_ != ab || !lm_is_float(ab) || (cd != ab && !(half && cd == LM_F32)))
@@ -235,25 +254,24 @@ int lm_cuda_gemm(lm_tensor *c, const lm_tensor *a, const lm_tensor *b, double al
                     "got %s, %s and %s", lm_dtype_name(ab), lm_dtype_name(b->dtype_), lm_dtype_name(cd));
   if (M == 0 || N == 0 || B == 0) return 0;
   if (K == 0) return gemm_empty_k(c, beta);
-  if (M > INT_MAX || N > INT_MAX || K > INT_MAX || p.lda > INT_MAX || p.ldb > INT_MAX ||
-      p.ldc > INT_MAX || B > INT_MAX)
+  if (M > INT_MAX || N > INT_MAX || K > INT_MAX || o.lda > INT_MAX || o.ldb > INT_MAX ||
+      o.ldc > INT_MAX || B > INT_MAX)
     return lm_error("gemm: sizes beyond 2^31 are not supported on CUDA");
   if (lm_cuda_use(c) < 0) return -1;
   gemm_dev *d = dev_of(c->device_ - LM_CUDA0);
   if (!d) return -1;
-  p.device = c->device_, p.ab = cuda_type(ab), p.c = cuda_type(cd);
-  p.compute = ab == LM_F64 ? CUBLAS_COMPUTE_64F
-              : ab == LM_F32 && lm_float32_matmul_precision() == LM_PRECISION_HIGH ? CUBLAS_COMPUTE_32F_FAST_TF32
-                                                                                 : CUBLAS_COMPUTE_32F;
-  p.m = N, p.n = M, p.k = K, p.batch = B;
+  problem p;
+  memset(&p, 0, sizeof p); /* the cache compares keys byte for byte */
+  p.device = c->device_, p.ab = lm_cuda_blas_type(ab), p.c = lm_cuda_blas_type(cd);
+  p.compute = lm_cuda_blas_compute(ab);
+  p.opa = o.opa, p.opb = o.opb;
+  p.m = o.m, p.n = o.n, p.k = o.k, p.lda = o.lda, p.ldb = o.ldb, p.ldc = o.ldc, p.batch = B;
   p.sa = b->stride_[0], p.sb = a->stride_[0], p.sc = c->stride_[0];
-  const void *A = lm_ptr(b), *Bm = lm_ptr(a);
-  void *C = lm_ptr(c);
-  p.align[0] = alignment(A), p.align[1] = alignment(Bm), p.align[2] = alignment(C);
+  p.align[0] = alignment(o.A), p.align[1] = alignment(o.B), p.align[2] = alignment(o.C);
   bool broadcast = B > 1 && (p.sa == 0 || p.sb == 0);
   cublasStatus_t s = CUBLAS_STATUS_NOT_SUPPORTED;
-  if (ab != LM_F64 && !broadcast && K > 0) s = run_lt(d, &p, A, Bm, C, (float)alpha, (float)beta);
-  if (s != CUBLAS_STATUS_SUCCESS) s = run_blas(d, &p, A, Bm, C, alpha, beta);
-  if (s != CUBLAS_STATUS_SUCCESS) return lm_error("cuda: cuBLAS gemm: %s", status_name(s));
+  if (ab != LM_F64 && !broadcast && K > 0) s = run_lt(d, &p, o.A, o.B, o.C, (float)alpha, (float)beta);
+  if (s != CUBLAS_STATUS_SUCCESS) s = run_blas(d, &p, o.A, o.B, o.C, alpha, beta);
+  if (s != CUBLAS_STATUS_SUCCESS) return lm_error("cuda: cuBLAS gemm: %s", lm_cuda_blas_status(s));
   return lm_cuda_launched("gemm");
 }

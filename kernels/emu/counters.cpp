@@ -8,7 +8,7 @@ static std::atomic<int64_t> counts[lm_rt::C_N];
 static const char *names[lm_rt::C_N] = {"contexts_other_device", "sync_d2h_copies", "f32_gemms_under_autocast",
                                         "unordered_stream_reuse", "kernels", "gemms", "collectives",
                                         "refused_calls", "mapped_host_kernels", "device_syncs", "not_ready_queries",
-                                        "shared_memory_refusals"};
+                                        "shared_memory_refusals", "grouped_gemms"};
 
 void lm_rt::count(counter c, int64_t n) { counts[c] += n; }
 

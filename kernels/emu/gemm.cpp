@@ -1,4 +1,5 @@
-/* gemm.cpp: cuBLAS's cublasGemmStridedBatchedEx and cuBLASLt's matmul, as
+/* gemm.cpp: cuBLAS's cublasGemmStridedBatchedEx and
+ * cublasGemmGroupedBatchedEx and cuBLASLt's matmul, as
  * their documentation defines them: column-major matrices, op(A) (m x k)
  * times op(B) (k x n) into C (m x n), lda/ldb/ldc and batch strides in
  * elements, alpha and beta in the scale type (f32, f64 for 64F compute).
@@ -92,6 +93,26 @@ bool on_device(const void *p, size_t n, const char *what) {
   return false;
 }
 
+/* sizes >= 0, transposes cuBLAS knows, and each leading dimension at
+ * least the rows of its column-major operand (1 when it has none) */
+cublasStatus_t check_sizes(const problem &p) {
+  for (cublasOperation_t t : {p.ta, p.tb})
+    if (t != CUBLAS_OP_N && t != CUBLAS_OP_T && t != CUBLAS_OP_C) return CUBLAS_STATUS_INVALID_VALUE;
+  if (p.m < 0 || p.n < 0 || p.k < 0 || p.batch < 0) return CUBLAS_STATUS_INVALID_VALUE;
+  int64_t arows = p.ta == CUBLAS_OP_N ? p.m : p.k, brows = p.tb == CUBLAS_OP_N ? p.k : p.n;
+  if (p.lda < (arows > 1 ? arows : 1) || p.ldb < (brows > 1 ? brows : 1) || p.ldc < (p.m > 1 ? p.m : 1) ||
+      p.ldd < (p.m > 1 ? p.m : 1))
+    return CUBLAS_STATUS_INVALID_VALUE;
+  return CUBLAS_STATUS_SUCCESS;
+}
+/* the work counts a GEMM queued (and one f32 under autocast) */
+void count_gemm(cudaDataType t, lm_rt::counter what) {
+  int autocast = lm_set_autocast(-1);
+  lm_set_autocast(autocast);
+  if (t == CUDA_R_32F && autocast >= 0) lm_rt::count(lm_rt::C_F32_GEMM_AUTOCAST);
+  lm_rt::count(what);
+}
+
 void compute(const problem &p);
 cublasStatus_t run(const problem &p, cudaStream_t stream) {
   bool f64 = p.compute == CUBLAS_COMPUTE_64F || p.compute == CUBLAS_COMPUTE_64F_PEDANTIC;
@@ -100,22 +121,16 @@ cublasStatus_t run(const problem &p, cudaStream_t stream) {
             (f64 ? p.at == CUDA_R_64F && p.ct == CUDA_R_64F
                  : (p.at == CUDA_R_32F && p.ct == CUDA_R_32F) || (half && (p.ct == p.at || p.ct == CUDA_R_32F)));
   if (!ok) return CUBLAS_STATUS_NOT_SUPPORTED;
-  if (p.m < 0 || p.n < 0 || p.k < 0 || p.batch < 0) return CUBLAS_STATUS_INVALID_VALUE;
+  if (cublasStatus_t s = check_sizes(p)) return s;
   int64_t arows = p.ta == CUBLAS_OP_N ? p.m : p.k, acols = p.ta == CUBLAS_OP_N ? p.k : p.m;
   int64_t brows = p.tb == CUBLAS_OP_N ? p.k : p.n, bcols = p.tb == CUBLAS_OP_N ? p.n : p.k;
-  if (p.lda < (arows > 1 ? arows : 1) || p.ldb < (brows > 1 ? brows : 1) || p.ldc < (p.m > 1 ? p.m : 1) ||
-      p.ldd < (p.m > 1 ? p.m : 1))
-    return CUBLAS_STATUS_INVALID_VALUE;
   if (!on_device(p.A, extent(arows, acols, p.lda, p.batch, p.sa, p.at), "A") ||
       !on_device(p.B, extent(brows, bcols, p.ldb, p.batch, p.sb, p.bt), "B") ||
       (p.beta != 0 && !on_device(p.C, extent(p.m, p.n, p.ldc, p.batch, p.sc, p.ct), "C")) ||
       !on_device(p.D, extent(p.m, p.n, p.ldd, p.batch, p.sd, p.dt), "D"))
     return CUBLAS_STATUS_EXECUTION_FAILED;
   if (lm_rt::sticky(lm_rt::current())) return CUBLAS_STATUS_EXECUTION_FAILED;
-  int autocast = lm_set_autocast(-1);
-  lm_set_autocast(autocast);
-  if (p.at == CUDA_R_32F && autocast >= 0) lm_rt::count(lm_rt::C_F32_GEMM_AUTOCAST);
-  lm_rt::count(lm_rt::C_GEMMS);
+  count_gemm(p.at, lm_rt::C_GEMMS);
   lm_rt::work w;
   char what[96];
   snprintf(what, sizeof what, "cuBLAS GEMM (m %lld, n %lld, k %lld, batch %lld)", (long long)p.m, (long long)p.n,
@@ -130,6 +145,34 @@ cublasStatus_t run(const problem &p, cudaStream_t stream) {
   w.run = [p] { compute(p); };
   lm_rt::enqueue(stream, std::move(w));
   return CUBLAS_STATUS_SUCCESS;
+}
+
+/* A grouped call's problems (their pointers still unset) and its pointer
+ * arrays, in device memory: read when the work runs, as a GPU's kernel
+ * reads them. A matrix that is not memory of the device faults then. */
+void run_grouped(std::vector<problem> ps, const void *const *A, const void *const *B, void *const *C, int device) {
+  std::vector<const void *> blocks = {lm_rt::block_of(A), lm_rt::block_of(B), lm_rt::block_of(C)};
+  for (size_t j = 0; j < ps.size(); j++) {
+    problem &p = ps[j];
+    p.A = (const char *)A[j], p.B = (const char *)B[j], p.C = p.D = (char *)C[j];
+    int64_t arows = p.ta == CUBLAS_OP_N ? p.m : p.k, acols = p.ta == CUBLAS_OP_N ? p.k : p.m;
+    int64_t brows = p.tb == CUBLAS_OP_N ? p.k : p.n, bcols = p.tb == CUBLAS_OP_N ? p.n : p.k;
+    struct { const void *at; size_t n; } m[3] = {{p.A, extent(arows, acols, p.lda, 1, 0, p.at)},
+                                                 {p.B, extent(brows, bcols, p.ldb, 1, 0, p.bt)},
+                                                 {p.D, extent(p.m, p.n, p.ldd, 1, 0, p.dt)}};
+    for (int i = 0; i < 3; i++) {
+      if (m[i].n == 0) continue;
+      if (lm_rt::device_of(m[i].at, m[i].n) != device) {
+        lm_rt::note("cuBLAS grouped GEMM: problem %zu's %c at %p (%zu bytes) is not memory of cuda:%d: it faults",
+                    j, "ABC"[i], m[i].at, m[i].n, device);
+        lm_rt::set_sticky(device, cudaErrorIllegalAddress);
+        return;
+      }
+      blocks.push_back(lm_rt::block_of(m[i].at));
+    }
+  }
+  lm_rt::open_only(blocks); /* the matrices too, now that the pointers are known */
+  for (const problem &p : ps) compute(p);
 }
 
 /* the product, when it runs on the device */
@@ -194,6 +237,55 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta
             lda, ldb, ldc, ldc, sa, sb, sc, sc, compute,
             f64 ? *(const double *)alpha : *(const float *)alpha, f64 ? *(const double *)beta : *(const float *)beta};
   return run(p, ((handle *)h)->stream);
+}
+
+/* cuBLAS 12.5's grouped GEMM: group i is group_size[i] problems of one
+ * shape (transa, m, n, k, ld, alpha, beta: host arrays by group), their
+ * matrices' pointers in Aarray, Barray, Carray (device memory, one per
+ * problem, in group order). The types cuBLAS documents for it: compute
+ * 32F with A, B and C all 32F, 16BF or 16F; 32F_FAST_TF32 with all 32F;
+ * alpha and beta f32. Counted as one grouped GEMM (not in gemms). */
+cublasStatus_t cublasGemmGroupedBatchedEx(cublasHandle_t h, const cublasOperation_t ta[],
+                                          const cublasOperation_t tb[], const int m[], const int n[],
+                                          const int k[], const void *alpha, const void *const A[], cudaDataType at,
+                                          const int lda[], const void *const B[], cudaDataType bt, const int ldb[],
+                                          const void *beta, void *const C[], cudaDataType ct, const int ldc[],
+                                          int group_count, const int group_size[], cublasComputeType_t compute) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (group_count < 0 || (group_count > 0 && (!ta || !tb || !m || !n || !k || !alpha || !lda || !ldb || !beta ||
+                                              !ldc || !group_size)))
+    return CUBLAS_STATUS_INVALID_VALUE;
+  bool half = at == CUDA_R_16BF || at == CUDA_R_16F;
+  bool ok = at == bt && bt == ct &&
+            ((compute == CUBLAS_COMPUTE_32F && (half || at == CUDA_R_32F)) ||
+             (compute == CUBLAS_COMPUTE_32F_FAST_TF32 && at == CUDA_R_32F));
+  if (!ok) return CUBLAS_STATUS_NOT_SUPPORTED;
+  std::vector<problem> ps;
+  for (int i = 0; i < group_count; i++) {
+    problem p{ta[i], tb[i], m[i], n[i], k[i], 1, NULL, NULL, NULL, NULL, at, bt, ct, ct, lda[i], ldb[i], ldc[i],
+              ldc[i], 0, 0, 0, 0, compute, ((const float *)alpha)[i], ((const float *)beta)[i]};
+    if (group_size[i] < 0) return CUBLAS_STATUS_INVALID_VALUE;
+    if (cublasStatus_t s = check_sizes(p)) return s;
+    ps.insert(ps.end(), group_size[i], p);
+  }
+  if (ps.empty()) return CUBLAS_STATUS_SUCCESS;
+  int d = lm_rt::current();
+  if (lm_rt::sticky(d)) return CUBLAS_STATUS_EXECUTION_FAILED;
+  lm_rt::work w;
+  char what[96];
+  snprintf(what, sizeof what, "cuBLAS grouped GEMM (%d groups, %zu problems)", group_count, ps.size());
+  w.what = what;
+  size_t bytes = ps.size() * sizeof(void *);
+  for (const void *arr : {(const void *)A, (const void *)B, (const void *)C}) {
+    if (lm_rt::device_of(arr, bytes) == d) { w.blocks.push_back(lm_rt::block_of(arr)); continue; }
+    if (!w.fault) lm_rt::note("cuBLAS grouped GEMM on cuda:%d was given the pointer array %p (%zu bytes), not "
+                              "memory of that device: it faults when it runs", d, arr, bytes);
+    w.fault = cudaErrorIllegalAddress;
+  }
+  count_gemm(at, lm_rt::C_GROUPED_GEMMS);
+  w.run = [ps, A, B, C, d] { run_grouped(ps, A, B, C, d); };
+  lm_rt::enqueue(((handle *)h)->stream, std::move(w));
+  return CUBLAS_STATUS_SUCCESS;
 }
 
 /* ---- cuBLASLt ---- */

@@ -101,6 +101,7 @@ enum counter {
   C_DEVICE_SYNCS,    /* cudaDeviceSynchronize: the host waits for the whole device */
   C_NOT_READY,       /* queries answered cudaErrorNotReady: the host asked before the work ran */
   C_SMEM_REFUSED,    /* kernels refused more shared memory than the device has (the caller composes) */
+  C_GROUPED_GEMMS,   /* cublasGemmGroupedBatchedEx calls queued (their problems are not in C_GEMMS) */
   C_N
 };
 void count(counter c, int64_t n = 1);
