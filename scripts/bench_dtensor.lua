@@ -8,6 +8,7 @@ local loom = require("loom")
 local dist = require("loom.distributed")
 local bench = require("loom.train.bench")
 local C = loom.C
+bench.args(arg, {}, "bench_dtensor.lua")   -- (no flags: --help says so)
 
 local Shard, Replicate = dist.Shard, dist.Replicate
 local mesh = dist.init_device_mesh("cpu", { dist.world_size() })

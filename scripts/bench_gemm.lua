@@ -15,7 +15,7 @@
 local root = debug.getinfo(1, "S").source:match("^@(.*)scripts/bench_gemm%.lua$") or "./"
 package.path = root .. "lua/?.lua;" .. root .. "lua/?/init.lua;" .. package.path
 local loom = require("loom")
-local bench = require("loom.bench")
+local bench = require("loom.train.bench")
 local ffi = require("ffi")
 local C = loom.C
 

@@ -23,7 +23,7 @@ package.path = root .. "lua/?.lua;" .. root .. "lua/?/init.lua;" .. package.path
 local ffi = require("ffi")
 local loom = require("loom")
 local nn = require("loom.nn")
-local bench = require("loom.bench")
+local bench = require("loom.train.bench")
 
 local o = bench.args(arg, { dim = 512, hidden = 1024, experts = 8, ["top-k"] = 2, tokens = 2048, iters = 5,
                             rounds = 3, json = "" }, "bench_moe.lua")

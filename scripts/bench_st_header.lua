@@ -5,6 +5,10 @@
 -- header, which the reader then walked). Each runs in its own luajit so
 -- that its peak resident memory (VmHWM) is its own.
 --   luajit scripts/bench_st_header.lua [entries]   (default 1600000)
+if arg[1] == "--help" or arg[1] == "-h" then
+  print("Usage: luajit scripts/bench_st_header.lua [entries]   (default 1600000)")
+  os.exit(0)
+end
 local n = tonumber(arg[1]) or 1600000
 local ffi = require("ffi")
 local path = os.tmpname()
