@@ -73,50 +73,41 @@ describe("examples/train.lua on cuda", function()
     print(("\ncuda_train_spec: 20 bf16 steps on 2 ranks x 2 GPUs (tp 2), worst relative loss difference %.2g"):format(worst))
   end)
 
+  -- base (train.lua's flags) in one process on the CPU, then at each of
+  -- layouts on 2 ranks and 2 GPUs: f32, every step's loss within 1e-4 of
+  -- the CPU's, and the sample at the end when the flags ask for one
+  local function gpus_match_cpu(base, layouts)
+    local dir = sys.tmpdir()
+    local run = "examples/train.lua " .. base .. " --log " .. dir .. "/"
+    local rc, out = sys.sh("luajit " .. run .. "cpu.jsonl --device cpu")
+    assert.equal(0, rc, out)
+    local want = sys.losses(dir .. "/cpu.jsonl")
+    for _, flags in ipairs(layouts) do
+      rc, out = sys.sh("scripts/loomrun -n 2 --quiet-others " .. run .. "gpu.jsonl --device cuda " .. flags)
+      assert.equal(0, rc, out)
+      if tonumber((base .. " " .. flags):match(".*%-%-sample (%d+)")) > 0 then
+        assert.truthy(out:find("---- sample ----\n", 1, true), out)
+      end
+      sys.same_losses(flags .. " on cuda against the cpu", sys.losses(dir .. "/gpu.jsonl"), want, 1e-4)
+    end
+    sys.rmtree(dir)
+  end
+
   -- the layouts whose activations move point to point (PP's stages, CP's
   -- ring, async TP's chunks; staged through host memory) or whose masks are
-  -- built on the host (CP): f32, the CPU's losses within 1e-4, a sample
+  -- built on the host (CP)
   it("trains at PP=2, CP=2 (gathered and ring), async TP on 2 GPUs with the CPU's losses, then samples", function()
-    local dir = sys.tmpdir()
-    local base = "examples/train.lua --dim 64 --layers 2 --heads 2 --seq 16 --batch 4 --steps 3 --eval-every 3 "
-                 .. "--eval-iters 1 --sample 8 --quiet --run-dir none --log " .. dir .. "/"
-    local rc, out = sys.sh("luajit " .. base .. "cpu.jsonl --device cpu")
-    assert.equal(0, rc, out)
-    local want = sys.losses(dir .. "/cpu.jsonl")
-    for _, flags in ipairs { "--pp 2 --tp 1", "--cp 2 --tp 1", "--cp 2 --tp 1 --cp-rotate alltoall",
-                             "--tp 2 --sequence-parallel --async-tp" } do
-      rc, out = sys.sh("scripts/loomrun -n 2 --quiet-others " .. base .. "gpu.jsonl --device cuda " .. flags)
-      assert.equal(0, rc, out)
-      assert.truthy(out:find("---- sample ----\n", 1, true), out)
-      local got = sys.losses(dir .. "/gpu.jsonl")
-      for step = 1, 3 do
-        assert(got[step], flags .. ": step " .. step .. ": no loss")
-        local rel = math.abs(got[step] - want[step]) / math.abs(want[step])
-        assert(rel <= 1e-4, ("%s: step %d: loss %.7f, cpu %.7f"):format(flags, step, got[step], want[step]))
-      end
-    end
-    sys.rmtree(dir)
+    gpus_match_cpu("--dim 64 --layers 2 --heads 2 --seq 16 --batch 4 --steps 3 --eval-every 3 --eval-iters 1 "
+                   .. "--sample 8 --quiet --run-dir none",
+                   { "--pp 2 --tp 1", "--cp 2 --tp 1", "--cp 2 --tp 1 --cp-rotate alltoall",
+                     "--tp 2 --sequence-parallel --async-tp" })
   end)
 
-  -- a mixture of experts in f32 (grouped GEMMs, the all-to-all over NCCL,
-  -- the experts' partial sums all-reduced): the CPU's losses within 1e-4
+  -- a mixture of experts (grouped GEMMs, the all-to-all over NCCL, the
+  -- experts' partial sums all-reduced)
   it("trains a mixture of experts on 2 GPUs with its experts over ep, and cut over tp (--etp), with the CPU's losses", function()
-    local dir = sys.tmpdir()
-    local moe = "examples/train.lua --experts 4 --top-k 2 --dim 64 --layers 2 --heads 2 --seq 16 --batch 4 --steps 5 "
-                .. "--eval-every 1000 --eval-iters 1 --sample 0 --quiet --log " .. dir .. "/"
-    local rc, out = sys.sh("luajit " .. moe .. "cpu.jsonl --device cpu")
-    assert.equal(0, rc, out)
-    local want = sys.losses(dir .. "/cpu.jsonl")
-    for _, flags in ipairs { "--ep 2 --tp 1", "--tp 2 --etp 2 --sample 8" } do
-      rc, out = sys.sh("scripts/loomrun -n 2 --quiet-others " .. moe .. "gpu.jsonl --device cuda " .. flags)
-      assert.equal(0, rc, out)
-      local got = sys.losses(dir .. "/gpu.jsonl")
-      for step = 1, 5 do
-        assert(got[step], flags .. ": step " .. step .. ": no loss")
-        local rel = math.abs(got[step] - want[step]) / math.abs(want[step])
-        assert(rel <= 1e-4, ("%s: step %d: loss %.7f, cpu %.7f"):format(flags, step, got[step], want[step]))
-      end
-    end
-    sys.rmtree(dir)
+    gpus_match_cpu("--experts 4 --top-k 2 --dim 64 --layers 2 --heads 2 --seq 16 --batch 4 --steps 5 "
+                   .. "--eval-every 1000 --eval-iters 1 --sample 0 --quiet --run-dir none",
+                   { "--ep 2 --tp 1", "--tp 2 --etp 2 --sample 8" })
   end)
 end)

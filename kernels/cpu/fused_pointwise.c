@@ -52,44 +52,32 @@ int lm_cpu_unary_grad(int kind, lm_tensor *gx, const lm_tensor *g, const lm_tens
 #undef ARGS
 }
 
-/* ---- SwiGLU: out = silu(a) * b = a * s * b with s = sigmoid(a) ---- */
-#define SWIGLU(T, NAME, NAME_BWD)                                              \
-  static void NAME(T *o, const T *a, const T *b, int64_t n) {                  \
+/* ---- SwiGLU: out = silu(a) * b = a * s * b with s = sigmoid(a). X is
+ * the operands' element type, T the arithmetic's; LD widens an element, ST
+ * rounds it back: bf16 and f16 operands are read and written as they are
+ * (a bf16 step moves 2 bytes an element, not a widened copy's 4 and the
+ * casts' passes), the f32 arithmetic on each widened element, one rounding
+ * on the way out, so the result is the bits the widened path gives ---- */
+#define SWIGLU(X, T, NAME, NAME_BWD, LD, ST)                                   \
+  static void NAME(X *o, const X *a, const X *b, int64_t n) {                  \
     _Pragma("omp parallel for simd num_threads(lm_threads_for(n)) schedule(static)") \
-    for (int64_t i = 0; i < n; i++) o[i] = a[i] / (1 + fexp_##T(-a[i])) * b[i]; \
+    for (int64_t i = 0; i < n; i++) { T x = LD(a[i]); o[i] = ST(x / (1 + fexp_##T(-x)) * LD(b[i])); } \
   }                                                                            \
   /* da = g * b * s * (1 + a * (1 - s)), db = g * a * s */                     \
-  static void NAME_BWD(T *da, T *db, const T *g, const T *a, const T *b, int64_t n) { \
+  static void NAME_BWD(X *da, X *db, const X *g, const X *a, const X *b, int64_t n) { \
     _Pragma("omp parallel for simd num_threads(lm_threads_for(n)) schedule(static)") \
     for (int64_t i = 0; i < n; i++) {                                          \
-      T e = 1 + fexp_##T(-a[i]), s = 1 / e;                                    \
-      da[i] = g[i] * b[i] * ((1 + a[i] * (1 - s)) / e);                        \
-      db[i] = g[i] * (a[i] / e);                                               \
-    }                                                                          \
-  }
-SWIGLU(f32, swiglu_f32, swiglu_bwd_f32)
-SWIGLU(f64, swiglu_f64, swiglu_bwd_f64)
-
-/* bf16 and f16 operands read and written as they are (a bf16 step moves
- * 2 bytes an element, not a widened copy's 4 and the casts' passes): the
- * f32 kernels' arithmetic on each widened element, one rounding on the way
- * out, so the result is the bits the widened path gives */
-#define SWIGLU16(NAME, NAME_BWD, LD, ST)                                       \
-  static void NAME(uint16_t *o, const uint16_t *a, const uint16_t *b, int64_t n) { \
-    _Pragma("omp parallel for simd num_threads(lm_threads_for(n)) schedule(static)") \
-    for (int64_t i = 0; i < n; i++) { float x = LD(a[i]); o[i] = ST(x / (1 + fexp_f32(-x)) * LD(b[i])); } \
-  }                                                                            \
-  static void NAME_BWD(uint16_t *da, uint16_t *db, const uint16_t *g, const uint16_t *a, \
-                       const uint16_t *b, int64_t n) {                         \
-    _Pragma("omp parallel for simd num_threads(lm_threads_for(n)) schedule(static)") \
-    for (int64_t i = 0; i < n; i++) {                                          \
-      float x = LD(a[i]), gi = LD(g[i]), e = 1 + fexp_f32(-x), s = 1 / e;      \
+      T x = LD(a[i]), gi = LD(g[i]), e = 1 + fexp_##T(-x), s = 1 / e;          \
       da[i] = ST(gi * LD(b[i]) * ((1 + x * (1 - s)) / e));                     \
       db[i] = ST(gi * (x / e));                                                \
     }                                                                          \
   }
-SWIGLU16(swiglu_bf16, swiglu_bwd_bf16, lm_bf16_to_f32, lm_f32_to_bf16)
-SWIGLU16(swiglu_f16, swiglu_bwd_f16, lm_f16_to_f32, lm_f32_to_f16)
+#define SAME(v) (v)
+SWIGLU(f32, f32, swiglu_f32, swiglu_bwd_f32, SAME, SAME)
+SWIGLU(f64, f64, swiglu_f64, swiglu_bwd_f64, SAME, SAME)
+SWIGLU(uint16_t, f32, swiglu_bf16, swiglu_bwd_bf16, lm_bf16_to_f32, lm_f32_to_bf16)
+SWIGLU(uint16_t, f32, swiglu_f16, swiglu_bwd_f16, lm_f16_to_f32, lm_f32_to_f16)
+#undef SAME
 
 int lm_cpu_swiglu(lm_tensor *out, const lm_tensor *a, const lm_tensor *b) {
 #define ARGS(T) (T *)lm_ptr(out), (const T *)lm_ptr(a), (const T *)lm_ptr(b), out->numel_

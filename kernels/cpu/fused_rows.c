@@ -122,52 +122,35 @@ int lm_cpu_norm_bwd(lm_tensor *dx, lm_tensor *dw, lm_tensor *db, const lm_tensor
   return rc;
 }
 
-/* rotary embedding: pair i of (t, h) turns by sign * angle(t, i) */
-#define ROPE(T, NAME)                                                          \
-  static void NAME(T *o, const T *x, const T *cs, const T *sn, int64_t outer, int64_t nt_, \
+/* rotary embedding: pair i of (t, h) turns by sign * angle(t, i). X is
+ * x's element type, T the arithmetic's (and the tables'); LD widens an
+ * element, ST rounds it back: bf16 and f16 x run the f32 arithmetic on
+ * widened pairs and round once (the widened path's bits) */
+#define ROPE(X, T, NAME, LD, ST)                                               \
+  static void NAME(X *o, const X *x, const T *cs, const T *sn, int64_t outer, int64_t nt_, \
                    int64_t nh, int64_t half, T sign) {                         \
     _Pragma("omp parallel for num_threads(lm_threads_for(outer * nt_ * nh * half * 2)) schedule(static)") \
     for (int64_t r = 0; r < outer * nt_; r++) {                                \
       const int64_t t = r % nt_;                                               \
       const T *c = cs + t * half, *s = sn + t * half;                          \
       for (int64_t h = 0; h < nh; h++) {                                       \
-        const T *xr = x + (r * nh + h) * 2 * half;                             \
-        T *or_ = o + (r * nh + h) * 2 * half;                                  \
+        const X *xr = x + (r * nh + h) * 2 * half;                             \
+        X *or_ = o + (r * nh + h) * 2 * half;                                  \
         _Pragma("omp simd")                                                    \
         for (int64_t i = 0; i < half; i++) {                                   \
-          T a = xr[2 * i], b = xr[2 * i + 1], si = sign * s[i];                \
-          or_[2 * i] = a * c[i] - b * si;                                      \
-          or_[2 * i + 1] = a * si + b * c[i];                                  \
-        }                                                                      \
-      }                                                                        \
-    }                                                                          \
-  }
-ROPE(f32, rope_f32)
-ROPE(f64, rope_f64)
-
-/* bf16 and f16 x (cos and sin in f32): the f32 kernel's arithmetic on the
- * widened pairs, one rounding on the way out (the widened path's bits) */
-#define ROPE16(NAME, LD, ST)                                                   \
-  static void NAME(uint16_t *o, const uint16_t *x, const float *cs, const float *sn, int64_t outer, \
-                   int64_t nt_, int64_t nh, int64_t half, float sign) {        \
-    _Pragma("omp parallel for num_threads(lm_threads_for(outer * nt_ * nh * half * 2)) schedule(static)") \
-    for (int64_t r = 0; r < outer * nt_; r++) {                                \
-      const int64_t t = r % nt_;                                               \
-      const float *c = cs + t * half, *s = sn + t * half;                      \
-      for (int64_t h = 0; h < nh; h++) {                                       \
-        const uint16_t *xr = x + (r * nh + h) * 2 * half;                      \
-        uint16_t *or_ = o + (r * nh + h) * 2 * half;                           \
-        _Pragma("omp simd")                                                    \
-        for (int64_t i = 0; i < half; i++) {                                   \
-          float a = LD(xr[2 * i]), b = LD(xr[2 * i + 1]), si = sign * s[i];    \
+          T a = LD(xr[2 * i]), b = LD(xr[2 * i + 1]), si = sign * s[i];        \
           or_[2 * i] = ST(a * c[i] - b * si);                                  \
           or_[2 * i + 1] = ST(a * si + b * c[i]);                              \
         }                                                                      \
       }                                                                        \
     }                                                                          \
   }
-ROPE16(rope_bf16, lm_bf16_to_f32, lm_f32_to_bf16)
-ROPE16(rope_f16, lm_f16_to_f32, lm_f32_to_f16)
+#define SAME(v) (v)
+ROPE(f32, f32, rope_f32, SAME, SAME)
+ROPE(f64, f64, rope_f64, SAME, SAME)
+ROPE(uint16_t, f32, rope_bf16, lm_bf16_to_f32, lm_f32_to_bf16)
+ROPE(uint16_t, f32, rope_f16, lm_f16_to_f32, lm_f32_to_f16)
+#undef SAME
 
 int lm_cpu_rope(lm_tensor *out, const lm_tensor *x, const lm_tensor *cos, const lm_tensor *sin,
                 int sign) {

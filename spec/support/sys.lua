@@ -107,10 +107,12 @@ function sys.train(ranks, flags, log)
   return sys.losses(log)
 end
 
--- same_losses(what, got, ref, rel): got's loss at each of ref's steps
+-- same_losses(what, got, ref, rel, first): got's loss at each of ref's
+-- steps (from step first, 1 by default: a resumed run logs the later ones)
 -- within relative rel of ref's (what names the run in the message)
-function sys.same_losses(what, got, ref, rel)
-  for step = 1, #ref do
+function sys.same_losses(what, got, ref, rel, first)
+  for step = first or 1, #ref do
+    assert(got[step], string.format("%s: no loss logged at step %d", what, step))
     local r = math.abs(got[step] - ref[step]) / math.abs(ref[step])
     assert(r <= rel, string.format("%s: step %d loss %.9g vs %.9g in the reference run (rel %.2e)", what, step,
                                    got[step], ref[step], r))
