@@ -404,6 +404,10 @@ const char *lm_blas_info(void);
  * a batch) the fast path has run in this process. */
 int lm_cpu_set_bf16_gemm(int on);
 int64_t lm_cpu_bf16_gemm_runs(void);
+/* attention calls (forward or backward) whose tile products ran on bf16
+ * dot products (kernels/cpu/fused_attn.c: bf16 operands, a build for
+ * AVX512_BF16, the switch above on) */
+int64_t lm_cpu_bf16_attention_runs(void);
 
 /* ---- text: byte-pair encoding (core/text/bpe.c, loom.tokenizer) ----
  * Ids are tokenizer.json's, 0-based; the Lua layer adds one. Tokens are

@@ -30,7 +30,7 @@ local function cpu_has_bf16()
   if f then f:close() end
   return s:find("avx512_bf16", 1, true) ~= nil or s:find("amx_bf16", 1, true) ~= nil
 end
-local info = ffi.string(C.lm_blas_info()):match("bf16 GEMM: (.*)$") or "?"
+local info = ffi.string(C.lm_blas_info()):match("bf16 GEMM: (.-); bf16 attention") or "?"
 local built = not info:find("built without oneDNN", 1, true)
 local expect_fast = built and cpu_has_bf16()
 local fast_state = expect_fast and "present: " .. info

@@ -9,11 +9,12 @@
 #include <stdlib.h>
 
 const char *lm_blas_info(void) {
-  static _Thread_local char buf[480];
+  static _Thread_local char buf[640];
   const char *forced = getenv("OPENBLAS_CORETYPE");
-  snprintf(buf, sizeof buf, "%s; core %s%s%s%s, %d threads; bf16 GEMM: %s", openblas_get_config(),
-           openblas_get_corename(), forced ? " (OPENBLAS_CORETYPE=" : "", forced ? forced : "",
-           forced ? ")" : "", openblas_get_num_threads(), lm_cpu_bf16_gemm_info());
+  snprintf(buf, sizeof buf, "%s; core %s%s%s%s, %d threads; bf16 GEMM: %s; bf16 attention: %s",
+           openblas_get_config(), openblas_get_corename(), forced ? " (OPENBLAS_CORETYPE=" : "",
+           forced ? forced : "", forced ? ")" : "", openblas_get_num_threads(), lm_cpu_bf16_gemm_info(),
+           lm_cpu_bf16_attention_info());
   return buf;
 }
 

@@ -25,4 +25,5 @@ lm_gemm_fn lm_cpu_gemm_half;             /* gemm_half.c: bf16/f16 operands widen
  * dot products; returns 1 (nothing done) where it has no fast kernel */
 lm_gemm_fn lm_cpu_gemm_dnnl;
 const char *lm_cpu_bf16_gemm_info(void); /* the bf16 path that runs, for lm_blas_info */
+const char *lm_cpu_bf16_attention_info(void); /* bf16 attention's tile products, likewise */
 #endif
