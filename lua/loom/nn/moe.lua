@@ -49,13 +49,19 @@ function M.MoEExperts:reset_parameters()
   init.uniform_(self.w3, -a, a)
   init.uniform_(self.w2, -b, b)
 end
+-- the dim of each weight that holds the hidden size: what tensor
+-- parallelism cuts (loom.parallel.ExpertTensorParallel)
+M.MoEExperts.hidden_dims = { w1 = 2, w3 = 2, w2 = 3 }
+
 -- x (rows, dim) sorted by expert, sizes (experts) i64 rows per expert:
--- w2 (silu(x w1^T) * x w3^T) per expert, three grouped GEMMs
-function M.MoEExperts:forward(x, sizes)
+-- w2 (silu(x w1^T) * x w3^T) per expert, three grouped GEMMs, with the
+-- weights given (the module's, or this rank's shards of them)
+function M.swiglu_experts(x, sizes, w1, w2, w3)
   local t = { trans_w = true }
-  local h = F.swiglu(loom.grouped_mm(x, self.w1, sizes, t), loom.grouped_mm(x, self.w3, sizes, t))
-  return loom.grouped_mm(h, self.w2, sizes, t)
+  local h = F.swiglu(loom.grouped_mm(x, w1, sizes, t), loom.grouped_mm(x, w3, sizes, t))
+  return loom.grouped_mm(h, w2, sizes, t)
 end
+function M.MoEExperts:forward(x, sizes) return M.swiglu_experts(x, sizes, self.w1, self.w2, self.w3) end
 
 ---------------------------------------------------------------------------
 -- routing

@@ -25,6 +25,7 @@ local loom = require("loom")
 local T = require("loom.tensor")
 local S = require("loom.parallel.parallel_style")
 local dt = require("loom.distributed.dtensor")
+local swiglu_experts = require("loom.nn.moe").swiglu_experts
 
 local M = {}
 
@@ -85,11 +86,7 @@ local function ep_forward(self, x, sizes)
   for pos, src in ipairs(order) do inverse[src + 1] = pos - 1 end
   local dev = x.device
   local grouped = #order > 0 and gather(got, ids(order, dev)) or got
-  local t = { trans_w = true }
-  local w1, w2, w3 = self.w1:to_local(), self.w2:to_local(), self.w3:to_local()
-  local ls = ids(local_sizes, dev)
-  local h = loom.F.swiglu(loom.grouped_mm(grouped, w1, ls, t), loom.grouped_mm(grouped, w3, ls, t))
-  local y = loom.grouped_mm(h, w2, ls, t)
+  local y = swiglu_experts(grouped, ids(local_sizes, dev), self.w1:to_local(), self.w2:to_local(), self.w3:to_local())
   if #inverse > 0 then y = gather(y, ids(inverse, dev)) end
   return dist.functional.all_to_all_single(y, send, recv, mesh, dim)
 end
@@ -97,10 +94,7 @@ end
 -- the forward of MoEExperts whose hidden dimension is cut over tp (no
 -- ep): the grouped GEMMs on this rank's columns of w1, w3 and rows of w2
 local function tp_forward(self, x, sizes)
-  local t = { trans_w = true }
-  local w1, w2, w3 = self.w1:to_local(), self.w2:to_local(), self.w3:to_local()
-  local h = loom.F.swiglu(loom.grouped_mm(x, w1, sizes, t), loom.grouped_mm(x, w3, sizes, t))
-  return loom.grouped_mm(h, w2, sizes, t)
+  return swiglu_experts(x, sizes, self.w1:to_local(), self.w2:to_local(), self.w3:to_local())
 end
 
 -- a mixture's output on a tp rank whose experts are cut: its share of the
@@ -168,7 +162,7 @@ function M.ExpertTensorParallel:apply(module, mesh, fqn)
     error(string.format("ExpertTensorParallel: the experts' hidden size %d does not divide over %d ranks", module.hidden, tp), 4)
   end
   S.shard_parameters(module, function(name, p)
-    local cut = dt.Shard(name == "w2" and 3 or 2)
+    local cut = dt.Shard(module.hidden_dims[name])
     return dt.distribute_tensor(p, mesh, two and { dt.Shard(1), cut } or { cut }, { src_data_rank = self._src_data_rank })
   end, self.__name)
   rawset(module, "_etp", { mesh = tp_mesh, comm = tp_mesh:get_group(1).comm, output = partial_output })

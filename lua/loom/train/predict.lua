@@ -22,17 +22,14 @@ local function matches(pattern, fqn)
   return true
 end
 
--- the hidden dim of an expert weight (MoEExperts' w1, w3: (E, hidden,
--- dim); w2: (E, dim, hidden)), which ExpertTensorParallel cuts
-local function hidden_dim(pname) return pname == "w2" and 3 or 2 end
-
--- the dim (1-based) of parameter pname of a module of kind `kind` that a
--- plan's style cuts over tp (nil: replicated), as the styles place them
-local function tp_dim(plan, fqn, kind, pname)
+-- the dim (1-based) of parameter pname of `module` (at fqn) that a plan's
+-- style cuts over tp (nil: replicated), as the styles place them
+local function tp_dim(plan, fqn, module, pname)
+  local kind = module.__name
   for pattern, style in pairs(plan) do
     if matches(pattern, fqn) then
       if style.__name == "ColwiseParallel" then return kind == "Embedding" and 2 or 1 end
-      if style.__name == "ExpertTensorParallel" then return hidden_dim(pname) end
+      if style.__name == "ExpertTensorParallel" then return module.hidden_dims[pname] end
       if style.__name == "RowwiseParallel" then
         if kind == "Embedding" then return 1 end
         return pname == "weight" and 2 or nil
@@ -71,18 +68,19 @@ local function held_of(model, plan, w, dp, fqn, p, experts)
   local mfqn, pname = fqn:match("^(.*)%.([^.]+)$")
   if experts and experts[p] and (w.ep or 1) > 1 then
     local sz = p:size()
-    local d = (w.etp or 1) > 1 and hidden_dim(pname) or nil
+    local d = (w.etp or 1) > 1 and experts[p] or nil
     return held({ ceil_div(sz[1], w.ep), unpack(sz, 2) }, d, w.tp, dp > 1 and w.dp * w.cp or 1)
   end
-  local d = w.tp > 1 and tp_dim(plan, mfqn or "", model:get_submodule(mfqn or "").__name, pname) or nil
+  local d = w.tp > 1 and tp_dim(plan, mfqn or "", model:get_submodule(mfqn or ""), pname) or nil
   return held(p:size(), d, w.tp, dp)
 end
 
--- the parameters of the model's experts (its recipe's expert modules)
+-- the parameters of the model's experts (its recipe's expert modules),
+-- each to the dim that holds the hidden size (loom.nn.MoEExperts' hidden_dims)
 local function experts_of(model)
   local set = {}
   for _, m in ipairs(require("loom.models.recipe").of(model).expert_modules(model)) do
-    for _, p in ipairs(m:parameters()) do set[p] = true end
+    for _, kv in ipairs(m:named_parameters()) do set[kv[2]] = m.hidden_dims[kv[1]] end
   end
   return set
 end
