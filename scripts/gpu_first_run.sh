@@ -51,7 +51,7 @@ steps=(
   "60|train.lua, 20 bf16 steps on the GPU against the CPU (loss within 2e-2 each step)|d=\$(mktemp -d) && for dev in cpu cuda; do luajit examples/train.lua --device \$dev --dtype bf16 --steps 20 --eval-every 1000 --sample 0 --quiet --log \$d/\$dev.jsonl || exit 1; done && CPU_LOG=\$d/cpu.jsonl GPU_LOG=\$d/cuda.jsonl luajit -e 'package.path = \"spec/?.lua;\" .. package.path; local sys = require \"support.sys\"; local a, b = sys.losses(os.getenv(\"CPU_LOG\")), sys.losses(os.getenv(\"GPU_LOG\")); assert(#a == 20 and #b == 20, \"expected 20 logged steps\"); local worst = 0; for i = 1, 20 do worst = math.max(worst, math.abs(a[i] - b[i]) / a[i]) end; print((\"worst relative loss gap %.4f (cpu %.4f, cuda %.4f at step 20)\"):format(worst, a[20], b[20])); assert(worst < 2e-2)'"
   "20|NCCL in one process: collectives on a 1-rank mesh, no CUDA error left (scripts/gpu_smoke.lua --nccl)|luajit scripts/gpu_smoke.lua --nccl"
   "45|tensor parallelism on 2 GPUs over NCCL (spec/dist/cuda_tp_spec.lua)|n=\$(nvidia-smi -L | wc -l); if [ \"\$n\" -lt 2 ]; then echo \"SKIP: \$n GPU, TP needs 2\"; else scripts/loomrun -n 2 --quiet-others scripts/run_specs.lua -o plainTerminal spec/dist/cuda_tp_spec.lua; fi"
-  "60|compute-sanitizer memcheck, every kernel on reduced shapes (scripts/gpu_smoke.lua --ops)|$san --tool memcheck luajit scripts/gpu_smoke.lua --ops"
+  "60|compute-sanitizer memcheck, every kernel on reduced shapes, one process per case (scripts/gpu_smoke.lua --ops --case K)|n=\$(luajit scripts/gpu_smoke.lua --ops --case 0 | sed -n 's/.*: \\([0-9]*\\) selected/\\1/p'); [ -n \"\$n\" ] || exit 1; for k in \$(seq \$n); do $san --tool memcheck luajit scripts/gpu_smoke.lua --ops --case \$k || exit; done; echo \"memcheck: \$n cases, each in its own process: clean\""
   "40|compute-sanitizer racecheck, one small attention case|$san --tool racecheck luajit scripts/gpu_smoke.lua --attention"
   "30|compute-sanitizer synccheck, one small attention case|$san --tool synccheck luajit scripts/gpu_smoke.lua --attention"
   "120|benchmarks: GEMM against cuBLAS (torch.matmul), attention against PyTorch SDPA, a train step against PyTorch eager|luajit scripts/bench_gpu.lua --quick --sizes 4096,8192 --seqs 1024 --models small"
@@ -77,12 +77,26 @@ missing=()
 [ -x "$frag" ] || missing+=("$build/kernels/cuda/test_cuda_fragments (the same build)")
 if [ "$mode" = check ]; then
   [ -f .gpu/env.sh ] || missing+=(".gpu/ (../shared/tools/gpu-bundle: the GPU machine has no LuaJIT, OpenBLAS, OpenMPI)")
+  # gpu-bundle leaves out oneDNN, which a build made where libdnnl-dev is
+  # installed links (the first H200 run found libdnnl.so.2 "not found")
+  if ldd "$lib" 2>/dev/null | grep -q libdnnl && ! ls .gpu/debs/libdnnl2_*.deb >/dev/null 2>&1; then
+    missing+=("oneDNN in .gpu/debs (libloom.so links it): (cd .gpu/debs && apt-get download libdnnl2 ocl-icd-libopencl1)")
+  fi
   if [ ${#missing[@]} -gt 0 ]; then printf 'gpu_first_run: missing: %s\n' "${missing[@]}"; exit 1; fi
   carry=(".gpu" "$build/libloom.so" "$build/kernels/cuda/test_cuda_fragments")
   echo "gpu_first_run: ready; carry to the GPU machine, beside the checkout: ${carry[*]} ($(du -csh "${carry[@]}" | tail -1 | cut -f1))"
   exit 0
 fi
 [ -f .gpu/env.sh ] && source .gpu/env.sh
+# env.sh unpacks .gpu/debs only into a fresh /opt/loom-rt: a deb added since
+# (oneDNN) is unpacked here, on a machine kept warm between runs too
+if [ -d /opt/loom-rt ]; then
+  for f in .gpu/debs/*.deb; do
+    [ -e "$f" ] && [ ! -e "/opt/loom-rt/.unpacked.${f##*/}" ] && dpkg -x "$f" /opt/loom-rt && touch "/opt/loom-rt/.unpacked.${f##*/}"
+  done
+fi
+# loom's own modules, for the steps that run luajit -e
+export LUA_PATH="$root/lua/?.lua;$root/lua/?/init.lua;${LUA_PATH:-;;}"
 if [ ${#missing[@]} -gt 0 ]; then
   printf 'gpu_first_run: missing: %s\n' "${missing[@]}"
   echo "gpu_first_run: build them before the lease (see --help); nothing is built here"

@@ -16,6 +16,8 @@ if G.skip(describe, it, "cuda fused kernels") then return end
 -- 16-bit tiles of D = 256 do not fit, and those calls compose
 local config = loom.show_config()
 local SMALL_SMEM = config:find("sm_86", 1, true) or config:find("sm_89", 1, true)
+-- the emulated device counts what ran (GEMMs); on a GPU emu_counters() is nil
+local EMULATED = loom.cuda.emu_counters() ~= nil
 
 -- forward and the gradients of the float inputs in `which` agree
 local function fw_bw(tol, f, inputs, which)
@@ -104,7 +106,7 @@ describe("cuda fused kernels", function()
           fw_bw(tol, function(a, b, c, mk) return F.scaled_dot_product_attention(a, b, c, { attn_mask = mk }) end,
                 { q, k, v, m }, { true, true, true })
         end
-        if dt == "bf16" and loom.cuda.emu_counters and (D <= 192 or not SMALL_SMEM) then
+        if dt == "bf16" and EMULATED and (D <= 192 or not SMALL_SMEM) then
           local qc, kc, vc = loom.randn({ B, H, L, D }, { device = "cuda" }):requires_grad_(true),
                              loom.randn({ B, H, S, D }, { device = "cuda" }):requires_grad_(true),
                              loom.randn({ B, H, S, D }, { device = "cuda" }):requires_grad_(true)
@@ -140,7 +142,7 @@ describe("cuda fused kernels", function()
       fw_bw(5e-3, function(a, b, c, mk) return F.scaled_dot_product_attention(a, b, c, { attn_mask = mk }) end,
             { q, k, v, r:lt(0.7) }, { true, true, true })
     end
-    if loom.cuda.emu_counters then -- the fused kernels ran: no GEMM
+    if EMULATED then -- the fused kernels ran: no GEMM
       local q = loom.randn({ B, H, L, 64 }, { device = "cuda" }):to("f16")
       local g0 = loom.cuda.emu_counters().gemms
       F.scaled_dot_product_attention(q, q, q, { is_causal = true })
