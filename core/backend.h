@@ -311,6 +311,10 @@ typedef struct lm_backend {
   /* fused kernels only some backends have */
   lm_attention_bias_fn *attention_bias; /* masked attention (issue 22) */
   lm_attention_bias_bwd_fn *attention_bias_bwd;
+  /* 1: attention and attention_bwd also take q, k, v, o, g, dq, dk, dv of
+   * 4 dims (B, H, R, E) with any strides but a last of 1 (the heads of a
+   * (B, R, H, E) projection, transposed, as they are: no copies) */
+  int attention_strided;
 } lm_backend;
 
 /* Device kinds: a device number is its kind's first device plus an index

@@ -16,7 +16,8 @@ specs=("$@")
 if [ ${#specs[@]} -eq 0 ]; then
   specs=(spec/core_smoke_spec.lua spec/tensor_spec.lua spec/autograd_spec.lua spec/inplace_spec.lua
          spec/pointwise_spec.lua spec/reduce_spec.lua spec/matmul_spec.lua spec/cpu_kernels_spec.lua
-         spec/nn_ops_norm_spec.lua spec/nn_ops_loss_spec.lua spec/nn_ops_attention_spec.lua spec/nn_spec.lua
+         spec/nn_ops_norm_spec.lua spec/nn_ops_loss_spec.lua spec/nn_ops_attention_spec.lua spec/bf16_attention_spec.lua
+         spec/nn_spec.lua
          spec/optim_spec.lua spec/hooks_spec.lua spec/transformer_spec.lua spec/op_table_spec.lua
          spec/errors_spec.lua spec/serialize_spec.lua spec/safetensors_spec.lua spec/checkpoint_format_spec.lua
          spec/data_spec.lua spec/misuse_tensor_spec.lua spec/misuse_ops_spec.lua spec/misuse_nn_optim_spec.lua

@@ -85,6 +85,38 @@ describe("scaled_dot_product_attention, fused (attention, attention_bwd)", funct
     for i = 1, 3 do X.close(got[i], X.grad_of(base[i]), X.TOL64, "strided gradient " .. i) end
   end)
 
+  -- The CPU kernels read the heads of a (B, L, H, E) tensor transposed in
+  -- place (no copies) and write each gradient in its input's layout: the
+  -- same bits as the kernels on dense copies, f32 and bf16 (bf16: the
+  -- tile products on bf16 dot products where the CPU has them).
+  it("reads transposed heads in place, writes gradients in their layout, with the dense copies' bits", function()
+    for _, dt in ipairs { "f32", "bf16" } do
+      local base = { X.rand(9, { 2, 70, 3, 16 }, dt), X.rand(10, { 2, 70, 3, 16 }, dt), X.rand(11, { 2, 70, 3, 16 }, dt) }
+      local g = X.rand(12, { 2, 3, 70, 16 }, dt)
+      local function run(dense)
+        local leaves = {}
+        for i = 1, 3 do
+          local t = base[i]:transpose(2, 3)
+          leaves[i] = (dense and t:contiguous() or t):detach():requires_grad_(true)
+        end
+        local o = F.scaled_dot_product_attention(leaves[1], leaves[2], leaves[3], { is_causal = true })
+        o:backward(g)
+        return { o, leaves[1].grad, leaves[2].grad, leaves[3].grad }, leaves
+      end
+      local got, leaves = run(false)
+      local want = run(true)
+      for i = 1, 4 do
+        local diff = (got[i]:to("f64") - want[i]:to("f64")):abs():max():item()
+        assert.are.equal(0, diff, dt .. ": output or gradient " .. i .. " differs from the dense run")
+      end
+      if X.FUSED then
+        for i = 1, 3 do
+          assert.are.same(leaves[i]:stride(), got[i + 1]:stride(), dt .. ": gradient " .. i .. " in its input's layout")
+        end
+      end
+    end
+  end)
+
   it("passes f64 gradient checks, causal and not, L != S", function()
     for _, causal in ipairs { false, true } do
       local f = function(q, k, v) return F.scaled_dot_product_attention(q, k, v, { is_causal = causal }) end

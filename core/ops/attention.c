@@ -147,8 +147,40 @@ static lm_tensor *sdpa_bias(lm_scope *s, int nin, lm_tensor *const *in, int *rc)
 
 /* t (..., R, C) dense as (B, R, C) in its dtype */
 static lm_tensor *as_batch3(lm_scope *s, lm_tensor *t) {
+  if (!t) return NULL;
   int64_t shape[3] = {lm_shape_numel(t->ndim - 2, t->shape_), t->shape_[t->ndim - 2], t->shape_[t->ndim - 1]};
   return lm_s_reshape(s, lm_s_contig(s, t), 3, shape);
+}
+
+/* t as the kernel takes it: where the backend takes strided operands
+ * (attention_strided), a 4-D t with dense rows as it is (the transposed
+ * heads of a projection: no copy), else dense (B, R, C) */
+static lm_tensor *as_operand(lm_scope *s, lm_tensor *t, bool strided) {
+  if (strided && t && t->ndim == 4 && t->stride_[3] == 1) return t;
+  return as_batch3(s, t);
+}
+
+/* an empty tensor shaped and laid out as t where t's strides lay its
+ * elements densely in some order (a gradient then keeps its input's
+ * layout, and the transpose back to (B, R, H, E) is free), else dense */
+static lm_tensor *empty_laid_as(lm_scope *s, const lm_tensor *t) {
+  int n = t->ndim, order[LM_MAX_DIMS];
+  for (int i = 0; i < n; i++) order[i] = i;
+  for (int i = 1; i < n; i++) /* by stride, largest first */
+    for (int j = i; j > 0 && t->stride_[order[j]] > t->stride_[order[j - 1]]; j--) {
+      int x = order[j];
+      order[j] = order[j - 1], order[j - 1] = x;
+    }
+  int64_t expect = 1;
+  for (int i = n - 1; i >= 0; i--) {
+    int d = order[i];
+    if (t->shape_[d] == 1) continue;
+    if (t->stride_[d] != expect) return lm_s(s, lm_empty_like(t));
+    expect *= t->shape_[d];
+  }
+  int64_t numel = lm_shape_numel(n, t->shape_);
+  lm_tensor *z = lm_s(s, lm_empty(1, &numel, t->dtype_, t->device_));
+  return z ? lm_s(s, lm_view_of(z, n, t->shape_, t->stride_, 0)) : NULL;
 }
 
 /* A kernel that answers LM_UNSUPPORTED for a head dim E (or the operands'
@@ -186,14 +218,18 @@ static int sdpa_fw_fused_at(const lm_backend *be, const lm_call *c, int64_t Dp, 
   int brc;
   lm_tensor *bias = sdpa_bias(&s, c->nin, c->in, &brc);
   if (brc) { lm_scope_end(&s); return brc; }
-  lm_tensor *q = as_batch3(&s, c->in[0]), *k = as_batch3(&s, c->in[1]), *v = as_batch3(&s, c->in[2]);
-  int64_t Ev = v ? v->shape_[2] : 0;
+  bool strided = be->attention_strided && !Dp && !bias;
+  lm_tensor *q = as_operand(&s, c->in[0], strided), *k = as_operand(&s, c->in[1], strided),
+            *v = as_operand(&s, c->in[2], strided);
+  const lm_tensor *q0 = c->in[0];
+  int64_t B = lm_shape_numel(q0->ndim - 2, q0->shape_), L = q0->shape_[q0->ndim - 2];
+  int64_t Ev = c->in[2]->shape_[c->in[2]->ndim - 1];
   q = pad_cols(&s, q, Dp), k = pad_cols(&s, k, Dp), v = pad_cols(&s, v, Dp);
   lm_tensor *o = NULL, *lse = NULL;
   if (q && k && v) {
-    int64_t oshape[3] = {q->shape_[0], q->shape_[1], v->shape_[2]};
+    int64_t oshape[3] = {B, L, v->shape_[v->ndim - 1]}, lshape[2] = {B, L};
     o = lm_s(&s, lm_empty(3, oshape, q->dtype_, q->device_));
-    lse = lm_s(&s, lm_empty(2, q->shape_, c->out[1].dtype, q->device_));
+    lse = lm_s(&s, lm_empty(2, lshape, c->out[1].dtype, q->device_));
   }
   int causal = c->a->ni >= 1 && c->a->i[0];
   double scale = sdpa_scale(c->in[0], c->a);
@@ -219,15 +255,21 @@ static int sdpa_bw_fused_at(const lm_backend *be, const lm_saved *n, lm_tensor *
   lm_tensor *bias = sdpa_bias(&s, n->nin, n->in, &brc);
   if (brc) { lm_scope_end(&s); return brc; }
   int dt = n->in[0]->dtype_;
-  lm_tensor *q = as_batch3(&s, n->in[0]), *k = as_batch3(&s, n->in[1]), *v = as_batch3(&s, n->in[2]);
-  lm_tensor *o = as_batch3(&s, lm_s_cast(&s, n->out[0], dt)), *g3 = as_batch3(&s, lm_s_cast(&s, g, dt));
-  lm_tensor *lse = q ? lm_s_reshape(&s, lm_s_contig(&s, n->out[1]), 2, q->shape_) : NULL;
-  int64_t E[3] = {q ? q->shape_[2] : 0, k ? k->shape_[2] : 0, v ? v->shape_[2] : 0};
+  bool strided = be->attention_strided && !Dp && !bias;
+  lm_tensor *q = as_operand(&s, n->in[0], strided), *k = as_operand(&s, n->in[1], strided),
+            *v = as_operand(&s, n->in[2], strided);
+  lm_tensor *o = as_operand(&s, lm_s_cast(&s, n->out[0], dt), strided),
+            *g3 = as_operand(&s, lm_s_cast(&s, g, dt), strided);
+  const lm_tensor *q0 = n->in[0];
+  int64_t lshape[2] = {lm_shape_numel(q0->ndim - 2, q0->shape_), q0->shape_[q0->ndim - 2]};
+  lm_tensor *lse = lm_s_reshape(&s, lm_s_contig(&s, n->out[1]), 2, lshape);
+  int64_t E[3];
+  for (int i = 0; i < 3; i++) E[i] = n->in[i]->shape_[n->in[i]->ndim - 1];
   q = pad_cols(&s, q, Dp), k = pad_cols(&s, k, Dp), v = pad_cols(&s, v, Dp);
   o = pad_cols(&s, o, Dp), g3 = pad_cols(&s, g3, Dp);
   lm_tensor *dq = NULL, *dk = NULL, *dv = NULL;
   if (q && k && v && o && g3 && lse) {
-    dq = lm_s(&s, lm_empty_like(q)), dk = lm_s(&s, lm_empty_like(k)), dv = lm_s(&s, lm_empty_like(v));
+    dq = empty_laid_as(&s, q), dk = empty_laid_as(&s, k), dv = empty_laid_as(&s, v);
   }
   int causal = n->attrs.ni >= 1 && n->attrs.i[0];
   double scale = sdpa_scale(n->in[0], &n->attrs);
@@ -235,8 +277,10 @@ static int sdpa_bw_fused_at(const lm_backend *be, const lm_saved *n, lm_tensor *
            : bias ? be->attention_bias_bwd(dq, dk, dv, g3, q, k, v, o, lse, bias, scale)
                   : be->attention_bwd(dq, dk, dv, g3, q, k, v, o, lse, scale, causal);
   for (int i = 0; i < 3 && rc == 0; i++) {
-    lm_tensor *d = unpad_cols(&s, i == 0 ? dq : i == 1 ? dk : dv, E[i]);
-    rc = d ? lm_give(n, gin, i, lm_s_reshape(&s, d, n->in[i]->ndim, n->in[i]->shape_)) : -1;
+    lm_tensor *d = i == 0 ? dq : i == 1 ? dk : dv;
+    if (Dp) d = unpad_cols(&s, d, E[i]);
+    if (d && d->ndim != n->in[i]->ndim) d = lm_s_reshape(&s, d, n->in[i]->ndim, n->in[i]->shape_);
+    rc = d ? lm_give(n, gin, i, d) : -1;
   }
   lm_scope_end(&s);
   return rc;

@@ -10,6 +10,7 @@ static lm_backend cpu_backend = {
     .info = lm_blas_info,
     LM_SLOTS(CPU_SLOT)
     LM_FUSED_SLOTS(CPU_SLOT)
+    .attention_strided = 1,
 };
 
 /* LOOM_CPU_FUSED=0 leaves the fused slots empty, so ops run their composed
