@@ -321,10 +321,13 @@ describe("clip_grad_norm_", function()
     assert.same({ 12 }, ps[2].grad:totable())
   end)
 
-  it("accumulates the norm in f64 over f32 and bf16 gradients and takes a single tensor", function()
+  -- f32 gradients are squared in f32 (each square rounded once) and
+  -- summed in f64, the sum rounded to f32 per gradient: within 1e-7 of the
+  -- exact norm
+  it("sums the squares in f64 over f32 and bf16 gradients and takes a single tensor", function()
     local p = loom.tensor({ 1, 1 }, { requires_grad = true })
     p.grad = loom.tensor({ 0.1, 0.2 })
-    R.assert_close(clip(p, 1), math.sqrt(R.f32(0.1) ^ 2 + R.f32(0.2) ^ 2), 1e-15, 0)
+    R.assert_close(clip(p, 1), math.sqrt(R.f32(0.1) ^ 2 + R.f32(0.2) ^ 2), 1e-7, 0)
     local b = loom.tensor({ 1, 1 }, { dtype = "bf16", requires_grad = true })
     b.grad = loom.tensor({ 3, 4 }, { dtype = "bf16" })
     assert.equal(5, clip({ b }, 10))
