@@ -10,10 +10,11 @@
 --                reduce_scatter on a 1-rank "cuda" mesh, and no CUDA error
 --                left behind (a query's cudaErrorNotReady, issue 35)
 --   --case K     only the K-th of the cases selected (exit 3 when there is
---                none): memcheck runs each case in a process of its own,
---                since on an H200 one process running them all ended
---                (exit 6, no error reported) in its third attention case,
---                while each case alone ran clean (docs/devices.md)
+--                none): memcheck runs each case in a process of its own
+--                and one host thread, since on an H200 one process running
+--                them all ended (exit 6, no error reported) in its third
+--                attention case, and the training step alone did so with
+--                16 host threads but not with one (docs/devices.md)
 -- It runs on the emulated device too (spec/gpu_first_run_spec.lua). Prints
 -- "gpu_smoke: N passed, N failed"; exits 1 when one failed, 2 without a GPU.
 local root = debug.getinfo(1, "S").source:match("^@(.*)scripts/gpu_smoke%.lua$") or "./"
