@@ -87,12 +87,15 @@ if [ "$mode" = check ]; then
   echo "gpu_first_run: ready; carry to the GPU machine, beside the checkout: ${carry[*]} ($(du -csh "${carry[@]}" | tail -1 | cut -f1))"
   exit 0
 fi
-[ -f .gpu/env.sh ] && source .gpu/env.sh
 # env.sh unpacks .gpu/debs only into a fresh /opt/loom-rt: a deb added since
-# (oneDNN) is unpacked here, on a machine kept warm between runs too
+# (oneDNN) is unpacked here, on a machine kept warm between runs
+fresh=1
+[ -d /opt/loom-rt ] && fresh=0
+[ -f .gpu/env.sh ] && source .gpu/env.sh
 if [ -d /opt/loom-rt ]; then
   for f in .gpu/debs/*.deb; do
-    [ -e "$f" ] && [ ! -e "/opt/loom-rt/.unpacked.${f##*/}" ] && dpkg -x "$f" /opt/loom-rt && touch "/opt/loom-rt/.unpacked.${f##*/}"
+    mark="/opt/loom-rt/.unpacked.${f##*/}"
+    [ -e "$f" ] && [ ! -e "$mark" ] && { [ $fresh = 1 ] || dpkg -x "$f" /opt/loom-rt; } && touch "$mark"
   done
 fi
 # loom's own modules, for the steps that run luajit -e

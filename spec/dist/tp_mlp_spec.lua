@@ -44,10 +44,7 @@ describe("TP MLP (PyTorch's test_mlp_training)", function()
         bad[#bad + 1] = fqn .. ".grad placed " .. (dist.is_dtensor(g) and tostring(g.placements[1]) or "plain")
       end
     end
-    local opt, opt_r = loom.optim.SGD(m:parameters(), { lr = 0.25 }), loom.optim.SGD(ref:parameters(), { lr = 0.25 })
-    opt:step()
-    opt_r:step()
-    H.compare_params(bad, "after step", m, ref, false)
+    H.step_both(bad, loom.optim.SGD, { lr = 0.25 }, m, ref)
     H.close(bad, "second forward", m(x), ref(x))
     assert.same({}, bad)
   end)

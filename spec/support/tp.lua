@@ -168,6 +168,14 @@ function H.compare_params(bad, what, m, ref, grads, rtol, atol)
   return bad
 end
 
+-- one step of optimizer Opt (loom.optim.SGD, AdamW) with opts on the
+-- parallel model m and on ref, then every parameter compared; collective
+function H.step_both(bad, Opt, opts, m, ref)
+  Opt(m:parameters(), opts):step()
+  Opt(ref:parameters(), opts):step()
+  return H.compare_params(bad, "after step", m, ref, false)
+end
+
 -- captures what fn writes to io.stderr (on this rank); returns text, fn's results
 function H.capture_stderr(fn)
   local real = io.stderr
