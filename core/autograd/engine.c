@@ -54,6 +54,15 @@ static int accumulate_leaf(lm_tensor *leaf, lm_tensor *g) {
   return 0;
 }
 
+/* output k's retained .grad, in the output's dtype (a gradient given
+ * wide, lm_saved.wide_grad, is f32 for a bf16 output) */
+static int retain(lm_node *n, int k) {
+  lm_tensor *g = lm_cast(n->gsum[k], n->call.out[k]->dtype_);
+  int rc = g ? lm_set_grad(n->retained[k], g) : -1;
+  lm_release(g);
+  return rc;
+}
+
 typedef struct { lm_node **v; int n, cap; } nodes;
 static int push(nodes *s, lm_node *x) {
   if (s->n == s->cap) {
@@ -137,7 +146,7 @@ static int run(lm_node *root_node, nodes *order, leaves *lv) {
           n->gsum[k] = lm_empty_like(n->call.out[k]);
           if (!n->gsum[k] || lm_fill_(n->gsum[k], 0) < 0) rc = -1;
         }
-        if (n->retained[k]) rc = rc ? rc : lm_set_grad(n->retained[k], n->gsum[k]);
+        if (n->retained[k] && rc == 0) rc = retain(n, k);
       }
       for (int k = 0; rc == 0 && pre_backward && k < n->call.nout; k++)
         if (n->hooked & (1u << k)) pre_backward(n, k);

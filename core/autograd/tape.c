@@ -64,6 +64,17 @@ static void release_node(lm_part *p, lm_tensor *owner) {
 }
 static const lm_part_ops node_ops = {.release = release_node};
 
+/* t is autocast's kind of cast, a bf16/f16 copy of an f32 tensor, or a
+ * transpose of one (F.linear's w:to("bf16"):t(); transpose's backward keeps
+ * the gradient's dtype): its consumers may give its gradient in f32
+ * (lm_saved.wide_grad) */
+static int is_wide_cast(const lm_tensor *t) {
+  const lm_node *n = t->grad_fn_;
+  if (!n || (t->dtype_ != LM_BF16 && t->dtype_ != LM_F16)) return 0;
+  if (n->call.op == LM_OP_TRANSPOSE) return n->call.wide_grad & 1;
+  return n->call.op == LM_OP_TO && n->call.in[0]->dtype_ == LM_F32;
+}
+
 int lm_record(int op, int nin, lm_tensor *const *in, const lm_attrs *a, int nout, lm_tensor **out) {
   const lm_op_def *def = lm_op_def_of(op);
   if (!grad_enabled || !def->backward) return 0;
@@ -81,7 +92,10 @@ int lm_record(int op, int nin, lm_tensor *const *in, const lm_attrs *a, int nout
   n->retained = n->call.out + nout;
   n->gsum = n->retained + nout;
   n->seq = __atomic_fetch_add(&next_seq, 1, __ATOMIC_RELAXED);
-  for (int i = 0; i < nin; i++) lm_retain(n->call.in[i] = in[i]), n->version[i] = lm_tensor_version(in[i]);
+  for (int i = 0; i < nin; i++) {
+    lm_retain(n->call.in[i] = in[i]), n->version[i] = lm_tensor_version(in[i]);
+    if (i < 32 && is_wide_cast(in[i])) n->call.wide_grad |= 1u << i;
+  }
   int rc = 0;
   for (int k = 0; k < nout; k++) {
     if (!(n->call.out[k] = lm_detach(out[k]))) rc = -1;

@@ -56,10 +56,21 @@ static lm_tensor *fold_rows(lm_tensor *x) {
   return v;
 }
 
+/* The result's dtype: the operands' promoted, or attrs i[0] when given,
+ * which may only widen bf16/f16 operands to f32 (torch.mm's out_dtype: the
+ * GEMM accumulates in f32 and writes it without rounding). */
+static int result_dtype(const lm_meta *a, const lm_meta *b, const lm_attrs *at) {
+  int dt = lm_promote(a->dtype, b->dtype);
+  if (at->ni < 1 || at->i[0] == dt) return dt;
+  if (at->i[0] == LM_F32 && (dt == LM_BF16 || dt == LM_F16)) return LM_F32;
+  return lm_error("matmul: out_dtype must be the operands' dtype %s, or f32 for bf16/f16 operands, got %s",
+                  lm_dtype_name(dt), at->i[0] >= 0 && at->i[0] < LM_NDTYPES ? lm_dtype_name((int)at->i[0]) : "no dtype");
+}
+
 /* (..., m, k) @ (..., k, n): batch dims broadcast; a 1-D operand is a
  * row (first) or a column (second) and its dim is dropped from the result. */
 int lm_shape_matmul(int op, int nin, const lm_meta *in, const lm_attrs *at, lm_meta *out) {
-  (void)op, (void)nin, (void)at;
+  (void)op, (void)nin;
   const lm_meta *a = &in[0], *b = &in[1];
   if (a->ndim == 0 || b->ndim == 0)
     return lm_error("matmul: expected tensors with at least 1 dim, got argument #%d with 0",
@@ -74,8 +85,9 @@ int lm_shape_matmul(int op, int nin, const lm_meta *in, const lm_attrs *at, lm_m
     return lm_error("matmul: argument #1 has %lld columns but argument #2 has %lld rows "
                     "(shapes must be (..., m, k) and (..., k, n))", (long long)K, (long long)Kb);
   int na = a->ndim > 2 ? a->ndim - 2 : 0, nb = b->ndim > 2 ? b->ndim - 2 : 0;
-  int nbatch = na > nb ? na : nb;
-  *out = (lm_meta){.ndim = nbatch, .dtype = lm_promote(a->dtype, b->dtype)};
+  int nbatch = na > nb ? na : nb, dt = result_dtype(a, b, at);
+  if (dt < 0) return -1;
+  *out = (lm_meta){.ndim = nbatch, .dtype = dt};
   for (int d = 0; d < nbatch; d++) {
     int da = d - (nbatch - na), db = d - (nbatch - nb);
     int64_t sa = da >= 0 ? a->shape[da] : 1, sb = db >= 0 ? b->shape[db] : 1;
@@ -111,14 +123,14 @@ int lm_fw_matmul(const lm_call *c, lm_tensor **out) {
   int64_t N = b->ndim == 1 ? 1 : b->shape_[b->ndim - 1];
   /* the batch shape: the result's leading dims */
   int nbatch = c->out[0].ndim - (a->ndim > 1) - (b->ndim > 1);
-  /* operands in the result's dtype (bf16 stays bf16: the GEMM takes it as
-   * an operand format and accumulates in f32) */
-  int cd = c->out[0].dtype;
+  /* operands in their promoted dtype (bf16 stays bf16: the GEMM takes it
+   * as an operand format and accumulates in f32), the result in its own */
+  int od = lm_promote(a->dtype_, b->dtype_), cd = c->out[0].dtype;
   int64_t sa[LM_MAX_DIMS], sb[LM_MAX_DIMS];
   memcpy(sa, c->out[0].shape, nbatch * sizeof *sa), memcpy(sb, c->out[0].shape, nbatch * sizeof *sb);
   sa[nbatch] = M, sa[nbatch + 1] = K, sb[nbatch] = K, sb[nbatch + 1] = N;
   lm_scope s = {0};
-  lm_tensor *ca = lm_s_cast(&s, a, cd), *cb = lm_s_cast(&s, b, cd), *r = NULL;
+  lm_tensor *ca = lm_s_cast(&s, a, od), *cb = lm_s_cast(&s, b, od), *r = NULL;
   if (ca && a->ndim == 1) { /* (k) -> (1, k) */
     int64_t one[2] = {1, K}, st[2] = {K * ca->stride_[0], ca->stride_[0]};
     ca = lm_s(&s, lm_view_of(ca, 2, one, st, ca->offset));
@@ -141,19 +153,31 @@ int lm_fw_matmul(const lm_call *c, lm_tensor **out) {
  * weight seen through .t(), as Linear does): then as (G^T @ A)^T, so the
  * weight's own gradient comes out dense and the optimizer, clipping and
  * casts need no transposing copy (PyTorch's mm_mat2_backward does the same). */
-static lm_tensor *at_g(lm_scope *s, lm_tensor *a, lm_tensor *g, const lm_tensor *b, lm_attrs *tr) {
+/* x @ y with the result in dtype dt (attrs i[0]) */
+static lm_tensor *product(lm_scope *s, lm_tensor *x, lm_tensor *y, const lm_attrs *dt) {
+  lm_tensor *in[2] = {x, y};
+  return x && y ? lm_sop(s, LM_OP_MATMUL, 2, in, dt) : NULL;
+}
+
+static lm_tensor *at_g(lm_scope *s, lm_tensor *a, lm_tensor *g, const lm_tensor *b, lm_attrs *tr,
+                       const lm_attrs *dt) {
   if (b->ndim == 2 && b->shape_[0] > 1 && b->stride_[0] == 1 && b->stride_[1] == b->shape_[0]) {
-    lm_tensor *gt_a = lm_s2(s, LM_OP_MATMUL, lm_sop(s, LM_OP_TRANSPOSE, 1, &g, tr), a);
+    lm_tensor *gt_a = product(s, lm_sop(s, LM_OP_TRANSPOSE, 1, &g, tr), a, dt);
     return gt_a ? lm_sop(s, LM_OP_TRANSPOSE, 1, &gt_a, tr) : NULL;
   }
-  return lm_s2(s, LM_OP_MATMUL, lm_sop(s, LM_OP_TRANSPOSE, 1, &a, tr), g);
+  return product(s, lm_sop(s, LM_OP_TRANSPOSE, 1, &a, tr), g, dt);
 }
 
 /* dA = g @ B^T, dB = A^T @ g, with 1-D operands lifted to matrices so the
- * same two products serve every case. */
+ * same two products serve every case. Each product writes its gradient
+ * in the dtype autograd wants it in (f32 for autocast's cast of an f32
+ * weight: no bf16 rounding, no cast back). */
 int lm_bw_matmul(const lm_saved *n, lm_tensor *const *gout, lm_tensor **gin) {
   lm_tensor *a = n->in[0], *b = n->in[1], *g = gout[0];
   lm_scope s = {0};
+  int od = lm_promote(a->dtype_, b->dtype_);   /* a forward given out_dtype f32 */
+  if (g->dtype_ != od) g = lm_s_cast(&s, g, od);
+  lm_attrs dta = {.i = {lm_grad_dtype(n, 0)}, .ni = 1}, dtb = {.i = {lm_grad_dtype(n, 1)}, .ni = 1};
   lm_attrs last = {.i = {-1}, .ni = 1}, before_last = {.i = {-2}, .ni = 1};
   lm_attrs tr = {.i = {-1, -2}, .ni = 2};
   lm_tensor *a2 = a->ndim == 1 ? lm_sop(&s, LM_OP_UNSQUEEZE, 1, &a, &(lm_attrs){.i = {0}, .ni = 1}) : a;
@@ -163,16 +187,16 @@ int lm_bw_matmul(const lm_saved *n, lm_tensor *const *gout, lm_tensor **gin) {
   if (b->ndim == 1) g2 = lm_sop(&s, LM_OP_UNSQUEEZE, 1, &g2, &last);
   int rc = 0;
   if (a->needs_grad) {
-    lm_tensor *da = lm_s2(&s, LM_OP_MATMUL, g2, lm_sop(&s, LM_OP_TRANSPOSE, 1, &b2, &tr));
-    if (!(gin[0] = lm_grad_like(da, a))) rc = -1;
+    lm_tensor *da = product(&s, g2, lm_sop(&s, LM_OP_TRANSPOSE, 1, &b2, &tr), &dta);
+    if (!(gin[0] = lm_grad_as(da, a, dta.i[0]))) rc = -1;
   }
   if (b->needs_grad && a->ndim > 2 && b->ndim == 2) { /* rows folded: one GEMM, no batch sum */
-    lm_tensor *af = lm_s(&s, fold_rows(a)), *gf = lm_s(&s, fold_rows(g));
-    if (!(gin[1] = lm_grad_like(at_g(&s, af, gf, b, &tr), b))) rc = -1;
+    lm_tensor *af = lm_s(&s, fold_rows(a)), *gf = g ? lm_s(&s, fold_rows(g)) : NULL;
+    if (!(gin[1] = lm_grad_as(at_g(&s, af, gf, b, &tr, &dtb), b, dtb.i[0]))) rc = -1;
   } else if (b->needs_grad) {
-    lm_tensor *db = at_g(&s, a2, g2, b2, &tr);
+    lm_tensor *db = at_g(&s, a2, g2, b2, &tr, &dtb);
     if (b->ndim == 1 && db) db = lm_sop(&s, LM_OP_SQUEEZE, 1, &db, &last);
-    if (!(gin[1] = lm_grad_like(db, b))) rc = -1;
+    if (!(gin[1] = lm_grad_as(db, b, dtb.i[0]))) rc = -1;
   }
   lm_scope_end(&s);
   return rc;

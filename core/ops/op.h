@@ -34,6 +34,10 @@ typedef struct lm_saved {
   int op, nin, nout;
   lm_attrs attrs;
   lm_tensor **in, **out;
+  /* bit i: input i is a bf16/f16 cast of an f32 tensor (autocast's cast of
+   * a weight), so its gradient may be given in f32: a GEMM then writes it
+   * in f32 and the cast's backward has nothing left to do */
+  uint32_t wide_grad;
 } lm_saved;
 
 /* Shape inference: checks the arguments (errors name the op and the
@@ -124,6 +128,10 @@ lm_tensor *lm_s_logsumexp(lm_scope *s, lm_tensor *x, int dim);
 /* g summed over the dims t was broadcast along, reshaped and cast to t's
  * (new ref; NULL stays NULL). Every backward returns its gradients through it. */
 lm_tensor *lm_grad_like(lm_tensor *g, const lm_tensor *t);
+/* the same, cast to dtype instead (a gradient given wide: lm_saved.wide_grad) */
+lm_tensor *lm_grad_as(lm_tensor *g, const lm_tensor *t, int dtype);
+/* the dtype input i's gradient is best given in: f32 where wide_grad allows */
+int lm_grad_dtype(const lm_saved *s, int i);
 /* gin[i] = lm_grad_like(g, input i) when input i requires grad */
 int lm_give(const lm_saved *s, lm_tensor **gin, int i, lm_tensor *g);
 

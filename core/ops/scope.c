@@ -84,7 +84,13 @@ lm_tensor *lm_s_logsumexp(lm_scope *s, lm_tensor *x, int dim) {
   return lm_s2(s, LM_OP_ADD, m, lm_s1(s, LM_OP_LOG, lm_s_sum(s, e, dim, 1)));
 }
 
-lm_tensor *lm_grad_like(lm_tensor *g, const lm_tensor *t) {
+lm_tensor *lm_grad_like(lm_tensor *g, const lm_tensor *t) { return lm_grad_as(g, t, t->dtype_); }
+
+int lm_grad_dtype(const lm_saved *s, int i) {
+  return i < 32 && (s->wide_grad >> i & 1) ? LM_F32 : s->in[i]->dtype_;
+}
+
+lm_tensor *lm_grad_as(lm_tensor *g, const lm_tensor *t, int dtype) {
   if (!g) return NULL;
   lm_retain(g);
   int lead = g->ndim - t->ndim;
@@ -102,7 +108,7 @@ lm_tensor *lm_grad_like(lm_tensor *g, const lm_tensor *t) {
     lm_release(g);
     if (!(g = v)) return NULL;
   }
-  lm_tensor *c = lm_cast(g, t->dtype_);
+  lm_tensor *c = lm_cast(g, dtype);
   lm_release(g);
   return c;
 }
