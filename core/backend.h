@@ -37,6 +37,12 @@ struct lm_storage {
   size_t nbytes;
   void *data;
   lm_tensor *owner;      /* the block to free with the storage */
+  /* a bf16/f16 copy of the storage's contiguous view at low_offset, kept
+   * for autocast's casts of a weight (tensor/low_copy.c): valid while
+   * version == low_version; low_wanted: the dtype asked for, + 1 (0: none) */
+  lm_tensor *low;
+  int64_t low_version, low_offset;
+  int8_t low_wanted;
 };
 static inline char *lm_ptr(const lm_tensor *t) {
   return (char *)t->storage->data + t->offset * lm_dtype_size(t->dtype_);
@@ -210,9 +216,11 @@ typedef int lm_embedding_fn(lm_tensor *out, const lm_tensor *w, const lm_tensor 
  * by the op) and src (rows, n) of out's dtype, f32 or f64 */
 typedef int lm_index_add_fn(lm_tensor *out, const lm_tensor *idx, const lm_tensor *src);
 /* one AdamW step in place on contiguous same-dtype (f32 or f64) p, m, v
- * with gradient g; h = {lr, beta1, beta2, eps, weight_decay, bc1, bc2} */
+ * with gradient g; h = {lr, beta1, beta2, eps, weight_decay, bc1, bc2};
+ * low, when not NULL (f32 p only), a contiguous bf16/f16 tensor of p's
+ * shape that gets the new p rounded to it, the bits a cast would give */
 typedef int lm_adamw_fn(lm_tensor *p, const lm_tensor *g, lm_tensor *m, lm_tensor *v,
-                        const double *h);
+                        const double *h, lm_tensor *low);
 /* checks, without waiting for the device, that the ids of contiguous i64
  * idx lie in [0, n) or equal skip when skip_ok; the first bad id is raised
  * by the next call that waits for the device (a copy to the host) as the

@@ -106,6 +106,10 @@ int lm_is_contiguous(const lm_tensor *t);
 int lm_fill_(lm_tensor *t, double value);
 int lm_copy_(lm_tensor *dst, const lm_tensor *src); /* same shape, any dtypes */
 int64_t lm_allocated_bytes(void);    /* bytes held by live storages */
+/* autocast's casts of weights that took the bf16/f16 copy AdamW kept of
+ * them, in this process (a weight's copy is written in AdamW's pass and
+ * kept until the weight changes; docs/devices.md) */
+int64_t lm_low_copy_hits(void);
 int64_t lm_storage_count(void);      /* live storages, for leak checks */
 
 /* Ops: called by id (enum lm_op_id); names are for messages and tools. */

@@ -162,10 +162,13 @@ static int unalias(int nin, lm_tensor *const *in, int nout, lm_tensor **out) {
 /* the op on (local) tensors, bumping the versions of what it updates in
  * place, recorded on the tape */
 int lm_run_recorded(int op, int nin, lm_tensor *const *in, const lm_attrs *a, lm_tensor **out) {
+  /* an in-place op's inputs change as it runs: their versions move first
+   * (an op that fails half-way has still changed them), so the op can note
+   * the version it leaves (a weight's kept copy, tensor.h) */
+  bool inplace = lm_op_def_of(op)->flags & LM_OPF_INPLACE;
+  for (int i = 0; inplace && i < nin; i++) lm_bump_version(in[i]);
   int nout = lm_op_run(op, nin, in, a, out);
-  if (nout >= 0 && (lm_op_def_of(op)->flags & LM_OPF_INPLACE))
-    for (int i = 0; i < nin; i++) lm_bump_version(in[i]);
-  else if (nout >= 0 && unalias(nin, in, nout, out) < 0) return -1;
+  if (nout >= 0 && !inplace && unalias(nin, in, nout, out) < 0) return -1;
   if (nout >= 0 && lm_record(op, nin, in, a, nout, out) < 0) {
     for (int k = 0; k < nout; k++) lm_release(out[k]), out[k] = NULL;
     return -1;

@@ -77,7 +77,7 @@ static int call_autocast(int op, int nin, lm_tensor *const *in, const lm_attrs *
   int rc = 0;
   for (int i = 0; i < nin; i++) {
     int dt = autocast_dtype(lm_op_def_of(op), in[i]);
-    lm_attrs to = {.i = {dt}, .ni = 1};
+    lm_attrs to = {.i = {dt, 1}, .ni = 2}; /* autocast's cast (ops/view.c) */
     lm_tensor *x = in[i], *y[LM_MAX_OUT];
     cast[i] = dt < 0 ? (lm_retain(x), x) : call(LM_OP_TO, 1, &x, &to, y) < 0 ? NULL : y[0];
     if (!cast[i]) rc = -1;

@@ -27,12 +27,21 @@ int lm_shape_adamw(int op, int nin, const lm_meta *in, const lm_attrs *a, lm_met
   return 0;
 }
 
+/* one parameter's update (p, g, m, v), writing the bf16/f16 copy of p
+ * that autocast's next cast of it takes, when one is kept (tensor.h) */
+static int step(const lm_backend *be, lm_tensor *const *t, const double *h) {
+  lm_tensor *low = lm_low_copy_target(t[0]);
+  LM_TRY(be->adamw(t[0], t[1], t[2], t[3], h, low));
+  if (low) lm_low_copy_done(t[0]);
+  return 0;
+}
+
 int lm_fw_adamw(const lm_call *c, lm_tensor **out) {
   (void)out;
   for (int i = 0; i < 4; i++)
     if (!lm_is_contiguous(c->in[i])) return lm_error("_adamw_: argument #%d must be contiguous", i + 1);
   const lm_backend *be = LM_KERNEL(c->op, c->in[0], adamw);
-  return be ? be->adamw(c->in[0], c->in[1], c->in[2], c->in[3], c->a->f) : -1;
+  return be ? step(be, c->in, c->a->f) : -1;
 }
 
 /* _adamw_multi_(p1, g1, m1, v1, p2, g2, m2, v2, ...; the 7 hyperparameters
@@ -67,6 +76,6 @@ int lm_fw_adamw_multi(const lm_call *c, lm_tensor **out) {
   const lm_backend *be = LM_KERNEL(c->op, c->in[0], adamw);
   if (!be) return -1;
   for (int k = 0; k < c->nin; k += 4)
-    LM_TRY(be->adamw(c->in[k], c->in[k + 1], c->in[k + 2], c->in[k + 3], c->a->f));
+    LM_TRY(step(be, c->in + k, c->a->f));
   return 0;
 }

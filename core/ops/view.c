@@ -245,8 +245,18 @@ int lm_shape_to(int op, int nin, const lm_meta *in, const lm_attrs *a, lm_meta *
   return 0;
 }
 
+/* attrs: i[0] the dtype; i[1] 1 for autocast's own cast (none hands its
+ * result to Lua but through autograd): a weight's (an f32 leaf that
+ * requires grad) then takes the copy its optimizer kept, and asks for one
+ * when there is none (tensor.h) */
 int lm_fw_to(const lm_call *c, lm_tensor **out) {
-  return (*out = lm_cast(c->in[0], c->out[0].dtype)) ? 0 : -1;
+  lm_tensor *x = c->in[0];
+  int dt = c->out[0].dtype;
+  bool weight = c->a->ni > 1 && c->a->i[1] == 1 && x->needs_grad && !x->grad_fn_ && x->dtype_ == LM_F32 &&
+                dt != LM_F32;
+  if (weight && (*out = lm_low_copy_of(x, dt))) return 0;
+  if (weight) lm_low_copy_want(x, dt);
+  return (*out = lm_cast(x, dt)) ? 0 : -1;
 }
 
 /* ---- to_device (attrs: i[0] = the device): a copy on another device,

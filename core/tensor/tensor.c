@@ -120,6 +120,8 @@ static void release_storage(lm_storage *s) {
   }
   live_storages--;
   s->data = NULL;
+  lm_release(s->low);
+  s->low = NULL;
   if (!s->owner_pinned) free(s->owner);
 }
 
@@ -142,7 +144,12 @@ void lm_release(lm_tensor *t) {
   if (s) release_storage(s);
 }
 
-void *lm_data(const lm_tensor *t) { return t && !t->freed && t->storage ? lm_ptr(t) : NULL; }
+/* the caller may write through it: a kept low-precision copy goes stale */
+void *lm_data(const lm_tensor *t) {
+  if (!t || t->freed || !t->storage) return NULL;
+  t->storage->low_version = -1;
+  return lm_ptr(t);
+}
 
 int64_t lm_tensor_version(const lm_tensor *t) { return t && t->storage ? t->storage->version : 0; }
 

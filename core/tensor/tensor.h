@@ -39,6 +39,22 @@ static inline void lm_bump_version(lm_tensor *t) {
   if (t->storage) __atomic_add_fetch(&t->storage->version, 1, __ATOMIC_RELAXED);
 }
 
+/* ---- kept low-precision copies of weights (low_copy.c) ----
+ * Autocast casts every f32 weight to bf16 in every forward. An optimizer
+ * that has just written a weight writes that cast in the same pass over
+ * memory and keeps it on the weight's storage; the next cast of the weight
+ * takes it while the storage is unchanged since (its version; handing out
+ * a raw data pointer counts as a change). */
+/* t's kept copy in dtype (a new ref), or NULL, without an error, when none is valid */
+lm_tensor *lm_low_copy_of(const lm_tensor *t, int dtype);
+/* t, a contiguous f32 leaf, was cast to dtype (bf16/f16): its storage asks for a kept copy */
+void lm_low_copy_want(const lm_tensor *t, int dtype);
+/* where an optimizer writes t's copy (borrowed; owned by t's storage), or
+ * NULL when none is wanted */
+lm_tensor *lm_low_copy_target(const lm_tensor *t);
+/* the copy just written matches t's storage as it is now */
+void lm_low_copy_done(const lm_tensor *t);
+
 /* ---- dtype rules (dtype.c) ---- */
 /* The dtype kernels compute in: f64 stays, other floats use f32, ints i64. */
 int lm_compute_dtype(int dtype);

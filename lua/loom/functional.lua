@@ -14,9 +14,10 @@ function F.linear(x, w, b)
   check(w, "linear", "weight")
   -- under autocast the weight is cast before it is transposed, as
   -- autocast would cast it: a dense cast, and its gradient comes back dense
-  -- in the weight's own layout (casting w:t() copies across rows both ways)
+  -- in the weight's own layout (casting w:t() copies across rows both ways);
+  -- marked as autocast's cast, it takes the bf16 copy AdamW kept of w
   local low = C.lm_autocast_dtype()
-  if low >= 0 and w.dtype ~= "f64" and w.dtype ~= T.dtypes[low + 1] then w = w:to(T.dtypes[low + 1]) end
+  if low >= 0 and w.dtype ~= "f64" and w.dtype ~= T.dtypes[low + 1] then w = op(C.LM_OP_TO, { w }, { low, 1 }) end
   local y = x:matmul(w:t())
   if b == nil then return y end
   check(b, "linear", "bias")
