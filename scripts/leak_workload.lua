@@ -1,7 +1,7 @@
 -- leak_workload.lua: a small tour of the tensor core for scripts/leakcheck.sh
 -- to run under valgrind: creation, views, pointwise ops with broadcasting and
 -- numbers, reductions, matmul, nn ops, dtype casts, autograd (retain_grad,
--- accumulation, no_grad), errors (each failing call must free what it made),
+-- accumulation, no_grad), autocast with AdamW's kept copy, errors (each failing call must free what it made),
 -- early free() and GC. Checks that the live storage count returns to where
 -- it started; valgrind checks the rest. Usage: luajit scripts/leak_workload.lua [rounds]
 local root = debug.getinfo(1, "S").source:match("^@(.*)scripts/leak_workload%.lua$") or "./"
@@ -49,6 +49,16 @@ local function round(r)
   assert(h.grad ~= nil and (x.grad - g1):abs():sum():item() > 0)
   x:zero_grad()
   loom.no_grad(function() return (x * w:sum()):sum() end)
+
+  -- mixed precision: autocast's casts, f32 weight gradients, and the bf16
+  -- copy AdamW keeps on w's storage (freed with it)
+  local wm = loom.randn(5, 6, { requires_grad = true })
+  local opt = loom.optim.AdamW({ wm }, { lr = 1e-3 })
+  for _ = 1, 2 do
+    opt:zero_grad()
+    loom.autocast("bf16", function() return F.linear(x:detach(), wm) end):to("f32"):sum():backward()
+    opt:step()
+  end
 
   -- errors: each must leave nothing behind
   for _, bad in ipairs {
