@@ -323,6 +323,10 @@ typedef struct lm_backend {
    * 4 dims (B, H, R, E) with any strides but a last of 1 (the heads of a
    * (B, R, H, E) projection, transposed, as they are: no copies) */
   int attention_strided;
+  /* 1: binary's arithmetic kinds (add to minimum) also take f32, bf16 and
+   * f16 operands and results in any mix, computing in f32 and rounding the
+   * result once (no casts to f32 and back around the kernel) */
+  int binary_low;
 } lm_backend;
 
 /* Device kinds: a device number is its kind's first device plus an index

@@ -22,7 +22,8 @@ if [ ${#specs[@]} -eq 0 ]; then
          spec/errors_spec.lua spec/serialize_spec.lua spec/safetensors_spec.lua spec/checkpoint_format_spec.lua
          spec/data_spec.lua spec/misuse_tensor_spec.lua spec/misuse_ops_spec.lua spec/misuse_nn_optim_spec.lua
          spec/fuzz_load_spec.lua spec/hostile_files_spec.lua
-         spec/cpu_alloc_spec.lua spec/scalar_ops_spec.lua spec/amp_mixed_spec.lua spec/amp_kept_copy_spec.lua)
+         spec/cpu_alloc_spec.lua spec/scalar_ops_spec.lua spec/amp_mixed_spec.lua spec/amp_kept_copy_spec.lua
+         spec/low_binary_spec.lua)
 fi
 
 echo "sanitize: building build-asan (-DLOOM_SANITIZE=ON)"

@@ -28,18 +28,20 @@ static void binary_dtypes(int kind, const lm_meta *a, const lm_meta *b, int *dt,
   *dt = compare ? LM_BOOL : t;
 }
 
-/* Casts in[k] to dtype cd and broadcasts it to m's shape: v[k] is in[k]
- * itself (borrowed) when it already is both, else a new ref in s. */
+/* Casts in[k] to dtype cd (-1: keeps its dtype) and broadcasts it to m's
+ * shape: v[k] is in[k] itself (borrowed) when it already is both, else a
+ * new ref in s. */
 static int prepare(lm_scope *s, const char *op, int n, lm_tensor *const *in, int cd,
                    const lm_meta *m, lm_tensor **v) {
   static const char *names[] = {"argument #1", "argument #2", "argument #3"};
   for (int k = 0; k < n; k++) {
     lm_tensor *t = in[k];
-    if (t->dtype_ == cd && t->ndim == m->ndim && !memcmp(t->shape_, m->shape, m->ndim * sizeof *m->shape)) {
+    int to = cd < 0 ? t->dtype_ : cd;
+    if (t->dtype_ == to && t->ndim == m->ndim && !memcmp(t->shape_, m->shape, m->ndim * sizeof *m->shape)) {
       v[k] = t;
       continue;
     }
-    lm_tensor *c = lm_s_cast(s, t, cd);
+    lm_tensor *c = lm_s_cast(s, t, to);
     if (!c || !(v[k] = lm_s(s, lm_broadcast_to(op, names[k], c, m->ndim, m->shape)))) return -1;
   }
   return 0;
@@ -59,6 +61,15 @@ int lm_shape_binary(int op, int nin, const lm_meta *in, const lm_attrs *a, lm_me
   return 0;
 }
 
+/* The backend reads bf16/f16 operands and writes a bf16/f16 result of an
+ * arithmetic kind itself (binary_low): they go to it as they are, with no
+ * casts to f32 and back (the kernel computes in f32 and rounds once: the
+ * same bits). */
+static bool as_they_are(const lm_backend *be, int kind, int cd, int dt, const lm_meta *a, const lm_meta *b) {
+  bool f = lm_is_float(a->dtype) && lm_is_float(b->dtype) && a->dtype != LM_F64 && b->dtype != LM_F64;
+  return be->binary_low && kind < LM_EQ && cd == LM_F32 && f && (a->dtype != dt || b->dtype != dt || dt != LM_F32);
+}
+
 int lm_fw_binary(const lm_call *c, lm_tensor **out) {
   const lm_op_def *d = &lm_op_table[c->op];
   lm_meta ma = lm_meta_of(c->in[0]), mb = lm_meta_of(c->in[1]);
@@ -69,6 +80,7 @@ int lm_fw_binary(const lm_call *c, lm_tensor **out) {
   lm_tensor *v[2], *tmp = NULL;
   lm_meta m = c->out[0];
   m.dtype = d->kind >= LM_EQ ? LM_BOOL : cd;
+  if (be && as_they_are(be, d->kind, cd, dt, &ma, &mb)) m.dtype = dt, cd = -1;
   int rc = be && prepare(&s, d->name, 2, c->in, cd, &m, v) == 0 ? 0 : -1;
   if (rc == 0) rc = (tmp = lm_s(&s, lm_empty_meta(&m, c->in[0]))) ? be->binary(d->kind, tmp, v[0], v[1]) : -1;
   if (rc == 0) rc = finish(tmp, dt, out);

@@ -11,6 +11,7 @@ static lm_backend cpu_backend = {
     LM_SLOTS(CPU_SLOT)
     LM_FUSED_SLOTS(CPU_SLOT)
     .attention_strided = 1,
+    .binary_low = 1,
 };
 
 /* LOOM_CPU_FUSED=0 leaves the fused slots empty, so ops run their composed

@@ -162,6 +162,49 @@ BINARY(f64, f64, binary_f64, x / y)
 BINARY(int64_t, uint64_t, binary_i64, y == -1 ? NEG_I64(x) : y ? x / y : 0)
 BINARY(uint8_t, unsigned, binary_bool, y ? x / y : 0)
 
+/* bf16/f16 operands or results (f32 mixed in) of the arithmetic kinds: each
+ * block of operands widened exactly on the stack, the f32 row, the result
+ * rounded once into out's dtype: the bits of casting to f32, computing and
+ * casting back, without those passes over memory */
+typedef struct { int kind, dt[3]; } pw_low;
+
+/* an operand's block as f32, stepping *u bytes: in place when it is dense
+ * f32, one widened value when it is broadcast (0), else widened into buf */
+static char *as_f32(float *buf, const char *src, int64_t step, int dt, int64_t m, int64_t *u) {
+  *u = step == 0 ? 0 : 4;
+  if (step == 4 && dt == LM_F32) return (char *)src;
+  if (step == 0) buf[0] = (float)lm_load(src, dt);
+  else if (step == 2 && dt != LM_F32) lm_cpu_convert(m, buf, LM_F32, src, dt);
+  else
+    for (int64_t j = 0; j < m; j++) buf[j] = (float)lm_load(src + j * step, dt);
+  return (char *)buf;
+}
+
+static void from_f32(char *dst, int64_t step, int dt, const float *src, int64_t m) {
+  if (step == 2 && dt != LM_F32) lm_cpu_convert(m, dst, dt, src, LM_F32);
+  else
+    for (int64_t j = 0; j < m; j++) lm_store(dst + j * step, dt, src[j]);
+}
+
+static void binary_f32(int64_t n, char **p, const int64_t *s, void *ctx);
+
+static void binary_low(int64_t n, char **p, const int64_t *s, void *ctx) {
+  const pw_low *c = ctx;
+  pw f = {c->kind, LM_F32, NULL};
+  float a[BLOCK], b[BLOCK], o[BLOCK];
+  int64_t u[3] = {4, 4, 4};
+  bool direct = s[0] == 4 && c->dt[0] == LM_F32; /* an f32 result is written in place */
+  for (int64_t i0 = 0; i0 < n; i0 += BLOCK) {
+    int64_t m = n - i0 < BLOCK ? n - i0 : BLOCK;
+    char *q[3] = {direct ? p[0] + i0 * 4 : (char *)o, as_f32(a, p[1] + i0 * s[1], s[1], c->dt[1], m, &u[1]),
+                  as_f32(b, p[2] + i0 * s[2], s[2], c->dt[2], m, &u[2])};
+    binary_f32(m, q, u, &f);
+    if (!direct) from_f32(p[0] + i0 * s[0], s[0], c->dt[0], o, m);
+  }
+}
+
+static bool low_float(int dt) { return dt == LM_F32 || dt == LM_BF16 || dt == LM_F16; }
+
 static lm_row_fn pick(int dtype, lm_row_fn f32, lm_row_fn f64, lm_row_fn i64, lm_row_fn b) {
   switch (dtype) {
   case LM_F32: return f32;
@@ -182,10 +225,16 @@ int lm_cpu_unary(int kind, lm_tensor *out, const lm_tensor *x, const double *p) 
 }
 
 int lm_cpu_binary(int kind, lm_tensor *out, const lm_tensor *a, const lm_tensor *b) {
+  const lm_tensor *t[3] = {out, a, b};
+  if (kind < LM_EQ && low_float(out->dtype_) && low_float(a->dtype_) && low_float(b->dtype_) &&
+      (out->dtype_ != LM_F32 || a->dtype_ != LM_F32 || b->dtype_ != LM_F32)) {
+    pw_low c = {kind, {out->dtype_, a->dtype_, b->dtype_}};
+    lm_foreach(3, t, binary_low, &c);
+    return 0;
+  }
   pw c = {kind, a->dtype_, NULL};
   lm_row_fn fn = pick(a->dtype_, binary_f32, binary_f64, binary_i64, binary_bool);
   if (!fn) return lm_error("binary kernel: no kernel for dtype %s", lm_dtype_name(a->dtype_));
-  const lm_tensor *t[3] = {out, a, b};
   lm_foreach(3, t, fn, &c);
   return 0;
 }
