@@ -79,7 +79,7 @@ done
 run "CUDA specs, 1 process, 2 emulated GPUs (${seeds[0]})" timeout 1200 luajit scripts/run_specs.lua -o plainTerminal "${filters[@]}" \
   spec/cuda_spec.lua spec/cuda_parity_spec.lua spec/cuda_fused_spec.lua spec/module_to_spec.lua \
   spec/devices_spec.lua spec/device_check_spec.lua spec/cuda_emu_spec.lua spec/cuda_emu_defects_spec.lua \
-  spec/cuda_train_spec.lua spec/gpu_first_run_spec.lua spec/cuda_grouped_mm_spec.lua
+  spec/cuda_train_spec.lua spec/gpu_first_run_spec.lua spec/cuda_grouped_mm_spec.lua spec/amp_kept_copy_spec.lua
 show_busted
 
 run "the MoE grouped GEMM as one GEMM per group: a cuBLAS before 12.5 (LOOM_EMU_NO_GROUPED_GEMM=1)" \
