@@ -149,16 +149,16 @@ int lm_fw_matmul(const lm_call *c, lm_tensor **out) {
   return (*out = r) ? 0 : -1;
 }
 
-/* A^T @ G, in the layout of b when b is a transposed dense matrix (a
- * weight seen through .t(), as Linear does): then as (G^T @ A)^T, so the
- * weight's own gradient comes out dense and the optimizer, clipping and
- * casts need no transposing copy (PyTorch's mm_mat2_backward does the same). */
 /* x @ y with the result in dtype dt (attrs i[0]) */
 static lm_tensor *product(lm_scope *s, lm_tensor *x, lm_tensor *y, const lm_attrs *dt) {
   lm_tensor *in[2] = {x, y};
   return x && y ? lm_sop(s, LM_OP_MATMUL, 2, in, dt) : NULL;
 }
 
+/* A^T @ G, in the layout of b when b is a transposed dense matrix (a
+ * weight seen through .t(), as Linear does): then as (G^T @ A)^T, so the
+ * weight's own gradient comes out dense and the optimizer, clipping and
+ * casts need no transposing copy (PyTorch's mm_mat2_backward does the same). */
 static lm_tensor *at_g(lm_scope *s, lm_tensor *a, lm_tensor *g, const lm_tensor *b, lm_attrs *tr,
                        const lm_attrs *dt) {
   if (b->ndim == 2 && b->shape_[0] > 1 && b->stride_[0] == 1 && b->stride_[1] == b->shape_[0]) {
